@@ -1,0 +1,291 @@
+"""HLO IR: plain dataclasses for what XLA prints after optimization.
+
+Attributes are kept as their printed text, in order, so that the printer reproduces the input;
+typed accessors (``dims_attr``, ``int_list_attr``) parse the few that the compiler reads.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# HLO element types -> numpy dtypes (bf16 and the f8 types come from ml_dtypes, which jax ships).
+try:
+    import ml_dtypes
+
+    _EXTRA = {
+        "bf16": np.dtype(ml_dtypes.bfloat16),
+        "f8e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+        "f8e5m2": np.dtype(ml_dtypes.float8_e5m2),
+    }
+except ImportError:  # pragma: no cover - jax always brings ml_dtypes
+    _EXTRA = {}
+
+NUMPY_DTYPES: dict[str, np.dtype] = {
+    "pred": np.dtype(np.bool_),
+    "s8": np.dtype(np.int8),
+    "s16": np.dtype(np.int16),
+    "s32": np.dtype(np.int32),
+    "s64": np.dtype(np.int64),
+    "u8": np.dtype(np.uint8),
+    "u16": np.dtype(np.uint16),
+    "u32": np.dtype(np.uint32),
+    "u64": np.dtype(np.uint64),
+    "f16": np.dtype(np.float16),
+    "f32": np.dtype(np.float32),
+    "f64": np.dtype(np.float64),
+    "c64": np.dtype(np.complex64),
+    "c128": np.dtype(np.complex128),
+    **_EXTRA,
+}
+
+# Element sizes in bits for every primitive type XLA prints (including ones numpy lacks).
+ELEMENT_BITS: dict[str, int] = {
+    "pred": 8, "s2": 2, "s4": 4, "s8": 8, "s16": 16, "s32": 32, "s64": 64,
+    "u2": 2, "u4": 4, "u8": 8, "u16": 16, "u32": 32, "u64": 64,
+    "f16": 16, "bf16": 16, "f32": 32, "f64": 64, "c64": 64, "c128": 128,
+    "f4e2m1fn": 4, "f8e3m4": 8, "f8e4m3": 8, "f8e4m3fn": 8, "f8e4m3b11fnuz": 8,
+    "f8e4m3fnuz": 8, "f8e5m2": 8, "f8e5m2fnuz": 8, "f8e8m0fnu": 8,
+    "token": 0, "opaque": 0,
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """An array shape ``f32[64,256]{1,0}``, a tuple shape ``(f32[], s32[2])``, or ``token[]``.
+
+    ``layout`` is the minor-to-major order (None when the text has no layout);
+    ``layout_suffix`` keeps anything printed after it inside the braces (tiling ``:T(8,128)``,
+    memory space ``S(1)``) verbatim. ``dynamic`` marks bounded-dynamic dims (``<=8``).
+    """
+
+    dtype: str  # 'f32', 'pred', 'token', ... ; 'tuple' for tuple shapes
+    dims: tuple[int, ...] = ()
+    layout: tuple[int, ...] | None = None
+    layout_suffix: str = ""
+    dynamic: tuple[bool, ...] = ()
+    tuple_shapes: tuple["Shape", ...] = ()
+
+    @property
+    def is_tuple(self) -> bool:
+        return self.dtype == "tuple"
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    @property
+    def num_elements(self) -> int:
+        return int(np.prod(self.dims, dtype=np.int64)) if self.dims else 1
+
+    @property
+    def byte_size(self) -> int:
+        """Bytes of the array (sum over leaves for tuples; tuples' own pointer tables ignored)."""
+        if self.is_tuple:
+            return sum(s.byte_size for s in self.tuple_shapes)
+        return (self.num_elements * ELEMENT_BITS[self.dtype] + 7) // 8
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return NUMPY_DTYPES[self.dtype]
+
+    @property
+    def minor_to_major(self) -> tuple[int, ...]:
+        """The layout, defaulting to row-major as XLA does for shapes printed without one."""
+        if self.layout is not None:
+            return self.layout
+        return tuple(range(self.rank - 1, -1, -1))
+
+    def leaves(self) -> list["Shape"]:
+        if not self.is_tuple:
+            return [self]
+        out: list[Shape] = []
+        for s in self.tuple_shapes:
+            out.extend(s.leaves())
+        return out
+
+    def without_layout(self) -> "Shape":
+        if self.is_tuple:
+            return dataclasses.replace(
+                self, tuple_shapes=tuple(s.without_layout() for s in self.tuple_shapes))
+        return dataclasses.replace(self, layout=None, layout_suffix="")
+
+    def __str__(self) -> str:
+        from .printer import format_shape
+
+        return format_shape(self)
+
+
+@dataclass
+class Instruction:
+    """One HLO instruction: ``[ROOT] %name = shape opcode(operands), attr=value, ...``.
+
+    ``operands`` are instruction names (without ``%``) in the same computation. For ``constant``
+    the literal text sits in ``literal`` and there are no operands; for ``parameter`` the number
+    sits in ``parameter_number``. ``attrs`` maps attribute names to their printed value text, in
+    printed order. ``operand_shapes`` keeps shapes that older printers write before operand
+    names (``add(f32[] %a, f32[] %b)``), so they round-trip; None where absent.
+    """
+
+    name: str
+    shape: Shape
+    opcode: str
+    operands: list[str] = field(default_factory=list)
+    attrs: dict[str, str] = field(default_factory=dict)
+    is_root: bool = False
+    literal: str | None = None
+    parameter_number: int | None = None
+    operand_shapes: list[Shape | None] | None = None
+    line: int = 0  # 1-based source line, for error messages (not part of equality)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Instruction):
+            return NotImplemented
+        fields = ("name", "shape", "opcode", "operands", "attrs", "is_root", "literal",
+                  "parameter_number", "operand_shapes")
+        return all(getattr(self, f) == getattr(other, f) for f in fields)
+
+    # -- typed views of attributes the compiler reads ------------------------------------
+    def int_list_attr(self, key: str) -> tuple[int, ...] | None:
+        """``dimensions={1,0}`` -> (1, 0); None when the attribute is absent."""
+        text = self.attrs.get(key)
+        if text is None:
+            return None
+        body = text.strip().strip("{}").strip()
+        return tuple(int(t) for t in body.split(",") if t.strip()) if body else ()
+
+    @property
+    def dimensions(self) -> tuple[int, ...]:
+        return self.int_list_attr("dimensions") or ()
+
+    @property
+    def called_computations(self) -> list[str]:
+        """Names of computations this instruction calls (fusion, reduce, while, ...)."""
+        names: list[str] = []
+        for key in ("calls", "to_apply", "condition", "body", "select", "scatter",
+                    "branch_computations", "true_computation", "false_computation",
+                    "called_computations", "async_execution_thread_computation"):
+            text = self.attrs.get(key)
+            if text is not None:
+                names.extend(n.strip().lstrip("%") for n in text.strip("{}").split(",")
+                             if n.strip())
+        return names
+
+    @property
+    def fusion_kind(self) -> str | None:
+        return self.attrs.get("kind")
+
+    @property
+    def custom_call_target(self) -> str | None:
+        text = self.attrs.get("custom_call_target")
+        return text.strip('"') if text is not None else None
+
+    def attr_json(self, key: str = "backend_config"):
+        """The JSON payload of ``backend_config`` (or another JSON attribute), or None."""
+        import json
+
+        text = self.attrs.get(key)
+        if text is None:
+            return None
+        text = text.strip()
+        if text.startswith('"'):  # older printers quote the JSON as a string
+            text = json.loads(text)
+        try:
+            return json.loads(text)
+        except ValueError:
+            return None
+
+
+@dataclass
+class Computation:
+    """A named computation; ``instructions`` in printed order (operands before users)."""
+
+    name: str
+    instructions: list[Instruction]
+    is_entry: bool = False
+    suffix: str = ""  # text after the signature, e.g. ``, execution_thread="main"``
+    line: int = 0
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Computation):
+            return NotImplemented
+        return (self.name, self.instructions, self.is_entry, self.suffix) == (
+            other.name, other.instructions, other.is_entry, other.suffix)
+
+    @property
+    def root(self) -> Instruction:
+        for inst in self.instructions:
+            if inst.is_root:
+                return inst
+        return self.instructions[-1]
+
+    @property
+    def parameters(self) -> list[Instruction]:
+        params = [i for i in self.instructions if i.opcode == "parameter"]
+        return sorted(params, key=lambda i: i.parameter_number)
+
+    def by_name(self) -> dict[str, Instruction]:
+        return {i.name: i for i in self.instructions}
+
+    def users(self) -> dict[str, list[str]]:
+        """Instruction name -> names of the instructions that use it (in order, no repeats)."""
+        out: dict[str, list[str]] = {i.name: [] for i in self.instructions}
+        for inst in self.instructions:
+            for op in dict.fromkeys(inst.operands):
+                out[op].append(inst.name)
+        return out
+
+
+@dataclass
+class Module:
+    """An HLO module: header attributes, debug-info sections and computations in order."""
+
+    name: str
+    computations: list[Computation]
+    header_attrs: str = ""  # text after the module name, e.g. ``is_scheduled=true, ...``
+    sections: list[tuple[str, list[str]]] = field(default_factory=list)  # FileNames etc.
+    source: str = "<string>"  # file the module was read from (not part of equality)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Module):
+            return NotImplemented
+        return (self.name, self.computations, self.header_attrs, self.sections) == (
+            other.name, other.computations, other.header_attrs, other.sections)
+
+    @property
+    def entry(self) -> Computation:
+        for comp in self.computations:
+            if comp.is_entry:
+                return comp
+        return self.computations[-1]
+
+    def computation(self, name: str) -> Computation:
+        for comp in self.computations:
+            if comp.name == name:
+                return comp
+        raise KeyError(name)
+
+    def computation_map(self) -> dict[str, Computation]:
+        return {c.name: c for c in self.computations}
+
+    def __str__(self) -> str:
+        from .printer import print_module
+
+        return print_module(self)
+
+
+class HloParseError(ValueError):
+    """Malformed HLO text: names file:line:column and what was expected there."""
+
+    def __init__(self, source: str, line: int, column: int, message: str):
+        self.source, self.line, self.column, self.message = source, line, column, message
+        super().__init__(f"{source}:{line}:{column}: {message}")
+
+
+_NAME_RE = re.compile(r"[A-Za-z_][\w.\-]*")
+
+
+def is_valid_name(name: str) -> bool:
+    return bool(_NAME_RE.fullmatch(name))

@@ -1,0 +1,31 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="fusionstitching",
+    version="0.1.0",
+    description="FusionStitching: a post-XLA pass that stitches memory-intensive fusions "
+                "into larger kernels (registers, warp shuffles, shared memory)",
+    long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["fusionstitching", "fusionstitching.*", "costmodel",
+                                    "costmodel.*", "tf_hooks", "tf_hooks.*"]),
+    package_data={"costmodel": ["data/*"]},
+    install_requires=[
+        "jax>=0.10,<0.11",
+        "jaxlib>=0.10,<0.11",
+        "llvmlite>=0.50,<0.51",
+        "numpy>=1.26",
+        "networkx>=3.0",
+    ],
+    extras_require={
+        "tf": ["tensorflow-cpu>=2.21,<2.22"],
+        # ptxas for cubins and register counts; cuda-python for a GPU launcher.
+        "cuda": ["nvidia-cuda-nvcc-cu12>=12.4", "cuda-python>=12.4"],
+        # XLA:GPU deviceless compilation (capture of XLA:GPU's optimized HLO without a GPU).
+        "xla-gpu": ["jax-cuda12-plugin>=0.10,<0.11", "jax-cuda12-pjrt>=0.10,<0.11",
+                    "nvidia-cuda-nvcc-cu12>=12.4"],
+        "test": ["pytest>=8", "tensorflow-cpu>=2.21,<2.22"],
+    },
+    entry_points={"console_scripts": ["fusionstitching=fusionstitching.cli:main"]},
+)
