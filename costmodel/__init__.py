@@ -1,0 +1,6 @@
+"""costmodel/: GPU device descriptions and the models that price kernels and fusion plans.
+
+Every constant carries its source. Times produced here are *modeled*, never measured.
+"""
+from .devices import Device, load_device, TARGETS
+from .kernel_time import LAUNCH_US, KernelCost, kernel_cost, plan_time_us
