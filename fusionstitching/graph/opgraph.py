@@ -1,0 +1,143 @@
+"""The op graph: nodes are XLA's kernels (fusions or unfused ops), edges carry bytes.
+
+Op classes follow the paper (section 4): light elementwise, expensive elementwise and
+reduction ops are memory-intensive and may be stitched; data movement ops are
+memory-intensive too but need index maps the first code generator may not have; opaque ops
+(dot, convolution, library calls, control flow, collectives, rng, sort) are never stitched
+and bound the memory-intensive regions. No-op instructions (parameter, constant, tuple,
+get-tuple-element, bitcast) launch nothing.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from ..hlo.ir import Computation, Instruction, Module, Shape
+
+
+class OpClass(enum.IntEnum):
+    # Ordered by how much they constrain a kernel: a fusion takes its heaviest member's class.
+    NOOP = 0
+    LIGHT_ELEMENTWISE = 1
+    DATA_MOVEMENT = 2
+    EXPENSIVE_ELEMENTWISE = 3
+    REDUCTION = 4
+    OPAQUE = 5
+
+    @property
+    def memory_intensive(self) -> bool:
+        return self not in (OpClass.NOOP, OpClass.OPAQUE)
+
+
+NOOP_OPCODES = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast",
+                "after-all", "partition-id", "replica-id"}
+EXPENSIVE_OPCODES = {"exponential", "exponential-minus-one", "log", "log-plus-one", "tanh",
+                     "logistic", "erf", "rsqrt", "sqrt", "cbrt", "power", "divide", "remainder",
+                     "sine", "cosine", "tan", "atan2"}
+REDUCTION_OPCODES = {"reduce", "reduce-window", "select-and-scatter"}
+DATA_MOVEMENT_OPCODES = {"transpose", "copy", "slice", "dynamic-slice", "dynamic-update-slice",
+                         "concatenate", "pad", "reverse", "gather", "scatter", "reshape",
+                         "broadcast", "iota"}
+OPAQUE_OPCODES = {"dot", "convolution", "custom-call", "while", "conditional", "call",
+                  "all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                  "collective-permute", "rng", "rng-bit-generator", "rng-get-and-update-state",
+                  "sort", "fft", "triangular-solve", "cholesky", "infeed", "outfeed", "send",
+                  "recv", "send-done", "recv-done", "async-start", "async-update", "async-done",
+                  "all-reduce-start", "all-reduce-done", "all-gather-start", "all-gather-done",
+                  "collective-permute-start", "collective-permute-done", "copy-start",
+                  "copy-done", "custom-call-start", "custom-call-done", "domain", "map",
+                  "optimization-barrier", "add-dependency"}
+
+
+def classify_instruction(inst: Instruction, module: Module) -> OpClass:
+    """Op class of one instruction; a fusion gets the heaviest class of its fused ops."""
+    op = inst.opcode
+    if op in NOOP_OPCODES:
+        return OpClass.NOOP
+    if op == "fusion":
+        fused = module.computation(inst.called_computations[0])
+        classes = [classify_instruction(i, module) for i in fused.instructions]
+        # A fusion of only no-ops (e.g. a bitcast fusion) still launches a copy kernel.
+        return max(classes + [OpClass.LIGHT_ELEMENTWISE])
+    if op in OPAQUE_OPCODES:
+        return OpClass.OPAQUE
+    if op in REDUCTION_OPCODES:
+        return OpClass.REDUCTION
+    if op in EXPENSIVE_OPCODES:
+        return OpClass.EXPENSIVE_ELEMENTWISE
+    if op in DATA_MOVEMENT_OPCODES:
+        return OpClass.DATA_MOVEMENT
+    return OpClass.LIGHT_ELEMENTWISE
+
+
+@dataclass
+class Node:
+    name: str
+    opcode: str
+    op_class: OpClass
+    shape: Shape
+    operands: list[str]  # distinct operand names, in order
+    users: list[str] = field(default_factory=list)
+    fusion_kind: str | None = None
+    tuple_index: int | None = None  # get-tuple-element's index
+
+    @property
+    def is_kernel(self) -> bool:
+        """Does XLA launch something for this node?"""
+        return self.op_class != OpClass.NOOP
+
+    @property
+    def memory_intensive(self) -> bool:
+        return self.op_class.memory_intensive
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: str
+    dst: str
+    bytes: int
+
+
+@dataclass
+class OpGraph:
+    """Nodes in topological (printed) order; ``outputs`` are the values the ROOT returns."""
+
+    module: Module
+    computation: Computation
+    nodes: dict[str, Node]
+    edges: list[Edge]
+    outputs: list[str]
+
+    def buffer_of(self, name: str) -> str:
+        """The node whose buffer ``name`` views: bitcasts are looked through, since XLA gives
+        a bitcast no buffer of its own."""
+        node = self.nodes[name]
+        while node.opcode == "bitcast":
+            node = self.nodes[node.operands[0]]
+        return node.name
+
+    def kernel_nodes(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.is_kernel]
+
+    def memory_intensive_nodes(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.memory_intensive]
+
+
+def build_graph(module: Module, computation: Computation | None = None) -> OpGraph:
+    comp = computation or module.entry
+    nodes: dict[str, Node] = {}
+    for inst in comp.instructions:
+        nodes[inst.name] = Node(
+            name=inst.name, opcode=inst.opcode, op_class=classify_instruction(inst, module),
+            shape=inst.shape, operands=list(dict.fromkeys(inst.operands)),
+            fusion_kind=inst.fusion_kind,
+            tuple_index=(int(inst.attrs["index"]) if inst.opcode == "get-tuple-element"
+                         else None))
+    edges = []
+    for node in nodes.values():
+        for op in node.operands:
+            nodes[op].users.append(node.name)
+            edges.append(Edge(op, node.name, nodes[op].shape.byte_size))
+    root = comp.root
+    outputs = list(dict.fromkeys(root.operands)) if root.opcode == "tuple" else [root.name]
+    return OpGraph(module, comp, nodes, edges, outputs)

@@ -1,0 +1,81 @@
+"""Global-memory traffic of a set of kernels, and the memory-intensive regions of a graph.
+
+A value is identified by the kernel node that produces it and, for multi-output fusions, the
+tuple index its get-tuple-element selects; bitcasts are views and add nothing. Scalar
+constants are immediates in any kernel and cost no traffic.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .opgraph import Node, OpGraph
+
+Value = tuple[str, int | None]  # (producing node, tuple index or None)
+
+
+def resolve(graph: OpGraph, name: str) -> Value:
+    """The value a node's result refers to, looking through bitcast and get-tuple-element."""
+    node = graph.nodes[name]
+    index: int | None = None
+    while node.opcode in ("bitcast", "get-tuple-element"):
+        if node.opcode == "get-tuple-element":
+            index = node.tuple_index  # the one nearest the producer selects its output
+        node = graph.nodes[node.operands[0]]
+    return node.name, index
+
+
+def value_bytes(graph: OpGraph, value: Value) -> int:
+    node = graph.nodes[value[0]]
+    if node.opcode == "constant" and node.shape.rank == 0:
+        return 0
+    shape = node.shape
+    if value[1] is not None and shape.is_tuple:
+        shape = shape.tuple_shapes[value[1]]
+    return shape.byte_size
+
+
+def _consumed_values(graph: OpGraph, node: Node) -> list[Value]:
+    return list(dict.fromkeys(resolve(graph, op) for op in node.operands))
+
+
+def pattern_traffic(graph: OpGraph, pattern: Iterable[str]) -> tuple[int, int]:
+    """(bytes read, bytes written) of one kernel made of ``pattern``'s nodes.
+
+    Reads count each distinct outside value once; writes count each value produced inside
+    that is used by a kernel outside or returned by the computation.
+    """
+    inside = set(pattern)
+    reads = {v for name in inside for v in _consumed_values(graph, graph.nodes[name])
+             if v[0] not in inside}
+    used_outside: set[Value] = {resolve(graph, o) for o in graph.outputs}
+    for node in graph.kernel_nodes():
+        if node.name not in inside:
+            used_outside.update(_consumed_values(graph, node))
+    writes = {v for v in used_outside if v[0] in inside}
+    return (sum(value_bytes(graph, v) for v in reads),
+            sum(value_bytes(graph, v) for v in writes))
+
+
+def memory_intensive_regions(graph: OpGraph) -> list[list[str]]:
+    """Connected components of memory-intensive kernels (edges seen through no-ops), each in
+    topological order: the ideal plan's kernels for ``compulsory_bytes``."""
+    parent = {n.name: n.name for n in graph.memory_intensive_nodes()}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for name in parent:
+        for producer, _ in _consumed_values(graph, graph.nodes[name]):
+            if producer in parent:
+                parent[find(producer)] = find(name)
+    regions: dict[str, list[str]] = {}
+    for name in parent:  # dict order is topological order
+        regions.setdefault(find(name), []).append(name)
+    return list(regions.values())
+
+
+def plan_bytes(graph: OpGraph, patterns: Iterable[Iterable[str]]) -> int:
+    return sum(sum(pattern_traffic(graph, p)) for p in patterns)
