@@ -1,0 +1,50 @@
+"""The baseline strategy ("greedy"): one pattern per connected memory-intensive region.
+
+Each connected region of memory-intensive kernels becomes one pattern if the code generator
+can build it and it creates no cycle; otherwise the region is cut greedily in topological
+order into the longest buildable runs. The paper's explorer (approximate DP + beam search)
+replaces this; the baseline stays selectable for comparison.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..graph import OpGraph
+from ..graph.traffic import memory_intensive_regions
+from .plan import Decision, FusionPlan, Pattern, creates_cycle
+
+CanStitch = Callable[[list[str]], tuple[bool, str]]
+
+
+def _check(graph: OpGraph, nodes: list[str], can_stitch: CanStitch) -> tuple[bool, str]:
+    if creates_cycle(graph, nodes):
+        return False, "cycle: a path leaves the pattern and re-enters it through another node"
+    return can_stitch(nodes)
+
+
+def connected_region_plan(graph: OpGraph, can_stitch: CanStitch) -> FusionPlan:
+    patterns: list[Pattern] = []
+    decisions: list[Decision] = []
+    for region in memory_intensive_regions(graph):
+        if len(region) < 2:
+            continue
+        ok, reason = _check(graph, region, can_stitch)
+        decisions.append(Decision(tuple(region), ok, reason))
+        if ok:
+            patterns.append(Pattern(region, f"connected memory-intensive region: {reason}"))
+            continue
+        current: list[str] = []
+        for name in region:  # the region is in topological order
+            candidate = current + [name]
+            ok, reason = _check(graph, candidate, can_stitch) if current else (True, "")
+            if current:
+                decisions.append(Decision(tuple(candidate), ok, reason))
+            if ok:
+                current = candidate
+                continue
+            if len(current) > 1:
+                patterns.append(Pattern(current, "longest buildable run of its region"))
+            current = [name]
+        if len(current) > 1:
+            patterns.append(Pattern(current, "longest buildable run of its region"))
+    return FusionPlan("greedy", patterns, decisions)
