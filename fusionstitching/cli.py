@@ -1,0 +1,90 @@
+"""The ``fusionstitching`` command: ``replay`` HLO files or dump folders, ``demo``."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from .hlo.ir import HloParseError
+
+
+def collect_hlo_files(paths: list[str]) -> list[Path]:
+    """Files named on the command line, and inside folders: ``*.hlo`` files and XLA dump
+    files (``*after_optimizations.txt``)."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(f for f in p.rglob("*") if f.is_file() and (
+                f.suffix == ".hlo" or f.name.endswith("after_optimizations.txt")))
+        else:
+            files.append(p)
+    return files
+
+
+def replay(args: argparse.Namespace) -> int:
+    from .hlo.parser import parse_file
+    from .pipeline import Options, stitch_module
+    from .report import format_summary, write_json
+
+    files = collect_hlo_files(args.paths)
+    if not files:
+        print("fusionstitching replay: no HLO files found", file=sys.stderr)
+        return 1
+    options = Options(target=args.target, explorer=args.explorer, verify=args.verify,
+                      emit_dir=args.emit, ptxas=not args.no_ptxas)
+    reports, failed = [], False
+    for path in files:
+        t0 = time.perf_counter()
+        try:
+            module = parse_file(path)
+        except (HloParseError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            failed = True
+            continue
+        result = stitch_module(module, options, parse_seconds=time.perf_counter() - t0)
+        print(f"{path}:")
+        print(format_summary(result.report))
+        reports.append(result.report)
+        failed |= not result.report.ok
+    if args.json:
+        write_json(reports, args.json)
+        print(f"wrote {len(reports)} reports to {args.json}")
+    return 1 if failed else 0
+
+
+def demo(args: argparse.Namespace) -> int:
+    from .demo import run
+
+    return run(rows=args.rows, cols=args.cols, target=args.target)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fusionstitching", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    rp = sub.add_parser("replay", help="stitch optimized HLO files or XLA dump folders offline")
+    rp.add_argument("paths", nargs="+", help="HLO text files or folders")
+    rp.add_argument("--target", default="h100", help="GPU to model and assemble for "
+                                                     "(h100, a100, v100)")
+    rp.add_argument("--explorer", default="greedy", help="fusion strategy")
+    rp.add_argument("--verify", action="store_true",
+                    help="run XLA's plan and the stitched plan on random inputs and compare")
+    rp.add_argument("--json", metavar="OUT", help="write the list of Reports as JSON")
+    rp.add_argument("--emit", metavar="DIR", help="write kernel IR, LLVM IR, PTX and cubins")
+    rp.add_argument("--no-ptxas", action="store_true", help="skip assembling with ptxas")
+    rp.set_defaults(run=replay)
+
+    dp = sub.add_parser("demo", help="LayerNorm from JAX: XLA's plan, the stitched plan, "
+                                     "verification")
+    dp.add_argument("--target", default="h100")
+    dp.add_argument("--rows", type=int, default=256)
+    dp.add_argument("--cols", type=int, default=1024)
+    dp.set_defaults(run=demo)
+
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""The post-XLA pass: optimized Module -> op graph -> fusion plan -> kernels -> Report.
+
+``stitch_module`` is the one entry point. A failure while generating or compiling a pattern
+never fails the module: the pattern is left to XLA and listed in ``Report.fallbacks``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import costmodel
+
+from . import codegen
+from .explorer import FusionPlan, Pattern, explore
+from .graph import OpClass, OpGraph, build_graph
+from .graph.traffic import memory_intensive_regions, pattern_traffic, plan_bytes
+from .hlo.ir import Computation, Instruction, Module, Shape
+from .report import Fallback, KernelReport, PlanSummary, Report, Times, Verify
+
+
+@dataclass
+class Options:
+    target: str = "h100"
+    explorer: str = "greedy"
+    verify: bool = False
+    emit_dir: str | None = None
+    ptxas: bool = True  # assemble each kernel (registers and spills come from ptxas)
+    seed: int = 0
+
+
+@dataclass
+class StitchedKernel:
+    pattern: Pattern
+    spec: codegen.KernelSpec
+    nvptx: codegen.NvptxKernel | None = None
+    host: codegen.HostKernel | None = None
+
+
+@dataclass
+class StitchResult:
+    module: Module
+    graph: OpGraph
+    plan: FusionPlan
+    kernels: list[StitchedKernel]
+    report: Report
+    fallbacks: list[Fallback] = field(default_factory=list)
+
+
+def stitch_module(module: Module, options: Options | None = None,
+                  parse_seconds: float = 0.0) -> StitchResult:
+    options = options or Options()
+    device = costmodel.load_device(options.target)
+    started = time.perf_counter()
+    times = Times(parse=parse_seconds)
+    fallbacks: list[Fallback] = []
+
+    graph = build_graph(module)
+    t0 = time.perf_counter()
+    plan = explore(graph, lambda nodes: codegen.can_stitch(module, nodes), options.explorer)
+    times.explore = time.perf_counter() - t0
+
+    kernels: list[StitchedKernel] = []
+    for index, pattern in enumerate(plan.patterns):
+        name = f"fusionstitching_{_c_name(module.name)}_{index}"
+        kernel = _build_kernel(module, pattern, name, options, device, times, fallbacks)
+        if kernel is not None:
+            kernels.append(kernel)
+
+    result = StitchResult(module, graph, plan, kernels, report=None, fallbacks=fallbacks)
+    result.report = _make_report(result, options, device, times)
+    if options.verify:
+        result.report.verify = verify(result, seed=options.seed)
+    if options.emit_dir:
+        emit(result, options.emit_dir)
+    times.total = time.perf_counter() - started + parse_seconds
+    return result
+
+
+def _c_name(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text)
+
+
+def _build_kernel(module, pattern, name, options, device, times, fallbacks):
+    t0 = time.perf_counter()
+    try:
+        spec = codegen.generate(module, pattern.nodes, name)
+        host = codegen.compile_host(spec) if options.verify else None
+    except Exception as exc:  # any codegen failure leaves the pattern to XLA
+        times.codegen += time.perf_counter() - t0
+        fallbacks.append(Fallback("codegen", list(pattern.nodes), _reason(exc)))
+        return None
+    times.codegen += time.perf_counter() - t0
+    kernel = StitchedKernel(pattern, spec, host=host)
+    if options.ptxas:
+        t0 = time.perf_counter()
+        try:
+            kernel.nvptx = codegen.compile_nvptx(spec, arch=device.sm_arch)
+        except Exception as exc:
+            fallbacks.append(Fallback("ptxas", list(pattern.nodes), _reason(exc)))
+            return None
+        finally:
+            times.ptxas += time.perf_counter() - t0
+    return kernel
+
+
+def _reason(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _make_report(result: StitchResult, options: Options, device, times: Times) -> Report:
+    graph = result.graph
+    kernel_nodes = graph.kernel_nodes()
+    mem_nodes = [n.name for n in kernel_nodes if n.memory_intensive]
+    opaque = sum(1 for n in kernel_nodes if n.op_class == OpClass.OPAQUE)
+
+    xla_patterns = [[n] for n in mem_nodes]
+    stitched = {n for k in result.kernels for n in k.pattern.nodes}
+    fs_patterns = [k.pattern.nodes for k in result.kernels] + [
+        [n] for n in mem_nodes if n not in stitched]
+
+    def summary(patterns, with_patterns=False):
+        kernel_bytes = [sum(pattern_traffic(graph, p)) for p in patterns]
+        return PlanSummary(
+            kernels=len(patterns) + opaque, mem_kernels=len(patterns), bytes=sum(kernel_bytes),
+            modeled_us=round(costmodel.plan_time_us(kernel_bytes, device), 3),
+            patterns=len(result.kernels) if with_patterns else None)
+
+    kernels = []
+    for k in result.kernels:
+        spec, nv = k.spec, k.nvptx
+        kbytes = sum(pattern_traffic(graph, k.pattern.nodes))
+        kernels.append(KernelReport(
+            name=spec.name, nodes=list(spec.nodes), schemes=list(spec.schemes),
+            grid=list(spec.grid), block=list(spec.block), smem_bytes=spec.smem_bytes,
+            regs=nv.regs if nv else None, regs_model=spec.regs_model,
+            spills=nv.spills if nv else None, bytes=kbytes,
+            modeled_us=round(costmodel.kernel_cost(kbytes, device).total_us, 3)))
+    return Report(
+        module=result.module.name, target=options.target,
+        xla=summary(xla_patterns), fs=summary(fs_patterns, with_patterns=True),
+        compulsory_bytes=plan_bytes(graph, memory_intensive_regions(graph)),
+        times_s=times, kernels=kernels, fallbacks=result.fallbacks)
+
+
+# -- verification ---------------------------------------------------------------------------
+
+def random_inputs(module: Module, seed: int = 0) -> list[np.ndarray]:
+    """Seeded random arguments for the entry parameters (logical numpy arrays)."""
+    rng = np.random.default_rng(seed)
+    args = []
+    for param in module.entry.parameters:
+        shape = param.shape
+        if shape.is_tuple:
+            raise ValueError(f"tuple-shaped entry parameter {param.name} is not supported")
+        dtype = shape.numpy_dtype
+        if dtype == np.bool_:
+            args.append(rng.random(shape.dims) < 0.5)
+        elif np.issubdtype(dtype, np.integer):
+            args.append(rng.integers(0, 8, size=shape.dims).astype(dtype))
+        else:
+            args.append(rng.standard_normal(shape.dims).astype(dtype))
+    return args
+
+
+def execute_stitched(result: StitchResult, args: list[np.ndarray]):
+    """Run the stitched plan: host kernels for stitched patterns, the evaluator for the rest."""
+    module, comp = result.module, result.module.entry
+    shapes = {i.name: i.shape for i in comp.instructions}
+    owner = {n: k for k in result.kernels for n in k.pattern.nodes}
+    values: dict[str, object] = {}
+    for param, arg in zip(comp.parameters, args):
+        values[param.name] = arg
+    done_kernels: set[int] = set()
+    pending = [i for i in comp.instructions if i.opcode != "parameter"]
+    while pending:
+        progressed = False
+        for inst in list(pending):
+            kernel = owner.get(inst.name)
+            if kernel is None:
+                if all(op in values for op in inst.operands):
+                    values[inst.name] = evaluate_instruction(
+                        module, inst, [values[op] for op in inst.operands], shapes)
+                    pending.remove(inst)
+                    progressed = True
+                continue
+            if id(kernel) in done_kernels:
+                pending.remove(inst)
+                progressed = True
+                continue
+            input_names = [n for n, _ in kernel.spec.inputs]
+            if all(n in values for n in input_names):
+                outs = kernel.host(*[values[n] for n in input_names])
+                for (out_name, _), out in zip(kernel.spec.outputs, outs):
+                    values[out_name] = out
+                done_kernels.add(id(kernel))
+                progressed = True
+        if not progressed:
+            raise RuntimeError("stitched plan cannot be scheduled: "
+                               f"{[i.name for i in pending][:5]} never become ready")
+    return values[comp.root.name]
+
+
+def evaluate_instruction(module: Module, inst: Instruction, operands: list,
+                         shapes: dict[str, Shape]) -> object:
+    """One instruction through the evaluator, as a computation of its own; ``shapes`` maps
+    operand names to their shapes."""
+    from .hlo.evaluator import evaluate_computation
+
+    names = list(dict.fromkeys(inst.operands))
+    params = [Instruction(f"{n}.arg", shapes[n], "parameter",
+                          parameter_number=i) for i, n in enumerate(names)]
+    renamed = dataclasses.replace(inst, operands=[f"{n}.arg" for n in inst.operands],
+                                  is_root=True)
+    wrapper = Computation(f"{inst.name}.eval", params + [renamed])
+    distinct = dict(zip(inst.operands, operands))
+    return evaluate_computation(module, wrapper, [distinct[n] for n in names])
+
+
+def _leaves(value) -> list[np.ndarray]:
+    if isinstance(value, (tuple, list)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [np.asarray(value)]
+
+
+def compare(expected, actual, rtol: float = 1e-5, atol: float = 1e-5) -> tuple[bool, float, float]:
+    """(ok, max abs err, max rel err): floats within rtol/atol, everything else exact."""
+    ok, max_abs, max_rel = True, 0.0, 0.0
+    exp_leaves, act_leaves = _leaves(expected), _leaves(actual)
+    if len(exp_leaves) != len(act_leaves):
+        return False, float("inf"), float("inf")
+    for e, a in zip(exp_leaves, act_leaves):
+        if e.shape != a.shape:
+            return False, float("inf"), float("inf")
+        if np.issubdtype(e.dtype, np.floating) or e.dtype.kind == "V":
+            e64, a64 = e.astype(np.float64), a.astype(np.float64)
+            same_nan = np.isnan(e64) == np.isnan(a64)
+            diff = np.where(np.isnan(e64) | np.isnan(a64), 0.0, np.abs(e64 - a64))
+            if diff.size:
+                max_abs = max(max_abs, float(diff.max()))
+                max_rel = max(max_rel, float((diff / np.maximum(np.abs(e64), 1e-30)).max()))
+            ok &= bool(same_nan.all()) and bool((diff <= atol + rtol * np.abs(e64)).all())
+        else:
+            ok &= bool(np.array_equal(e, a))
+    return ok, max_abs, max_rel
+
+
+def verify(result: StitchResult, seed: int = 0) -> Verify:
+    """Run XLA's plan and the stitched plan on the same random inputs and compare.
+
+    References: XLA itself running the module (where jaxlib can compile the text) and the
+    numpy evaluator; the stitched plan must match every reference that ran."""
+    from .hlo.evaluator import evaluate
+    from .hlo.xla_runner import run_hlo_with_xla
+
+    args = random_inputs(result.module, seed)
+    references = {"evaluator": evaluate(result.module, args)}
+    try:
+        references["xla"] = run_hlo_with_xla(str(result.module), args)
+    except Exception as exc:  # noted, not fatal: the evaluator still checks
+        result.report.fallbacks.append(Fallback("verify", [], f"XLA could not run the module "
+                                                              f"as a reference: {_reason(exc)}"))
+    stitched = execute_stitched(result, args)
+    outcome = Verify(ran=True, ok=True, against=sorted(references))
+    for ref in references.values():
+        ok, max_abs, max_rel = compare(ref, stitched)
+        outcome.ok &= ok
+        outcome.max_abs_err = max(outcome.max_abs_err, max_abs)
+        outcome.max_rel_err = max(outcome.max_rel_err, max_rel)
+    return outcome
+
+
+def emit(result: StitchResult, directory: str) -> None:
+    """Write each kernel's kernel IR, LLVM IR, PTX and cubin."""
+    os.makedirs(directory, exist_ok=True)
+    for k in result.kernels:
+        base = os.path.join(directory, k.spec.name)
+        with open(base + ".kir", "w") as f:
+            f.write(str(k.spec.kernel) + "\n")
+        if k.nvptx is not None:
+            with open(base + ".ll", "w") as f:
+                f.write(k.nvptx.llvm_ir)
+            with open(base + ".ptx", "w") as f:
+                f.write(k.nvptx.ptx)
+            if k.nvptx.cubin is not None:
+                with open(base + ".cubin", "wb") as f:
+                    f.write(k.nvptx.cubin)

@@ -1,0 +1,123 @@
+"""The Report (schema ``fusionstitching.report/1``) and its human-readable summary.
+
+Definitions (DESIGN.md section 4): ``kernels`` counts launches of the entry computation
+(no-ops excluded); ``mem_kernels`` those without dot/convolution/library calls; ``bytes`` sums,
+over memory-intensive kernels, the distinct global bytes each reads plus the bytes it writes;
+``compulsory_bytes`` is the same for the ideal plan with one kernel per connected
+memory-intensive region. Every ``modeled_us`` is a cost-model estimate, not a measurement.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+SCHEMA = "fusionstitching.report/1"
+
+
+@dataclass
+class PlanSummary:
+    kernels: int
+    mem_kernels: int
+    bytes: int
+    modeled_us: float
+    patterns: int | None = None  # stitched plan only
+
+
+@dataclass
+class Verify:
+    ran: bool = False
+    ok: bool = False
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    against: list[str] = field(default_factory=list)  # which references were compared
+
+
+@dataclass
+class Times:
+    parse: float = 0.0
+    explore: float = 0.0
+    codegen: float = 0.0
+    ptxas: float = 0.0
+    total: float = 0.0
+
+
+@dataclass
+class KernelReport:
+    name: str
+    nodes: list[str]
+    schemes: list[str]
+    grid: list[int]
+    block: list[int]
+    smem_bytes: int
+    regs: int | None
+    regs_model: int
+    spills: int | None
+    bytes: int
+    modeled_us: float
+
+
+@dataclass
+class Fallback:
+    stage: str  # "explore", "codegen", "ptxas", "host", "verify", ...
+    nodes: list[str]
+    reason: str
+
+
+@dataclass
+class Report:
+    module: str
+    target: str
+    xla: PlanSummary
+    fs: PlanSummary
+    compulsory_bytes: int
+    verify: Verify = field(default_factory=Verify)
+    times_s: Times = field(default_factory=Times)
+    kernels: list[KernelReport] = field(default_factory=list)
+    fallbacks: list[Fallback] = field(default_factory=list)
+    schema: str = SCHEMA
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["fs"]["patterns"] = self.fs.patterns or 0
+        del out["xla"]["patterns"]
+        return {"schema": out.pop("schema"), **out}
+
+    @property
+    def ok(self) -> bool:
+        """False when a check that ran failed (verification mismatch)."""
+        return not self.verify.ran or self.verify.ok
+
+
+def write_json(reports: list[Report], path: str) -> None:
+    with open(path, "w") as f:
+        json.dump([r.to_json() for r in reports], f, indent=1)
+        f.write("\n")
+
+
+def format_summary(report: Report) -> str:
+    """A few readable lines: XLA's plan vs the stitched plan, kernels, checks, fallbacks."""
+    x, s = report.xla, report.fs
+    lines = [
+        f"module {report.module}  (target {report.target}, times modeled)",
+        f"  XLA plan:      {x.kernels:4d} kernels, {x.mem_kernels:4d} memory-intensive, "
+        f"{x.bytes:>12,d} bytes, {x.modeled_us:9.2f} us modeled",
+        f"  stitched plan: {s.kernels:4d} kernels, {s.mem_kernels:4d} memory-intensive, "
+        f"{s.bytes:>12,d} bytes, {s.modeled_us:9.2f} us modeled  ({s.patterns} patterns)",
+        f"  compulsory bytes {report.compulsory_bytes:,d}",
+    ]
+    for k in report.kernels:
+        regs = "n/a (no ptxas)" if k.regs is None else f"{k.regs} regs ({k.regs_model} modeled)"
+        lines.append(f"  kernel {k.name}: {len(k.nodes)} XLA kernels {k.nodes} -> "
+                     f"{'+'.join(k.schemes)}, grid {k.grid} block {k.block}, "
+                     f"smem {k.smem_bytes} B, {regs}, spills {k.spills}, {k.bytes:,d} bytes")
+    v = report.verify
+    if v.ran:
+        lines.append(f"  verify: {'OK' if v.ok else 'MISMATCH'} against {', '.join(v.against)} "
+                     f"(max abs err {v.max_abs_err:.3g}, max rel err {v.max_rel_err:.3g})")
+    for fb in report.fallbacks:
+        lines.append(f"  left to XLA [{fb.stage}] {fb.nodes}: {fb.reason}")
+    t = report.times_s
+    lines.append(f"  times: parse {t.parse:.3f}s explore {t.explore:.3f}s codegen "
+                 f"{t.codegen:.3f}s ptxas {t.ptxas:.3f}s total {t.total:.3f}s")
+    return "\n".join(lines)
