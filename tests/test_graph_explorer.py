@@ -1,0 +1,112 @@
+"""Op graph classes, traffic accounting and the baseline plan on small HLO snippets."""
+from fusionstitching.explorer import Decision, connected_region_plan, creates_cycle
+from fusionstitching.graph import OpClass, build_graph
+from fusionstitching.graph.traffic import memory_intensive_regions, pattern_traffic, plan_bytes
+from fusionstitching.hlo.parser import parse_module
+
+# XLA:CPU's LayerNorm plan shape, reduced: reduce -> subtract -> reduce -> rsqrt -> output.
+LAYERNORM = """
+HloModule ln
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%f_sum (p0: f32[8,16], p1: f32[]) -> f32[8] {
+  %p0 = f32[8,16]{1,0} parameter(0)
+  %p1 = f32[] parameter(1)
+  ROOT %r = f32[8]{0} reduce(%p0, %p1), dimensions={1}, to_apply=%add
+}
+
+%f_center (p0: f32[8,16], p1: f32[8]) -> f32[8,16] {
+  %p0 = f32[8,16]{1,0} parameter(0)
+  %p1 = f32[8]{0} parameter(1)
+  %b = f32[8,16]{1,0} broadcast(%p1), dimensions={0}
+  ROOT %d = f32[8,16]{1,0} subtract(%p0, %b)
+}
+
+%f_sq (p0: f32[8,16], p1: f32[]) -> f32[8] {
+  %p0 = f32[8,16]{1,0} parameter(0)
+  %p1 = f32[] parameter(1)
+  %m = f32[8,16]{1,0} multiply(%p0, %p0)
+  ROOT %r = f32[8]{0} reduce(%m, %p1), dimensions={1}, to_apply=%add
+}
+
+%f_rsqrt (p0: f32[8]) -> f32[8] {
+  %p0 = f32[8]{0} parameter(0)
+  ROOT %r = f32[8]{0} rsqrt(%p0)
+}
+
+%f_out (p0: f32[8,16], p1: f32[8]) -> f32[8,16] {
+  %p0 = f32[8,16]{1,0} parameter(0)
+  %p1 = f32[8]{0} parameter(1)
+  %b = f32[8,16]{1,0} broadcast(%p1), dimensions={0}
+  ROOT %m = f32[8,16]{1,0} multiply(%p0, %b)
+}
+
+ENTRY %main (x: f32[8,16], w: f32[16,16]) -> (f32[8,16], f32[8,16]) {
+  %x = f32[8,16]{1,0} parameter(0)
+  %w = f32[16,16]{1,0} parameter(1)
+  %zero = f32[] constant(0)
+  %sum = f32[8]{0} fusion(%x, %zero), kind=kInput, calls=%f_sum
+  %center = f32[8,16]{1,0} fusion(%x, %sum), kind=kLoop, calls=%f_center
+  %sq = f32[8]{0} fusion(%center, %zero), kind=kInput, calls=%f_sq
+  %rs = f32[8]{0} fusion(%sq), kind=kLoop, calls=%f_rsqrt
+  %out = f32[8,16]{1,0} fusion(%center, %rs), kind=kLoop, calls=%f_out
+  %dot = f32[8,16]{1,0} dot(%out, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %t = (f32[8,16]{1,0}, f32[8,16]{1,0}) tuple(%out, %dot)
+}
+"""
+
+ROW, FULL, W = 8 * 4, 8 * 16 * 4, 16 * 16 * 4
+
+
+def test_op_classes_and_kernel_nodes():
+    graph = build_graph(parse_module(LAYERNORM))
+    classes = {n.name: n.op_class for n in graph.nodes.values()}
+    assert classes["sum"] == OpClass.REDUCTION
+    assert classes["center"] == OpClass.LIGHT_ELEMENTWISE
+    assert classes["rs"] == OpClass.EXPENSIVE_ELEMENTWISE
+    assert classes["dot"] == OpClass.OPAQUE
+    assert classes["zero"] == classes["t"] == OpClass.NOOP
+    assert [n.name for n in graph.kernel_nodes()] == ["sum", "center", "sq", "rs", "out", "dot"]
+    assert graph.outputs == ["out", "dot"]
+
+
+def test_traffic_counts_boundary_tensors_once():
+    graph = build_graph(parse_module(LAYERNORM))
+    # one XLA kernel: reads x once, writes the row sums; the scalar constant is an immediate
+    assert pattern_traffic(graph, ["sum"]) == (FULL, ROW)
+    assert pattern_traffic(graph, ["center"]) == (FULL + ROW, FULL)
+    # the whole region: reads x, writes only `out` (used by the dot and returned)
+    region = ["sum", "center", "sq", "rs", "out"]
+    assert memory_intensive_regions(graph) == [region]
+    assert pattern_traffic(graph, region) == (FULL, FULL)
+    assert plan_bytes(graph, [region]) == 2 * FULL
+
+
+def test_cycle_through_outside_node_is_detected():
+    graph = build_graph(parse_module(LAYERNORM))
+    assert not creates_cycle(graph, ["sum", "center"])
+    # center -> sq -> rs -> out: leaving out sq and rs makes {center, out} cyclic
+    assert creates_cycle(graph, ["center", "out"])
+
+
+def test_baseline_merges_a_buildable_region_and_records_why():
+    graph = build_graph(parse_module(LAYERNORM))
+    plan = connected_region_plan(graph, lambda nodes: (True, "ok: test"))
+    assert [p.nodes for p in plan.patterns] == [["sum", "center", "sq", "rs", "out"]]
+    assert plan.decisions[0] == Decision(("sum", "center", "sq", "rs", "out"), True, "ok: test")
+
+
+def test_baseline_cuts_an_unbuildable_region_greedily():
+    graph = build_graph(parse_module(LAYERNORM))
+
+    def at_most_two(nodes):
+        return (len(nodes) <= 2, "ok" if len(nodes) <= 2 else "too many reductions")
+
+    plan = connected_region_plan(graph, at_most_two)
+    assert [p.nodes for p in plan.patterns] == [["sum", "center"], ["sq", "rs"]]
+    assert any(not d.ok and d.reason == "too many reductions" for d in plan.decisions)
