@@ -35,9 +35,9 @@ EXPENSIVE_OPCODES = {"exponential", "exponential-minus-one", "log", "log-plus-on
                      "logistic", "erf", "rsqrt", "sqrt", "cbrt", "power", "divide", "remainder",
                      "sine", "cosine", "tan", "atan2"}
 REDUCTION_OPCODES = {"reduce", "reduce-window", "select-and-scatter"}
+# broadcast, reshape and iota are index maps each thread evaluates alone: light elementwise.
 DATA_MOVEMENT_OPCODES = {"transpose", "copy", "slice", "dynamic-slice", "dynamic-update-slice",
-                         "concatenate", "pad", "reverse", "gather", "scatter", "reshape",
-                         "broadcast", "iota"}
+                         "concatenate", "pad", "reverse", "gather", "scatter"}
 OPAQUE_OPCODES = {"dot", "convolution", "custom-call", "while", "conditional", "call",
                   "all-reduce", "all-gather", "reduce-scatter", "all-to-all",
                   "collective-permute", "rng", "rng-bit-generator", "rng-get-and-update-state",
