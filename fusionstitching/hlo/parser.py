@@ -1,0 +1,472 @@
+"""HLO text -> ``ir.Module``: a small cursor-based lexer and a recursive-descent parser.
+
+Grammar (what XLA's ``HloModule::ToString`` prints; whitespace and ``/* */`` / ``//`` comments
+may appear between tokens, as in XLA's own lexer):
+
+    module      := 'HloModule' name (',' attr)* NEWLINE section* computation+
+    section     := WORD NEWLINE (line NEWLINE)* BLANK_LINE     (FileNames, StackFrames, ...)
+    computation := 'ENTRY'? name signature? '{' instruction+ '}' (',' attr)*
+    signature   := '(' (name ':' shape (',' name ':' shape)*)? ')' '->' shape
+    instruction := 'ROOT'? name '=' shape opcode '(' operands ')' (',' attr)*
+    operands    := literal text (constant) | INT (parameter) | (shape? name (',' shape? name)*)?
+    attr        := name '=' value       value: raw text, balanced over (), [], {} and "strings"
+    shape       := '(' (shape (',' shape)*)? ')' | dtype '[' (('<=')? INT ,...)? ']' layout?
+    layout      := '{' (INT ,...)? (':' raw suffix)? '}'            (directly after ']')
+
+Attribute values and constant literals stay raw text (ir.Instruction keeps them that way); the
+bracket scanner uses an explicit stack and tuple shapes have a depth limit, so any input ends in
+either a Module or an HloParseError -- never a Python-level IndexError or RecursionError.
+"""
+from __future__ import annotations
+
+import bisect
+import re
+from pathlib import Path
+
+from .ir import ELEMENT_BITS, Computation, HloParseError, Instruction, Module, Shape
+
+_NAME = re.compile(r"[A-Za-z_][\w.\-]*")
+_WORD = re.compile(r"[\w.\-]+")
+_INT = re.compile(r"-?\d+")
+_OPCODE = re.compile(r"[A-Za-z][\w\-]*")
+_DTYPE = re.compile(r"[a-z][a-z0-9]*(?=\[)")
+_SECTION_LINE = re.compile(r"[A-Za-z_]\w*[ \t\r]*")
+# Runs of characters the bracket scanner may skip in one step: outside brackets a value also
+# ends at whitespace and commas, inside brackets those are ordinary text.
+_PLAIN_TOP = re.compile(r'[^"{}\[\]()/,\s]+')
+_PLAIN_NESTED = re.compile(r'[^"{}\[\]()/]+')
+_STRING = re.compile(r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"')  # linear: the alternatives are disjoint
+_CLOSER = {"{": "}", "[": "]", "(": ")"}
+_ATTR_STOP = frozenset(", \t\r\n")
+
+# Real modules nest tuples a few levels deep; the limit keeps hostile input from reaching
+# Python's recursion limit.
+_MAX_TUPLE_DEPTH = 100
+
+
+def parse_module(text: str, source: str = "<string>") -> Module:
+    """Parse one HLO module (``HloModule::ToString`` output or an XLA ``--xla_dump_to`` file)."""
+    return _Parser(text, source).module()
+
+
+def parse_file(path) -> Module:
+    path = Path(path)
+    return parse_module(path.read_text(), source=str(path))
+
+
+def parse_shape(text: str, source: str = "<shape>") -> Shape:
+    """Parse a shape such as ``f32[64,256]{1,0}`` or ``(s32[], token[])``."""
+    parser = _Parser(text, source)
+    shape = parser.shape()
+    parser.expect_end()
+    return shape
+
+
+class _Parser:
+    def __init__(self, text: str, source: str):
+        self.text = text
+        self.source = source
+        self.pos = 0
+        self._line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
+
+    # -- positions and errors ---------------------------------------------------------------
+    def line_col(self, pos: int) -> tuple[int, int]:
+        line = bisect.bisect_right(self._line_starts, pos)
+        return line, pos - self._line_starts[line - 1] + 1
+
+    def fail(self, message: str, pos: int | None = None) -> HloParseError:
+        line, col = self.line_col(self.pos if pos is None else pos)
+        return HloParseError(self.source, line, col, message)
+
+    def expected(self, what: str, pos: int | None = None) -> HloParseError:
+        pos = self.pos if pos is None else pos
+        return self.fail(f"expected {what}, got {self.describe(pos)}", pos)
+
+    def describe(self, pos: int) -> str:
+        if pos >= len(self.text):
+            return "end of input"
+        if self.text[pos] == "\n":
+            return "end of line"
+        m = _WORD.match(self.text, pos)
+        return repr(m.group()[:40] if m else self.text[pos])
+
+    # -- lexing ---------------------------------------------------------------------------
+    def skip_space(self) -> None:
+        text, pos = self.text, self.pos
+        while pos < len(text):
+            c = text[pos]
+            if c.isspace():
+                pos += 1
+            elif text.startswith("/*", pos):
+                end = text.find("*/", pos + 2)
+                if end < 0:
+                    raise self.fail("unterminated /* comment", pos)
+                pos = end + 2
+            elif text.startswith("//", pos):
+                end = text.find("\n", pos)
+                pos = len(text) if end < 0 else end
+            else:
+                break
+        self.pos = pos
+
+    def peek(self) -> str:
+        """The next significant character ('' at end of input)."""
+        self.skip_space()
+        return self.text[self.pos:self.pos + 1]
+
+    def accept(self, token: str) -> bool:
+        """Consume ``token`` if it comes next; otherwise leave the position alone (so that
+        end_of_line can still see where the previous token ended)."""
+        start = self.pos
+        self.skip_space()
+        if self.text.startswith(token, self.pos):
+            self.pos += len(token)
+            return True
+        self.pos = start
+        return False
+
+    def expect(self, token: str, what: str | None = None) -> None:
+        if not self.accept(token):
+            raise self.expected(what or repr(token))
+
+    def expect_end(self) -> None:
+        self.skip_space()
+        if self.pos < len(self.text):
+            raise self.expected("end of input")
+
+    def match(self, regex: re.Pattern, what: str) -> str:
+        self.skip_space()
+        m = regex.match(self.text, self.pos)
+        if not m:
+            raise self.expected(what)
+        self.pos = m.end()
+        return m.group()
+
+    def name(self, what: str = "name") -> str:
+        """A name with its optional ``%`` sigil removed."""
+        self.skip_space()
+        start = self.pos
+        if self.text.startswith("%", start):
+            self.pos += 1
+        m = _NAME.match(self.text, self.pos)
+        if not m:
+            raise self.expected(what, start)
+        self.pos = m.end()
+        return m.group()
+
+    def keyword(self, word: str) -> bool:
+        """Consume ``word`` if it is the next whole word (``ROOT``, ``ENTRY``)."""
+        self.skip_space()
+        m = _NAME.match(self.text, self.pos)
+        if m and m.group() == word:
+            self.pos = m.end()
+            return True
+        return False
+
+    def integer(self, what: str) -> int:
+        return int(self.match(_INT, what))
+
+    def raw(self, stop: frozenset[str] | str, what: str) -> str:
+        """Raw text up to a ``stop`` character (or unmatched closing bracket) outside brackets.
+
+        Brackets must nest properly and strings may hold anything; ``/* */`` comments are
+        dropped (XLA's ``/*index=N*/`` markers), so values compare equal however printed.
+        """
+        self.skip_space()
+        text, pos, start = self.text, self.pos, self.pos
+        pieces: list[str] = []
+        open_brackets: list[tuple[str, int]] = []  # (expected closer, position of opener)
+        while pos < len(text):
+            c = text[pos]
+            if c == '"':
+                m = _STRING.match(text, pos)
+                if not m:
+                    raise self.fail("unterminated string", pos)
+                pieces.append(m.group())
+                pos = m.end()
+            elif c == "/" and text.startswith("/*", pos):
+                end = text.find("*/", pos + 2)
+                if end < 0:
+                    raise self.fail("unterminated /* comment", pos)
+                pos = end + 2
+            elif c in _CLOSER:
+                open_brackets.append((_CLOSER[c], pos))
+                pieces.append(c)
+                pos += 1
+            elif c in ")]}":
+                if not open_brackets:
+                    break  # closes something the caller opened
+                closer, _ = open_brackets.pop()
+                if c != closer:
+                    raise self.expected(repr(closer), pos)
+                pieces.append(c)
+                pos += 1
+            elif not open_brackets and c in stop:
+                break
+            else:
+                plain = _PLAIN_NESTED if open_brackets else _PLAIN_TOP
+                m = plain.match(text, pos)
+                end = m.end() if m else pos + 1
+                pieces.append(text[pos:end])
+                pos = end
+        if open_brackets:
+            closer, opened = open_brackets[-1]
+            raise self.expected(f"{closer!r} to close {text[opened]!r} at "
+                                f"{':'.join(map(str, self.line_col(opened)))}", pos)
+        self.pos = pos
+        value = "".join(pieces).strip()
+        if not value:
+            raise self.expected(what, start)
+        return value
+
+    def attribute(self, attrs: dict[str, str], positions: dict[str, int]) -> None:
+        """``name=value`` into ``attrs``; ``positions`` records where each value starts."""
+        self.skip_space()
+        key_pos = self.pos
+        key = self.match(_NAME, "attribute name")
+        if key in attrs:
+            raise self.fail(f"duplicate attribute {key!r}", key_pos)
+        self.expect("=")
+        self.skip_space()
+        positions[key] = self.pos
+        attrs[key] = self.raw(_ATTR_STOP, f"value of attribute {key!r}")
+
+    # -- shapes ---------------------------------------------------------------------------
+    def shape(self, depth: int = 0) -> Shape:
+        self.skip_space()
+        if self.accept("("):
+            if depth >= _MAX_TUPLE_DEPTH:
+                raise self.fail("tuple shape nested too deeply")
+            elements: list[Shape] = []
+            if not self.accept(")"):
+                elements.append(self.shape(depth + 1))
+                while not self.accept(")"):
+                    self.expect(",", "',' or ')' in tuple shape")
+                    elements.append(self.shape(depth + 1))
+            return Shape("tuple", tuple_shapes=tuple(elements))
+        start = self.pos
+        m = _DTYPE.match(self.text, start)
+        if not m or m.group() not in ELEMENT_BITS:
+            raise self.expected("shape", start)
+        self.pos = m.end() + 1  # past '['
+        dims: list[int] = []
+        dynamic: list[bool] = []
+        if not self.accept("]"):
+            while True:
+                dynamic.append(self.accept("<="))
+                if self.peek() == "?":
+                    raise self.fail("unbounded dynamic dimension '?' is not supported")
+                dim_pos = self.pos
+                dim = self.integer("dimension size")
+                if dim < 0:
+                    raise self.fail("negative dimension size", dim_pos)
+                dims.append(dim)
+                if self.accept("]"):
+                    break
+                self.expect(",", "',' or ']' in dimensions")
+        layout, suffix = None, ""
+        if self.text.startswith("{", self.pos):  # a layout only when glued to ']'
+            self.pos += 1
+            layout, suffix = self.layout()
+        return Shape(m.group(), tuple(dims), layout, suffix,
+                     tuple(dynamic) if any(dynamic) else ())
+
+    def layout(self) -> tuple[tuple[int, ...], str]:
+        """After ``{``: minor-to-major numbers, then ``:tiling/memory space...`` kept raw."""
+        minor_to_major: list[int] = []
+        suffix = ""
+        if self.peek() not in ":}":
+            minor_to_major.append(self.integer("layout dimension"))
+            while self.accept(","):
+                minor_to_major.append(self.integer("layout dimension"))
+        if self.accept(":"):
+            suffix = ":" + self.raw("}", "layout attributes")
+        self.expect("}", "'}' closing the layout")
+        return tuple(minor_to_major), suffix
+
+    # -- instructions -----------------------------------------------------------------------
+    def operand(self, defined: set[str]) -> tuple[Shape | None, str]:
+        """``%name`` or, as older printers write it, ``f32[] %name``."""
+        self.skip_space()
+        shape = None
+        if self.text.startswith("(", self.pos) or _DTYPE.match(self.text, self.pos):
+            shape = self.shape()
+        self.skip_space()
+        pos = self.pos
+        name = self.name("operand name")
+        if name not in defined:
+            raise self.fail(f"undefined operand %{name}", pos)
+        return shape, name
+
+    def instruction(self, defined: set[str], called: list[tuple[str, int]]) -> Instruction:
+        self.skip_space()
+        line = self.line_col(self.pos)[0]
+        is_root = self.keyword("ROOT")
+        self.skip_space()
+        name_pos = self.pos
+        name = self.name("instruction name")
+        if name in defined:
+            raise self.fail(f"duplicate instruction name %{name}", name_pos)
+        self.expect("=")
+        shape = self.shape()
+        opcode = self.match(_OPCODE, "opcode")
+        self.expect("(", "'(' after opcode")
+        inst = Instruction(name=name, shape=shape, opcode=opcode, is_root=is_root, line=line)
+        if opcode == "constant":
+            inst.literal = self.raw(")", "literal")
+        elif opcode == "parameter":
+            inst.parameter_number = self.integer("parameter number")
+            if inst.parameter_number < 0:
+                raise self.fail("negative parameter number")
+        elif self.peek() != ")":
+            operands = [self.operand(defined)]
+            while self.accept(","):
+                operands.append(self.operand(defined))
+            inst.operands = [n for _, n in operands]
+            if any(s is not None for s, _ in operands):
+                inst.operand_shapes = [s for s, _ in operands]
+        self.expect(")", "',' or ')' after operands")
+        positions: dict[str, int] = {}
+        while self.accept(","):
+            self.attribute(inst.attrs, positions)
+        for key, pos in positions.items():
+            if key in _CALLING_ATTRS:
+                called.extend((n, pos) for n in _computation_names(inst.attrs[key]))
+        self.end_of_line("',' or end of line after instruction")
+        defined.add(name)
+        return inst
+
+    def end_of_line(self, what: str) -> None:
+        """Instructions end at a newline (or a '}' on the same line, for one-line snippets)."""
+        end = self.pos
+        self.skip_space()
+        if self.pos < len(self.text) and "\n" not in self.text[end:self.pos] \
+                and self.text[self.pos] != "}":
+            raise self.expected(what)
+
+    # -- computations and modules -----------------------------------------------------------
+    def computation(self, called: list[tuple[str, int]]) -> Computation:
+        self.skip_space()
+        line = self.line_col(self.pos)[0]
+        is_entry = self.keyword("ENTRY")
+        name = self.name("computation name")
+        result, result_pos = None, 0
+        if self.peek() == "(":
+            self.signature_parameters()
+            self.expect("->", "'->' after parameter list")
+            self.skip_space()
+            result_pos = self.pos
+            result = self.shape()
+        self.expect("{", "'{' opening the computation body")
+        instructions: list[Instruction] = []
+        defined: set[str] = set()
+        parameter_numbers: set[int] = set()
+        while self.peek() != "}":
+            inst_pos = self.pos
+            inst = self.instruction(defined, called)
+            if inst.is_root and any(i.is_root for i in instructions):
+                raise self.fail(f"second ROOT in computation %{name}", inst_pos)
+            if inst.parameter_number is not None:
+                if inst.parameter_number in parameter_numbers:
+                    raise self.fail(f"duplicate parameter({inst.parameter_number})", inst_pos)
+                parameter_numbers.add(inst.parameter_number)
+            instructions.append(inst)
+        if not instructions:
+            raise self.expected("instruction")
+        self.pos += 1  # past '}'
+        comp = Computation(name, instructions, is_entry=is_entry, line=line)
+        if result is not None and result.without_layout() != comp.root.shape.without_layout():
+            raise self.fail(f"computation %{name} declares result {result} but its root "
+                            f"%{comp.root.name} has shape {comp.root.shape}", result_pos)
+        attrs: dict[str, str] = {}
+        while self.accept(","):
+            self.attribute(attrs, {})
+        comp.suffix = "".join(f", {k}={v}" for k, v in attrs.items())
+        return comp
+
+    def signature_parameters(self) -> None:
+        """``(name: shape, ...)``: checked for syntax only; the parameter instructions rule."""
+        self.expect("(")
+        if self.accept(")"):
+            return
+        while True:
+            self.name("parameter name")
+            self.expect(":", "':' after parameter name")
+            self.shape()
+            if self.accept(")"):
+                return
+            self.expect(",", "',' or ')' in parameter list")
+
+    def module(self) -> Module:
+        self.skip_space()
+        if not self.keyword("HloModule"):
+            raise self.expected("'HloModule'")
+        name = self.name("module name")
+        header_attrs = ""
+        if self.accept(","):
+            self.skip_space()
+            start = self.pos
+            self.attribute({}, {})
+            while self.accept(","):
+                self.attribute({}, {})
+            header_attrs = self.text[start:self.pos]
+        self.end_of_line("',' or end of line after module header")
+        sections = self.sections()
+        computations: list[Computation] = []
+        called: list[tuple[str, int]] = []
+        positions: dict[str, int] = {}
+        while self.peek():
+            self.skip_space()
+            pos = self.pos
+            comp = self.computation(called)
+            if comp.name in positions:
+                raise self.fail(f"duplicate computation name %{comp.name}", pos)
+            if comp.is_entry and any(c.is_entry for c in computations):
+                raise self.fail("second ENTRY computation", pos)
+            positions[comp.name] = pos
+            computations.append(comp)
+        if not computations:
+            raise self.expected("computation")
+        for callee, pos in called:
+            if callee not in positions:
+                raise self.fail(f"called computation %{callee} does not exist", pos)
+        return Module(name, computations, header_attrs=header_attrs, sections=sections,
+                      source=self.source)
+
+    def sections(self) -> list[tuple[str, list[str]]]:
+        """Debug-info blocks after the header: a bare word line, then lines up to a blank one.
+
+        They are line-structured (not token-structured), so they are read line by line.
+        """
+        sections: list[tuple[str, list[str]]] = []
+        while True:
+            self.skip_space()
+            line_start = self.text.rfind("\n", 0, self.pos) + 1
+            line_end = self.text.find("\n", self.pos)
+            line_end = len(self.text) if line_end < 0 else line_end
+            if not _SECTION_LINE.fullmatch(self.text, line_start, line_end):
+                return sections
+            title = self.text[line_start:line_end].strip()
+            lines: list[str] = []
+            pos = line_end + 1
+            while pos < len(self.text):
+                end = self.text.find("\n", pos)
+                end = len(self.text) if end < 0 else end
+                line = self.text[pos:end].rstrip()
+                if not line:
+                    break
+                lines.append(line)
+                pos = end + 1
+            self.pos = min(pos, len(self.text))
+            sections.append((title, lines))
+
+
+# Attributes whose values name computations; the same keys and splitting as
+# ir.Instruction.called_computations, but per attribute so errors can point at the value.
+_CALLING_ATTRS = ("calls", "to_apply", "condition", "body", "select", "scatter",
+                  "branch_computations", "true_computation", "false_computation",
+                  "called_computations", "async_execution_thread_computation")
+
+
+def _computation_names(value: str) -> list[str]:
+    return [n.strip().lstrip("%") for n in value.strip("{}").split(",") if n.strip()]
