@@ -1,0 +1,70 @@
+"""codegen/: stitched kernels for fusion patterns (paper section 4).
+
+    Module + pattern nodes --flatten--> Pattern --schedule--> Kernel IR --host--> CPU code
+                                                                        --nvptx--> PTX, cubin
+
+`generate` runs the first two stages and returns a `KernelSpec`; `compile_host` and
+`compile_nvptx` lower the same kernel IR for the CPU and for NVIDIA GPUs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..hlo.ir import Module, Shape
+from .flatten import CodegenError, flatten
+from .host import HostKernel, compile_host
+from .kernel_ir import Kernel, register_estimate
+from .nvptx import NvptxKernel, compile_nvptx, find_ptxas
+from .schedule import schedule_pattern
+
+__all__ = ["CodegenError", "HostKernel", "KernelSpec", "NvptxKernel", "can_stitch",
+           "compile_host", "compile_nvptx", "find_ptxas", "generate"]
+
+
+@dataclass
+class KernelSpec:
+    """One stitched kernel. Buffers are `inputs` then `outputs`, each in its Shape's layout.
+
+    Outputs are arrays: a multi-output fusion's results are named after their
+    get-tuple-element users (``name#i`` when the tuple itself is used, see flatten.py).
+    """
+
+    name: str
+    nodes: list[str]
+    inputs: list[tuple[str, Shape]]
+    outputs: list[tuple[str, Shape]]
+    schemes: list[str]
+    grid: tuple[int, ...]
+    block: tuple[int, ...]
+    smem_bytes: int
+    kernel: Kernel
+    read_bytes: int  # distinct global bytes read: each input once (every element is used)
+    write_bytes: int
+    regs_model: int
+    why: str  # the schedule rule that chose the composition
+
+    def __str__(self) -> str:
+        return str(self.kernel)
+
+
+def generate(module: Module, nodes: list[str], name: str, device: dict | None = None) -> KernelSpec:
+    """One kernel for these entry instructions; raises CodegenError(reason) when impossible."""
+    pattern = flatten(module, nodes)
+    scheduled = schedule_pattern(pattern, name, device)
+    kernel = scheduled.kernel
+    return KernelSpec(
+        name=name, nodes=list(nodes), inputs=pattern.inputs, outputs=pattern.outputs,
+        schemes=scheduled.schemes, grid=kernel.grid, block=kernel.block,
+        smem_bytes=kernel.smem_bytes, kernel=kernel,
+        read_bytes=sum(s.byte_size for _, s in pattern.inputs),
+        write_bytes=sum(s.byte_size for _, s in pattern.outputs),
+        regs_model=register_estimate(kernel), why=scheduled.schedule.why)
+
+
+def can_stitch(module: Module, nodes: list[str]) -> tuple[bool, str]:
+    """Whether `nodes` can be one kernel, and why (or why not)."""
+    try:
+        spec = generate(module, nodes, "probe")
+    except CodegenError as e:
+        return False, str(e)
+    return True, f"ok: {spec.why}; {', '.join(spec.schemes)}"

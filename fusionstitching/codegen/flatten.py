@@ -1,0 +1,186 @@
+"""Flatten a pattern (entry instructions: XLA fusions or unfused ops) into one list of ops.
+
+XLA's fusions are inlined, so the schedule sees one dataflow graph whose only boundary is
+what the pattern reads from and writes to global memory:
+
+* inputs: entry values read by the pattern and computed outside it (parameters, other
+  kernels' results, get-tuple-element of a multi-output fusion outside the pattern); each
+  becomes a `parameter` op whose parameter_number is its position in `inputs`. Entry-level
+  constants are inlined as `constant` ops instead.
+* outputs: pattern values used outside the pattern or part of the entry ROOT. Outputs are
+  always arrays. A multi-output fusion's results leave the pattern through its
+  get-tuple-element users (the output is named after that get-tuple-element); if the tuple
+  itself is used outside (e.g. it is the ROOT), each element is an output named ``name#i``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..hlo.ir import Instruction, Module, Shape
+
+
+class CodegenError(Exception):
+    """The code generator cannot build this pattern; the message is the reason."""
+
+
+@dataclass
+class FlatOp:
+    name: str  # entry name, or "<fusion>/<name inside the fused computation>"
+    opcode: str
+    shape: Shape
+    operands: list[str]
+    attrs: dict[str, str] = field(default_factory=dict)
+    literal: str | None = None
+    parameter_number: int | None = None
+    reducer: str | None = None  # reduce: opcode of its single-op to_apply computation
+
+    @property
+    def dimensions(self) -> tuple[int, ...]:
+        return Instruction(self.name, self.shape, self.opcode, attrs=self.attrs).dimensions
+
+
+@dataclass
+class Pattern:
+    nodes: list[str]
+    ops: list[FlatOp]  # operands before users
+    inputs: list[tuple[str, Shape]]
+    outputs: list[tuple[str, Shape]]
+    output_values: list[str]  # the FlatOp computing each output
+
+    def op_map(self) -> dict[str, FlatOp]:
+        return {op.name: op for op in self.ops}
+
+
+# Combiners a reduction may use: a single binary op over the computation's two parameters.
+REDUCERS = {"add", "maximum", "minimum", "multiply", "and", "or"}
+
+_NO_OPS = {"get-tuple-element", "tuple", "parameter"}
+
+
+def reducer_of(module: Module, inst: Instruction) -> str:
+    comp = module.computation(inst.called_computations[0])
+    params = {p.name for p in comp.parameters}
+    root = comp.root
+    body = [i for i in comp.instructions if i.opcode != "parameter"]
+    if len(params) != 2 or body != [root] or set(root.operands) != params \
+            or root.opcode not in REDUCERS:
+        ops = ", ".join(i.opcode for i in body)
+        raise CodegenError(f"reduce {inst.name}: to_apply {comp.name} is not a single "
+                           f"add/maximum/minimum/multiply/and/or ({ops})")
+    return root.opcode
+
+
+def flatten(module: Module, nodes: list[str]) -> Pattern:
+    entry = module.entry
+    by_name = entry.by_name()
+    missing = [n for n in nodes if n not in by_name]
+    if missing:
+        raise CodegenError(f"not in the entry computation: {', '.join(missing)}")
+    in_pattern = set(nodes)
+    ops: list[FlatOp] = []
+    value: dict[str, str] = {}  # entry array value -> FlatOp name
+    elements: dict[str, list[str]] = {}  # tuple-valued pattern node -> FlatOp name per element
+    inputs: list[tuple[str, Shape]] = []
+
+    def entry_operand(name: str) -> str:
+        if name in value:
+            return value[name]
+        if name in elements:
+            raise CodegenError(f"tuple {name} used other than by get-tuple-element")
+        inst = by_name[name]
+        if inst.opcode == "constant":
+            ops.append(FlatOp(name, "constant", inst.shape, [], literal=inst.literal))
+        elif inst.shape.is_tuple:
+            raise CodegenError(f"input {name} is a tuple; read its elements through "
+                               f"get-tuple-element")
+        else:
+            ops.append(FlatOp(name, "parameter", inst.shape, [], parameter_number=len(inputs)))
+            inputs.append((name, inst.shape))
+        value[name] = name
+        return name
+
+    def add_op(inst: Instruction, name: str, operands: list[str]) -> str:
+        reducer = reducer_of(module, inst) if inst.opcode == "reduce" else None
+        if inst.opcode in ("fusion", "call", "while", "conditional") or (
+                inst.called_computations and reducer is None):
+            raise CodegenError(f"{inst.opcode} {inst.name} calls a computation; only fusions "
+                               f"at entry level and reductions are stitched")
+        ops.append(FlatOp(name, inst.opcode, inst.shape, operands, dict(inst.attrs),
+                          inst.literal, reducer=reducer))
+        return name
+
+    def inline(fusion: Instruction, operands: list[str]) -> list[str]:
+        """Inline a fused computation; returns the FlatOp per result (one unless multi-output)."""
+        comp = module.computation(fusion.called_computations[0])
+        local: dict[str, str] = {}
+        for inst in comp.instructions:
+            if inst.opcode == "parameter":
+                local[inst.name] = operands[inst.parameter_number]
+            elif inst.opcode == "fusion":
+                results = inline(inst, [local[o] for o in inst.operands])
+                if len(results) != 1:
+                    raise CodegenError(f"nested multi-output fusion {inst.name}")
+                local[inst.name] = results[0]
+            elif inst.opcode == "tuple" and inst.is_root:
+                return [local[o] for o in inst.operands]
+            elif inst.opcode in _NO_OPS:
+                raise CodegenError(f"{inst.opcode} {inst.name} inside fusion {fusion.name}")
+            else:
+                local[inst.name] = add_op(inst, f"{fusion.name}/{inst.name}",
+                                          [local[o] for o in inst.operands])
+        return [local[comp.root.name]]
+
+    for inst in entry.instructions:  # printed order: operands before users
+        if inst.name not in in_pattern:
+            continue
+        if inst.opcode == "get-tuple-element" and inst.operands[0] in elements:
+            value[inst.name] = elements[inst.operands[0]][int(inst.attrs["index"])]
+            continue
+        operands = [entry_operand(o) for o in inst.operands]
+        if inst.opcode == "fusion":
+            results = inline(inst, operands)
+            if inst.shape.is_tuple:
+                elements[inst.name] = results
+            else:
+                value[inst.name] = results[0]
+        elif inst.opcode == "tuple":
+            elements[inst.name] = operands
+        elif inst.opcode in _NO_OPS:
+            raise CodegenError(f"{inst.opcode} {inst.name} cannot be part of a kernel")
+        else:
+            value[inst.name] = add_op(inst, inst.name, operands)
+
+    outputs: list[tuple[str, Shape]] = []
+    output_values: list[str] = []
+    users = entry.users()
+    for name in nodes:
+        inst = by_name[name]
+        outside = [u for u in users[name] if u not in in_pattern]
+        if inst.shape.is_tuple:
+            gtes = [by_name[u] for u in outside if by_name[u].opcode == "get-tuple-element"]
+            for g in gtes:
+                outputs.append((g.name, g.shape))
+                output_values.append(elements[name][int(g.attrs["index"])])
+            if inst.is_root or len(gtes) < len(outside):
+                for i, leaf in enumerate(inst.shape.tuple_shapes):
+                    if leaf.is_tuple:
+                        raise CodegenError(f"nested tuple output {name}")
+                    outputs.append((f"{name}#{i}", leaf))
+                    output_values.append(elements[name][i])
+        elif outside or inst.is_root:
+            outputs.append((name, inst.shape))
+            output_values.append(value[name])
+    if not outputs:
+        raise CodegenError("pattern has no outputs")
+
+    # Drop what no output needs (e.g. unused results of a multi-output fusion).
+    needed = set(output_values)
+    for op in reversed(ops):
+        if op.name in needed:
+            needed.update(op.operands)
+    ops = [op for op in ops if op.name in needed]
+    params = [op for op in ops if op.opcode == "parameter"]
+    inputs = [inputs[op.parameter_number] for op in params]
+    for number, op in enumerate(params):
+        op.parameter_number = number
+    return Pattern(list(nodes), ops, inputs, outputs, output_values)

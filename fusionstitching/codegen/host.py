@@ -1,0 +1,174 @@
+"""Host backend: the kernel IR as native CPU code (llvmlite MCJIT), so every kernel runs here.
+
+The generated C function is ``void kernel(void** buffers)`` (inputs then outputs, physical
+layout). It emulates the GPU launch: a loop over blocks; the block body is split at
+collectives (warp_reduce, barrier) into *phases*, and each phase is a loop over the block's
+threads. A value that one phase defines and a later phase (or a collective) uses lives in a
+per-thread array. warp_reduce runs on the per-warp slices of those arrays with the same
+xor-butterfly steps and operand order as the GPU's shfl.sync.bfly, so host and GPU combine
+partial values identically.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+
+import llvmlite.binding as llvm
+import numpy as np
+from llvmlite import ir
+
+from ..hlo.ir import Shape
+from .kernel_ir import WARP, Barrier, IndexLet, Kernel, SharedArray, Value, WarpReduce, \
+    defined_values, expand_block_reduce, used_values
+from .llvm_lowering import F32, I32, PTR, STORAGE_TYPES, VALUE_TYPES, ThreadLowering, optimize
+
+_MATH = {"exponential": "llvm.exp.f32", "log": "llvm.log.f32", "tanh": "llvm.tanh.f32",
+         "power": "llvm.pow.f32"}
+
+
+class HostLowering(ThreadLowering):
+    def __init__(self, kernel: Kernel, module: ir.Module):
+        function = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), kernel.name)
+        super().__init__(kernel, module, function)
+        self.shared = {a.name: self.alloca(STORAGE_TYPES[a.dtype], a.size) for a in kernel.shared}
+        self.buffers = [self.builder.load(self.builder.gep(
+            function.args[0], [ir.Constant(I32, i)], source_etype=PTR), typ=PTR)
+            for i in range(len(kernel.buffers))]
+        self.arrays: dict[Value, ir.Value] = {}  # per-thread arrays of values crossing phases
+
+    def buffer_pointer(self, i: int) -> ir.Value:
+        return self.buffers[i]
+
+    def shared_pointer(self, array: SharedArray) -> ir.Value:
+        return self.shared[array.name]
+
+    def math_call(self, op: str, args: list[ir.Value]) -> ir.Value:
+        return self.intrinsic(_MATH[op], F32, args)
+
+    def slot(self, v: Value, thread: ir.Value) -> ir.Value:
+        return self.builder.gep(self.arrays[v], [thread], source_etype=VALUE_TYPES[v.dtype])
+
+    def build(self) -> None:
+        kernel = self.kernel
+        threads = kernel.block[0]
+        phases: list[list | WarpReduce | Barrier] = [[]]
+        for s in expand_block_reduce(kernel):
+            if isinstance(s, (WarpReduce, Barrier)):
+                phases += [s, []]
+            else:
+                phases[-1].append(s)
+        defined_in, used_in = {}, {}
+        for p, phase in enumerate(phases):
+            for s in phase if isinstance(phase, list) else [phase]:
+                for v in defined_values(s):
+                    defined_in[v] = p
+                for v in used_values(s):
+                    used_in.setdefault(v, set()).add(p)
+        for v, p in defined_in.items():
+            if used_in.get(v, set()) - {p} or not isinstance(phases[p], list):
+                self.arrays[v] = self.alloca(VALUE_TYPES[v.dtype], threads)
+
+        def block(bid: ir.Value) -> None:
+            self.vars[kernel.bid] = bid
+            lets: list[IndexLet] = []  # pure functions of tid/bid: recomputed in every phase
+            for p, phase in enumerate(phases):
+                if not isinstance(phase, list):
+                    self.collective(phase)
+                    continue
+                self.counted_loop(ir.Constant(I32, 0), ir.Constant(I32, threads), 1,
+                                  lambda tid: self.thread(tid, p, phase, lets, defined_in))
+                lets += [s for s in phase if isinstance(s, IndexLet)]
+
+        self.counted_loop(ir.Constant(I32, 0), ir.Constant(I32, kernel.grid[0]), 1, block)
+        self.finish()
+
+    def thread(self, tid, p: int, phase: list, lets: list, defined_in: dict) -> None:
+        self.vars[self.kernel.tid] = tid
+        self.lower(lets)
+        for v in self.arrays:
+            if defined_in[v] < p:
+                self.values[v] = self.builder.load(self.slot(v, tid), typ=VALUE_TYPES[v.dtype])
+        self.lower(phase)
+        for v in self.arrays:
+            if defined_in[v] == p:
+                self.builder.store(self.values[v], self.slot(v, tid))
+
+    def collective(self, s: WarpReduce | Barrier) -> None:
+        """Barriers are phase boundaries; warp_reduce is the butterfly on each warp's slice."""
+        if isinstance(s, Barrier):
+            return
+        b = self.builder
+        ty = VALUE_TYPES[s.dst.dtype]
+        lanes, nxt = self.alloca(ty, WARP), self.alloca(ty, WARP)
+        at = lambda array, i: b.gep(array, [i], source_etype=ty)
+        zero, width = ir.Constant(I32, 0), ir.Constant(I32, WARP)
+
+        def warp(w: ir.Value) -> None:
+            base = b.mul(w, width)
+            self.counted_loop(zero, width, 1, lambda l: b.store(
+                b.load(at(self.arrays[s.src], b.add(base, l)), typ=ty), at(lanes, l)))
+            for offset in (16, 8, 4, 2, 1):
+                def step(l: ir.Value) -> None:  # lane l combines its own value with lane l^offset
+                    mine = b.load(at(lanes, l), typ=ty)
+                    other = b.load(at(lanes, b.xor(l, ir.Constant(I32, offset))), typ=ty)
+                    b.store(self.combine(s, mine, other), at(nxt, l))
+                self.counted_loop(zero, width, 1, step)
+                self.counted_loop(zero, width, 1, lambda l: b.store(
+                    b.load(at(nxt, l), typ=ty), at(lanes, l)))
+            self.counted_loop(zero, width, 1, lambda l: b.store(
+                b.load(at(lanes, l), typ=ty), at(self.arrays[s.dst], b.add(base, l))))
+
+        self.counted_loop(zero, ir.Constant(I32, self.kernel.block[0] // WARP), 1, warp)
+
+
+def to_physical(x: np.ndarray, shape: Shape) -> np.ndarray:
+    """A logical-order array as the contiguous buffer of `shape`'s layout."""
+    x = np.asarray(x, dtype=shape.numpy_dtype)
+    if x.shape != tuple(shape.dims):
+        raise ValueError(f"expected {shape.dims}, got {x.shape}")
+    return np.ascontiguousarray(np.transpose(x, shape.minor_to_major[::-1]))
+
+
+def from_physical(buf: np.ndarray, shape: Shape) -> np.ndarray:
+    return np.transpose(buf, np.argsort(shape.minor_to_major[::-1]))
+
+
+@dataclass
+class HostKernel:
+    """A kernel compiled for the CPU. `address` is ``void kernel(void** buffers)``."""
+
+    spec: object
+    llvm_ir: str
+    address: int
+    _engine: object = field(repr=False)
+
+    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        spec = self.spec
+        if len(inputs) != len(spec.inputs):
+            raise ValueError(f"{spec.name} takes {len(spec.inputs)} inputs, got {len(inputs)}")
+        ins = [to_physical(x, s) for x, (_, s) in zip(inputs, spec.inputs)]
+        outs = [np.empty([s.dims[d] for d in s.minor_to_major[::-1]], s.numpy_dtype)
+                for _, s in spec.outputs]
+        pointers = (ctypes.c_void_p * len(ins + outs))(*[a.ctypes.data for a in ins + outs])
+        ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self.address)(pointers)
+        return [from_physical(o, s) for o, (_, s) in zip(outs, spec.outputs)]
+
+
+def _host_machine():
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    return llvm.Target.from_default_triple().create_target_machine(opt=3, jit=True)
+
+
+def compile_host(spec) -> HostKernel:
+    module = ir.Module(name=spec.name)
+    module.triple = llvm.get_process_triple()
+    HostLowering(spec.kernel, module).build()
+    text = str(module)
+    machine = _host_machine()
+    parsed = llvm.parse_assembly(text)
+    parsed.verify()
+    optimize(parsed, machine)
+    engine = llvm.create_mcjit_compiler(parsed, machine)
+    engine.finalize_object()
+    return HostKernel(spec, text, engine.get_function_address(spec.kernel.name), engine)

@@ -1,0 +1,522 @@
+"""Target-independent kernel IR: what one GPU thread does, with composition primitives first class.
+
+A `Kernel` is a per-thread program (like CUDA C) over SSA `Value`s. Integer index arithmetic is
+kept apart from data values as `Ix` expressions (quasi-affine: sums of variables, floor divisions
+and remainders by constants) that simplify as they are built, because index propagation through
+reshapes and bitcasts produces ``(row*256 + col) // 256``-style expressions that must fold back to
+``row`` for both readable IR and cheap code. Both backends (host.py, nvptx.py) lower exactly this
+IR; the composition primitives (`WarpReduce`, `BlockReduce`, `SharedStore/Load`, `Barrier`) are
+what lets values cross threads (paper section 4.1).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..hlo.ir import Shape
+
+WARP = 32
+
+
+# ---------------------------------------------------------------------------------------------
+# Index expressions
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Var:
+    """An integer index variable taking the values 0 .. extent-1 (its range drives folding)."""
+
+    name: str
+    extent: int
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class FloorDiv:
+    arg: "Ix"
+    k: int
+
+    def __str__(self) -> str:
+        return f"({self.arg} // {self.k})"
+
+
+@dataclass(frozen=True)
+class Mod:
+    arg: "Ix"
+    k: int
+
+    def __str__(self) -> str:
+        return f"({self.arg} % {self.k})"
+
+
+Atom = Var | FloorDiv | Mod
+
+
+@dataclass(frozen=True)
+class Ix:
+    """sum(coefficient * atom) + const, terms in a canonical order so that equal means equal."""
+
+    terms: tuple[tuple[Atom, int], ...] = ()
+    const: int = 0
+
+    def __str__(self) -> str:
+        parts = [str(a) if c == 1 else f"{c}*{a}" for a, c in self.terms]
+        if self.const or not parts:
+            parts.append(str(self.const))
+        return " + ".join(parts)
+
+    def vars(self) -> set[Var]:
+        out: set[Var] = set()
+        for atom, _ in self.terms:
+            out |= {atom} if isinstance(atom, Var) else atom.arg.vars()
+        return out
+
+    def evaluate(self, env: dict[str, np.ndarray]) -> np.ndarray:
+        total = np.int64(self.const)
+        for atom, c in self.terms:
+            if isinstance(atom, Var):
+                v = env[atom.name]
+            elif isinstance(atom, FloorDiv):
+                v = atom.arg.evaluate(env) // atom.k
+            else:
+                v = atom.arg.evaluate(env) % atom.k
+            total = total + c * v
+        return total
+
+
+def ix(x: int | Var | Ix) -> Ix:
+    if isinstance(x, Ix):
+        return x
+    if isinstance(x, Var):
+        return Ix(((x, 1),))
+    return Ix((), int(x))
+
+
+def _make(coeffs: dict[Atom, int], const: int) -> Ix:
+    terms = tuple(sorted(((a, c) for a, c in coeffs.items() if c), key=lambda t: repr(t[0])))
+    return Ix(terms, const)
+
+
+def add(*xs: int | Var | Ix) -> Ix:
+    coeffs: dict[Atom, int] = {}
+    const = 0
+    for x in map(ix, xs):
+        const += x.const
+        for a, c in x.terms:
+            coeffs[a] = coeffs.get(a, 0) + c
+    # (a // k) * k + a % k == a: undoes a delinearize-then-linearize round trip.
+    for atom in list(coeffs):
+        if isinstance(atom, FloorDiv) and coeffs.get(atom):
+            partner = Mod(atom.arg, atom.k)
+            c_mod = coeffs.get(partner, 0)
+            if c_mod and coeffs[atom] == c_mod * atom.k:
+                del coeffs[atom], coeffs[partner]
+                return add(_make(coeffs, const), scale(atom.arg, c_mod))
+    return _make(coeffs, const)
+
+
+def scale(x: int | Var | Ix, k: int) -> Ix:
+    x = ix(x)
+    return _make({a: c * k for a, c in x.terms}, x.const * k)
+
+
+def value_range(x: Ix) -> tuple[int, int]:
+    """Inclusive bounds of x over all values of its variables."""
+    lo = hi = x.const
+    for atom, c in x.terms:
+        if isinstance(atom, Var):
+            alo, ahi = 0, atom.extent - 1
+        elif isinstance(atom, FloorDiv):
+            alo, ahi = (b // atom.k for b in value_range(atom.arg))
+        else:
+            alo, ahi = value_range(atom.arg)
+            if alo < 0 or ahi >= atom.k:
+                alo, ahi = 0, atom.k - 1
+        lo, hi = lo + min(c * alo, c * ahi), hi + max(c * alo, c * ahi)
+    return lo, hi
+
+
+def _split(x: Ix, k: int) -> tuple[Ix, Ix]:
+    """x = k*q + r where q collects the terms divisible by k."""
+    q = {a: c // k for a, c in x.terms if c % k == 0}
+    r = {a: c for a, c in x.terms if c % k != 0}
+    return _make(q, x.const // k), _make(r, x.const % k)
+
+
+def div(x: int | Var | Ix, k: int) -> Ix:
+    x = ix(x)
+    if k == 1:
+        return x
+    q, r = _split(x, k)  # floor((k*q + r) / k) == q + floor(r / k) for any integers
+    lo, hi = value_range(r)
+    if 0 <= lo and hi < k:
+        return q
+    if len(r.terms) == 1 and r.const == 0 and r.terms[0][1] == 1 and isinstance(r.terms[0][0], FloorDiv):
+        inner = r.terms[0][0]
+        return add(q, Ix(((FloorDiv(inner.arg, inner.k * k), 1),)))
+    return add(q, Ix(((FloorDiv(r, k), 1),)))
+
+
+def mod(x: int | Var | Ix, k: int) -> Ix:
+    x = ix(x)
+    _, r = _split(x, k)
+    lo, hi = value_range(r)
+    if 0 <= lo and hi < k:
+        return r
+    if len(r.terms) == 1 and r.const == 0 and r.terms[0][1] == 1 and isinstance(r.terms[0][0], Mod) \
+            and r.terms[0][0].k % k == 0:
+        return Ix(((Mod(r.terms[0][0].arg, k), 1),))
+    return Ix(((Mod(r, k), 1),))
+
+
+def strides(shape: Shape) -> list[int]:
+    """Element strides of each logical dimension in the physical (minor_to_major) layout."""
+    out = [0] * shape.rank
+    step = 1
+    for d in shape.minor_to_major:
+        out[d] = step
+        step *= shape.dims[d]
+    return out
+
+
+def linearize(index: tuple[Ix, ...], shape: Shape) -> Ix:
+    """Physical element offset of a logical index."""
+    return add(*(scale(i, s) for i, s in zip(index, strides(shape))))
+
+
+def delinearize(offset: Ix, shape: Shape) -> tuple[Ix, ...]:
+    """Logical index of a physical element offset (inverse of linearize)."""
+    return tuple(mod(div(offset, s), d) for s, d in zip(strides(shape), shape.dims))
+
+
+def row_major(shape: Shape) -> Shape:
+    return Shape(shape.dtype, shape.dims, tuple(range(shape.rank - 1, -1, -1)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel IR
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Value:
+    """An SSA value of one thread. dtype: f32, f16, bf16, s32 or pred."""
+
+    name: str
+    dtype: str
+
+    def __str__(self) -> str:
+        return f"%{self.name}"
+
+
+@dataclass
+class Const:
+    dst: Value
+    value: float | int | bool
+
+
+@dataclass
+class IndexValue:
+    """The s32 value of an index expression (iota, comparisons against thread indices)."""
+
+    dst: Value
+    index: Ix
+
+
+@dataclass
+class Compute:
+    """Elementwise op named by its HLO opcode; `attr` is the comparison direction for compare."""
+
+    dst: Value
+    op: str
+    args: list[Value]
+    attr: str | None = None
+
+
+@dataclass
+class IndexLet:
+    """Defines an index variable (e.g. the row a thread group works on) from tid/bid."""
+
+    var: Var
+    index: Ix
+
+
+@dataclass
+class GlobalLoad:
+    dst: Value
+    buffer: int
+    offset: Ix
+
+
+@dataclass
+class GlobalStore:
+    buffer: int
+    offset: Ix
+    value: Value
+
+
+@dataclass
+class Accumulate:
+    """Loop-carried reduction: dst starts at `init` and is combined with `value` each iteration."""
+
+    dst: Value
+    kind: str  # HLO opcode of the combiner: add, maximum, minimum, multiply, and, or
+    init: Value
+    value: Value
+
+
+@dataclass
+class Loop:
+    """for var = start; var < stop; var += step: one thread's share of a row's columns."""
+
+    var: Var
+    start: Ix
+    stop: int
+    step: int
+    body: list
+    accumulates: list[Accumulate] = field(default_factory=list)
+
+
+@dataclass
+class If:
+    """Executes body when lhs == rhs (index expressions), e.g. the one lane that stores a row value."""
+
+    lhs: Ix
+    rhs: Ix
+    body: list
+
+
+@dataclass
+class WarpReduce:
+    """xor-shuffle butterfly over the 32 lanes of a warp: every lane gets the combined value."""
+
+    dst: Value
+    src: Value
+    kind: str
+
+
+@dataclass
+class SharedArray:
+    name: str
+    dtype: str
+    size: int
+
+
+@dataclass
+class SharedStore:
+    array: SharedArray
+    index: Ix
+    value: Value
+
+
+@dataclass
+class SharedLoad:
+    dst: Value
+    array: SharedArray
+    index: Ix
+
+
+@dataclass
+class Barrier:
+    pass
+
+
+@dataclass
+class BlockReduce:
+    """Combine a value over all threads of the block (every thread gets the result).
+
+    Lowered by `expand_block_reduce` into warp_reduce -> shared memory -> barrier -> warp_reduce,
+    so that both backends combine partial values in exactly the same order.
+    """
+
+    dst: Value
+    src: Value
+    kind: str
+    scratch: SharedArray
+
+
+@dataclass
+class Buffer:
+    name: str
+    shape: Shape
+    is_output: bool
+
+
+@dataclass
+class Kernel:
+    name: str
+    buffers: list[Buffer]  # inputs then outputs: the order of the `void** buffers` argument
+    grid: tuple[int, ...]
+    block: tuple[int, ...]
+    shared: list[SharedArray]
+    body: list
+    tid: Var  # threadIdx.x
+    bid: Var  # blockIdx.x
+
+    @property
+    def smem_bytes(self) -> int:
+        return sum(a.size * DTYPE_BYTES[a.dtype] for a in self.shared)
+
+    def __str__(self) -> str:
+        head = [f"kernel {self.name} grid={self.grid} block={self.block}"]
+        head += [f"  buffer {i} {'out' if b.is_output else 'in '} {b.name}: {format_shape(b.shape)}"
+                 for i, b in enumerate(self.buffers)]
+        head += [f"  shared {a.name}: {a.dtype}[{a.size}]" for a in self.shared]
+        return "\n".join(head + _format_body(self.body, 1))
+
+
+DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "s32": 4, "pred": 1}
+
+# The value every reduction combiner leaves unchanged (partial results start here).
+IDENTITY = {"add": 0, "multiply": 1, "maximum": -math.inf, "minimum": math.inf,
+            "and": True, "or": False}
+
+
+def format_shape(shape: Shape) -> str:
+    return f"{shape.dtype}[{','.join(map(str, shape.dims))}]{{{','.join(map(str, shape.minor_to_major))}}}"
+
+
+def _format_body(body: list, depth: int) -> list[str]:
+    pad = "  " * depth
+    out = []
+    for s in body:
+        match s:
+            case Const():
+                out.append(f"{pad}{s.dst}:{s.dst.dtype} = constant {s.value}")
+            case IndexValue():
+                out.append(f"{pad}{s.dst}:s32 = index {s.index}")
+            case Compute():
+                attr = f" {s.attr}" if s.attr else ""
+                out.append(f"{pad}{s.dst}:{s.dst.dtype} = {s.op}{attr} {', '.join(map(str, s.args))}")
+            case IndexLet():
+                out.append(f"{pad}let {s.var} = {s.index}")
+            case GlobalLoad():
+                out.append(f"{pad}{s.dst}:{s.dst.dtype} = global_load buffer{s.buffer}[{s.offset}]")
+            case GlobalStore():
+                out.append(f"{pad}global_store buffer{s.buffer}[{s.offset}] = {s.value}")
+            case Loop():
+                out.append(f"{pad}for {s.var} = {s.start}; {s.var} < {s.stop}; {s.var} += {s.step}:")
+                out += _format_body(s.body, depth + 1)
+                out += [f"{pad}  {a.dst} = {a.kind}({a.dst} [init {a.init}], {a.value})"
+                        for a in s.accumulates]
+            case If():
+                out.append(f"{pad}if {s.lhs} == {s.rhs}:")
+                out += _format_body(s.body, depth + 1)
+            case WarpReduce():
+                out.append(f"{pad}{s.dst}:{s.dst.dtype} = warp_reduce.{s.kind} {s.src}")
+            case BlockReduce():
+                out.append(f"{pad}{s.dst}:{s.dst.dtype} = block_reduce.{s.kind} {s.src} "
+                           f"via {s.scratch.name}")
+            case SharedStore():
+                out.append(f"{pad}shared_store {s.array.name}[{s.index}] = {s.value}")
+            case SharedLoad():
+                out.append(f"{pad}{s.dst}:{s.dst.dtype} = shared_load {s.array.name}[{s.index}]")
+            case Barrier():
+                out.append(f"{pad}barrier")
+            case _:
+                raise TypeError(s)
+    return out
+
+
+def expand_block_reduce(kernel: Kernel) -> list:
+    """The body with every BlockReduce replaced by the primitives both backends implement.
+
+    Each warp reduces its threads by butterfly; lane 0 writes the warp's value to
+    scratch[warp]; after a barrier every warp reads the per-warp values (lanes beyond the
+    number of warps use the identity) and reduces them by butterfly again.
+    """
+    counter = itertools.count()
+    nwarps = kernel.block[0] // WARP
+    lane, warp = mod(kernel.tid, WARP), div(kernel.tid, WARP)
+    out = []
+    for s in kernel.body:
+        if not isinstance(s, BlockReduce):
+            out.append(s)
+            continue
+        dt = s.src.dtype
+        fresh = lambda tag, dtype=dt: Value(f"{s.dst.name}.{tag}{next(counter)}", dtype)
+        per_warp, loaded, lane_v, nw, valid, ident, masked = (
+            fresh("warp"), fresh("smem"), fresh("lane", "s32"), fresh("nw", "s32"),
+            fresh("valid", "pred"), fresh("id"), fresh("masked"))
+        out += [WarpReduce(per_warp, s.src, s.kind),
+                If(lane, ix(0), [SharedStore(s.scratch, warp, per_warp)]),
+                Barrier(),
+                SharedLoad(loaded, s.scratch, lane),
+                IndexValue(lane_v, lane), Const(nw, nwarps),
+                Compute(valid, "compare", [lane_v, nw], "LT"),
+                Const(ident, IDENTITY[s.kind]),
+                Compute(masked, "select", [valid, loaded, ident]),
+                WarpReduce(s.dst, masked, s.kind)]
+    return out
+
+
+def defined_values(stmt) -> list[Value]:
+    match stmt:
+        case Const() | IndexValue() | Compute() | GlobalLoad() | WarpReduce() | BlockReduce() \
+                | SharedLoad():
+            return [stmt.dst]
+        case Loop():
+            return [a.dst for a in stmt.accumulates]
+    return []
+
+
+def used_values(stmt) -> list[Value]:
+    """Values a statement reads, including (for Loop/If) everything its body reads."""
+    match stmt:
+        case Compute():
+            return list(stmt.args)
+        case GlobalStore() | SharedStore():
+            return [stmt.value]
+        case WarpReduce() | BlockReduce():
+            return [stmt.src]
+        case Loop():
+            inner = [v for s in stmt.body for v in used_values(s)]
+            return inner + [v for a in stmt.accumulates for v in (a.init, a.value)]
+        case If():
+            return [v for s in stmt.body for v in used_values(s)]
+    return []
+
+
+def register_estimate(kernel: Kernel) -> int:
+    """Registers per thread from value lifetimes (paper 4.3): the most 32-bit values live at once.
+
+    Statements are numbered in program order (loop bodies inline); a value lives from its
+    definition to its last use, and a value used inside a loop but defined before it lives to
+    the loop's end (it is needed again on every iteration). On top come a fixed allowance for
+    what the IR does not name: two registers per buffer pointer plus four for tid, bid and the
+    index arithmetic in flight.
+    """
+    start: dict[Value, int] = {}
+    end: dict[Value, int] = {}
+    pos = itertools.count()
+
+    def walk(body: list):
+        for s in body:
+            p = next(pos)
+            if isinstance(s, (Loop, If)):
+                first = p
+                walk(s.body)
+                last = next(pos)
+                for v in used_values(s):
+                    if v in start and start[v] < first:
+                        end[v] = max(end.get(v, 0), last)
+                for v in defined_values(s):
+                    start.setdefault(v, last)
+                continue
+            for v in used_values(s):
+                end[v] = max(end.get(v, 0), p)
+            for v in defined_values(s):
+                start.setdefault(v, p)
+
+    walk(kernel.body)
+    events = []
+    for v, s in start.items():
+        width = 2 if v.dtype == "f64" else 1
+        events += [(s, width), (end.get(v, s) + 0.5, -width)]
+    live = peak = 0
+    for _, w in sorted(events):
+        live += w
+        peak = max(peak, live)
+    return peak + 2 * len(kernel.buffers) + 4

@@ -1,0 +1,274 @@
+"""What both backends share: lowering kernel-IR statements of one thread to LLVM IR.
+
+`ThreadLowering` emits index arithmetic, arithmetic, global and shared memory accesses,
+column loops and conditionals. The targets differ only in where thread/block indices and
+buffer pointers come from, how transcendental functions are called, how collectives run and
+where shared memory lives; those are the abstract hooks that host.py and nvptx.py fill in.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+
+from .kernel_ir import (Accumulate, Barrier, BlockReduce, Compute, Const, GlobalLoad,
+                        GlobalStore, If, IndexLet, IndexValue, Ix, Kernel, Loop, SharedArray,
+                        SharedLoad, SharedStore, Value, Var, WarpReduce, FloorDiv, Mod)
+
+I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
+F32, F16 = ir.FloatType(), ir.HalfType()
+PTR = ir.PointerType()
+
+# Register types of values; bf16 is kept as its 16 bits and converted through f32.
+VALUE_TYPES = {"f32": F32, "f16": F16, "bf16": I16, "s32": I32, "pred": I1}
+STORAGE_TYPES = {**VALUE_TYPES, "pred": I8}
+
+_FCMP = {"EQ": "==", "NE": "!=", "LT": "<", "LE": "<=", "GT": ">", "GE": ">="}
+
+
+class ThreadLowering:
+    """Lowers the statements of one thread's program into `self.builder`."""
+
+    def __init__(self, kernel: Kernel, module: ir.Module, function: ir.Function):
+        self.kernel = kernel
+        self.module = module
+        self.function = function
+        entry = function.append_basic_block("entry")
+        self.allocas = ir.IRBuilder(entry)  # allocas go first so that mem2reg promotes them
+        self.builder = ir.IRBuilder(function.append_basic_block("start"))
+        self.values: dict[Value, ir.Value] = {}
+        self.vars: dict[Var, ir.Value] = {}
+
+    # -- hooks -----------------------------------------------------------------------------
+    def buffer_pointer(self, i: int) -> ir.Value:
+        raise NotImplementedError
+
+    def shared_pointer(self, array: SharedArray) -> ir.Value:
+        raise NotImplementedError
+
+    def math_call(self, op: str, args: list[ir.Value]) -> ir.Value:
+        """exponential, log, tanh, power on f32."""
+        raise NotImplementedError
+
+    def collective(self, stmt: WarpReduce | Barrier) -> None:
+        raise NotImplementedError
+
+    # -- helpers ---------------------------------------------------------------------------
+    def finish(self) -> None:
+        self.allocas.position_at_end(self.allocas.block)
+        self.allocas.branch(self.function.blocks[1])
+        self.builder.ret_void()
+
+    def alloca(self, ty: ir.Type, count: int = 1) -> ir.Value:
+        if self.allocas.block.instructions:
+            self.allocas.position_before(self.allocas.block.instructions[0])
+        return self.allocas.alloca(ty, size=count if count > 1 else None)
+
+    def intrinsic(self, name: str, ret: ir.Type, args: list[ir.Value]) -> ir.Value:
+        fn = self.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(ret, [a.type for a in args]), name)
+        return self.builder.call(fn, args)
+
+    def counted_loop(self, start: ir.Value, stop: ir.Value, step: int, body) -> None:
+        """for (i = start; i < stop; i += step) body(i), with i32 i."""
+        b = self.builder
+        pre = b.block
+        head = b.append_basic_block("loop")
+        work = b.append_basic_block("body")
+        done = b.append_basic_block("after")
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I32)
+        i.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<", i, stop), work, done)
+        b.position_at_end(work)
+        body(i)
+        i.add_incoming(b.add(i, ir.Constant(I32, step)), b.block)
+        b.branch(head)
+        b.position_at_end(done)
+
+    def index(self, e: Ix) -> ir.Value:
+        b = self.builder
+        total = ir.Constant(I32, e.const)
+        for atom, c in e.terms:
+            if isinstance(atom, Var):
+                v = self.vars[atom]
+            elif isinstance(atom, FloorDiv):  # indices are never negative: unsigned is floor
+                v = b.udiv(self.index(atom.arg), ir.Constant(I32, atom.k))
+            else:
+                v = b.urem(self.index(atom.arg), ir.Constant(I32, atom.k))
+            total = b.add(total, v if c == 1 else b.mul(v, ir.Constant(I32, c)))
+        return total
+
+    def element_pointer(self, base: ir.Value, dtype: str, offset: Ix) -> ir.Value:
+        return self.builder.gep(base, [self.builder.sext(self.index(offset), I64)],
+                                inbounds=True, source_etype=STORAGE_TYPES[dtype])
+
+    def load(self, pointer: ir.Value, dtype: str) -> ir.Value:
+        v = self.builder.load(pointer, typ=STORAGE_TYPES[dtype])
+        return self.builder.trunc(v, I1) if dtype == "pred" else v
+
+    def store(self, pointer: ir.Value, value: ir.Value, dtype: str) -> None:
+        self.builder.store(self.builder.zext(value, I8) if dtype == "pred" else value, pointer)
+
+    # -- statements ------------------------------------------------------------------------
+    def lower(self, body: list) -> None:
+        for s in body:
+            self.statement(s)
+
+    def statement(self, s) -> None:
+        b = self.builder
+        match s:
+            case Const():
+                ty = VALUE_TYPES[s.dst.dtype]
+                self.values[s.dst] = ir.Constant(ty, int(s.value) if isinstance(ty, ir.IntType)
+                                                 else float(s.value))
+            case IndexValue():
+                self.values[s.dst] = self.index(s.index)
+            case IndexLet():
+                self.vars[s.var] = self.index(s.index)
+            case Compute():
+                self.values[s.dst] = self.compute(s.op, [self.values[a] for a in s.args],
+                                                  [a.dtype for a in s.args], s.dst.dtype, s.attr)
+            case GlobalLoad():
+                dtype = s.dst.dtype
+                self.values[s.dst] = self.load(
+                    self.element_pointer(self.buffer_pointer(s.buffer), dtype, s.offset), dtype)
+            case GlobalStore():
+                dtype = s.value.dtype
+                self.store(self.element_pointer(self.buffer_pointer(s.buffer), dtype, s.offset),
+                           self.values[s.value], dtype)
+            case SharedStore():
+                self.store(self.element_pointer(self.shared_pointer(s.array), s.array.dtype,
+                                                s.index), self.values[s.value], s.array.dtype)
+            case SharedLoad():
+                self.values[s.dst] = self.load(self.element_pointer(
+                    self.shared_pointer(s.array), s.array.dtype, s.index), s.array.dtype)
+            case Loop():
+                self.loop(s)
+            case If():
+                with b.if_then(b.icmp_signed("==", self.index(s.lhs), self.index(s.rhs))):
+                    self.lower(s.body)
+            case WarpReduce() | Barrier():
+                self.collective(s)
+            case BlockReduce():
+                raise AssertionError("expand_block_reduce runs before lowering")
+            case _:
+                raise TypeError(s)
+
+    def loop(self, s: Loop) -> None:
+        slots = []
+        for a in s.accumulates:
+            slot = self.alloca(VALUE_TYPES[a.dst.dtype])
+            self.builder.store(self.values[a.init], slot)
+            slots.append(slot)
+
+        def body(i: ir.Value) -> None:
+            self.vars[s.var] = i
+            self.lower(s.body)
+            for a, slot in zip(s.accumulates, slots):
+                self.builder.store(self.combine(a, self.builder.load(slot, typ=slot.allocated_type),
+                                                self.values[a.value]), slot)
+
+        self.counted_loop(self.index(s.start), ir.Constant(I32, s.stop), s.step, body)
+        for a, slot in zip(s.accumulates, slots):
+            self.values[a.dst] = self.builder.load(slot, typ=slot.allocated_type)
+
+    def combine(self, a: Accumulate | WarpReduce, x: ir.Value, y: ir.Value) -> ir.Value:
+        dtype = a.dst.dtype
+        return self.compute(a.kind, [x, y], [dtype, dtype], dtype, None)
+
+    def compute(self, op: str, args: list[ir.Value], arg_types: list[str], dtype: str,
+                attr: str | None) -> ir.Value:
+        b = self.builder
+        is_float = arg_types and arg_types[0] == "f32"
+        match op:
+            case "add":
+                return b.fadd(*args) if is_float else b.add(*args)
+            case "subtract":
+                return b.fsub(*args) if is_float else b.sub(*args)
+            case "multiply":
+                return b.fmul(*args) if is_float else b.mul(*args)
+            case "divide":
+                return b.fdiv(*args)
+            case "maximum" | "minimum" if is_float:  # NaN-propagating, as in XLA
+                return self.intrinsic(f"llvm.{op}.f32", F32, args)
+            case "maximum":
+                return b.select(b.icmp_signed(">", *args), *args)
+            case "minimum":
+                return b.select(b.icmp_signed("<", *args), *args)
+            case "negate":
+                return b.fneg(args[0]) if is_float else b.neg(args[0])
+            case "abs" if is_float:
+                return self.intrinsic("llvm.fabs.f32", F32, args)
+            case "abs":
+                return b.select(b.icmp_signed("<", args[0], ir.Constant(I32, 0)),
+                                b.neg(args[0]), args[0])
+            case "sqrt":
+                return self.intrinsic("llvm.sqrt.f32", F32, args)
+            case "rsqrt":
+                return b.fdiv(ir.Constant(F32, 1.0), self.intrinsic("llvm.sqrt.f32", F32, args))
+            case "exponential" | "log" | "tanh" | "power":
+                return self.math_call(op, args)
+            case "compare":
+                if is_float:  # NE is unordered (true for NaN), the others ordered, as in XLA
+                    return (b.fcmp_unordered if attr == "NE" else b.fcmp_ordered)(
+                        _FCMP[attr], *args)
+                return b.icmp_signed(_FCMP[attr], *args)
+            case "select":
+                return b.select(*args)
+            case "and":
+                return b.and_(*args)
+            case "or":
+                return b.or_(*args)
+            case "not":
+                return b.not_(args[0])
+            case "convert":
+                return self.convert(args[0], arg_types[0], dtype)
+        raise NotImplementedError(op)
+
+    def convert(self, x: ir.Value, src: str, dst: str) -> ir.Value:
+        """XLA convert; 16-bit floats go through f32 (exact), bf16 rounds to nearest even."""
+        b = self.builder
+        if src == dst:
+            return x
+        if src in ("f16", "bf16") and dst != "f32":
+            return self.convert(self.convert(x, src, "f32"), "f32", dst)
+        if dst in ("f16", "bf16") and src != "f32":
+            return self.convert(self.convert(x, src, "f32"), "f32", dst)
+        match src, dst:
+            case "f16", "f32":
+                return b.fpext(x, F32)
+            case "f32", "f16":
+                return b.fptrunc(x, F16)
+            case "bf16", "f32":
+                return b.bitcast(b.shl(b.zext(x, I32), ir.Constant(I32, 16)), F32)
+            case "f32", "bf16":
+                bits = b.bitcast(x, I32)
+                lsb = b.and_(b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))
+                rounded = b.add(bits, b.add(ir.Constant(I32, 0x7FFF), lsb))
+                high = b.trunc(b.lshr(bits, ir.Constant(I32, 16)), I16)
+                quiet_nan = b.or_(high, ir.Constant(I16, 0x40))
+                return b.select(b.fcmp_unordered("uno", x, x), quiet_nan,
+                                b.trunc(b.lshr(rounded, ir.Constant(I32, 16)), I16))
+            case "s32", "f32":
+                return b.sitofp(x, F32)
+            case "f32", "s32":
+                return b.fptosi(x, I32)
+            case "pred", "f32":
+                return b.uitofp(x, F32)
+            case "pred", "s32":
+                return b.zext(x, I32)
+            case "f32", "pred":
+                return b.fcmp_unordered("!=", x, ir.Constant(F32, 0.0))
+            case "s32", "pred":
+                return b.icmp_signed("!=", x, ir.Constant(I32, 0))
+        raise NotImplementedError(f"convert {src} -> {dst}")
+
+
+def optimize(module, target_machine, level: int = 3) -> None:
+    """Run LLVM's standard pipeline (mem2reg, LICM, unrolling, ...) on a parsed module."""
+    import llvmlite.binding as llvm
+
+    options = llvm.create_pipeline_tuning_options(speed_level=level)
+    builder = llvm.create_pass_builder(target_machine, options)
+    builder.getModulePassManager().run(module, builder)

@@ -1,0 +1,174 @@
+"""NVPTX backend: the kernel IR as LLVM IR with NVVM intrinsics -> PTX (llvmlite) -> cubin (ptxas).
+
+One kernel parameter per buffer (inputs then outputs). Thread and block indices come from
+``llvm.nvvm.read.ptx.sreg.{tid,ctaid}.x``, warp_reduce is five ``shfl.sync.bfly`` steps,
+barriers are ``llvm.nvvm.barrier0``, shared arrays are ``addrspace(3)`` globals, and
+exp/log/tanh/pow call libdevice (linked from the CUDA installation), as XLA does.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+from .kernel_ir import Barrier, Kernel, SharedArray, WarpReduce, expand_block_reduce
+from .llvm_lowering import F32, I32, PTR, STORAGE_TYPES, ThreadLowering, optimize
+
+TRIPLE = "nvptx64-nvidia-cuda"
+DATA_LAYOUT = "e-i64:64-i128:128-v16:16-v32:32-n16:32:64"
+_LIBDEVICE = {"exponential": "__nv_expf", "log": "__nv_logf", "tanh": "__nv_tanhf",
+              "power": "__nv_powf"}
+
+
+class NvptxLowering(ThreadLowering):
+    def __init__(self, kernel: Kernel, module: ir.Module):
+        params = [PTR] * len(kernel.buffers)
+        function = ir.Function(module, ir.FunctionType(ir.VoidType(), params), kernel.name)
+        for arg, buf in zip(function.args, kernel.buffers):
+            arg.name = re.sub(r"[^\w.]", "_", buf.name)
+            arg.add_attribute("noalias")  # buffers never overlap: lets loads go through the
+            # read-only cache path and be reordered around stores
+        super().__init__(kernel, module, function)
+        self.shared = {}
+        for a in kernel.shared:
+            g = ir.GlobalVariable(module, ir.ArrayType(STORAGE_TYPES[a.dtype], a.size), a.name,
+                                  addrspace=3)
+            g.linkage = "internal"
+            g.align = 16
+            g.initializer = ir.Constant(g.value_type, ir.Undefined)
+            self.shared[a.name] = g
+        self.vars[kernel.tid] = self.intrinsic("llvm.nvvm.read.ptx.sreg.tid.x", I32, [])
+        self.vars[kernel.bid] = self.intrinsic("llvm.nvvm.read.ptx.sreg.ctaid.x", I32, [])
+        annotations = module.add_named_metadata("nvvm.annotations")
+        annotations.add(module.add_metadata([function, "kernel", ir.Constant(I32, 1)]))
+        annotations.add(module.add_metadata([function, "maxntidx",
+                                             ir.Constant(I32, kernel.block[0])]))
+
+    def buffer_pointer(self, i: int) -> ir.Value:
+        return self.function.args[i]
+
+    def shared_pointer(self, array: SharedArray) -> ir.Value:
+        return self.shared[array.name]
+
+    def math_call(self, op: str, args: list[ir.Value]) -> ir.Value:
+        return self.intrinsic(_LIBDEVICE[op], F32, args)
+
+    def collective(self, s: WarpReduce | Barrier) -> None:
+        b = self.builder
+        if isinstance(s, Barrier):
+            self.intrinsic("llvm.nvvm.barrier0", ir.VoidType(), [])
+            return
+        value = self.values[s.src]
+        ty = value.type
+        to_bits = {F32: lambda v: b.bitcast(v, I32), I32: lambda v: v}.get(ty, lambda v: b.zext(v, I32))
+        from_bits = {F32: lambda v: b.bitcast(v, F32), I32: lambda v: v}.get(ty, lambda v: b.trunc(v, ty))
+        for offset in (16, 8, 4, 2, 1):  # lane l combines its own value with lane l^offset
+            other = self.intrinsic("llvm.nvvm.shfl.sync.bfly.i32", I32, [
+                ir.Constant(I32, -1), to_bits(value), ir.Constant(I32, offset),
+                ir.Constant(I32, 31)])
+            value = self.combine(s, value, from_bits(other))
+        self.values[s.dst] = value
+
+    def build(self) -> None:
+        self.lower(expand_block_reduce(self.kernel))
+        self.finish()
+
+
+def llvm_ir(kernel: Kernel) -> str:
+    module = ir.Module(name=kernel.name)
+    module.triple, module.data_layout = TRIPLE, DATA_LAYOUT
+    NvptxLowering(kernel, module).build()
+    return str(module)
+
+
+def find_ptxas() -> str | None:
+    """ptxas on PATH, else from the nvidia-cuda-nvcc pip package; None if neither exists."""
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    spec = importlib.util.find_spec("nvidia.cuda_nvcc") if importlib.util.find_spec("nvidia") \
+        else None
+    for root in (spec.submodule_search_locations if spec else []):
+        candidate = os.path.join(root, "bin", "ptxas")
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def find_libdevice() -> str | None:
+    roots = []
+    ptxas = find_ptxas()
+    if ptxas:
+        roots.append(os.path.dirname(os.path.dirname(os.path.realpath(ptxas))))
+    roots += [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
+    spec = importlib.util.find_spec("nvidia.cuda_nvcc") if importlib.util.find_spec("nvidia") \
+        else None
+    roots += list(spec.submodule_search_locations) if spec else []
+    for root in roots:
+        path = os.path.join(root, "nvvm", "libdevice", "libdevice.10.bc")
+        if root and os.path.exists(path):
+            return path
+    return None
+
+
+@dataclass
+class NvptxKernel:
+    name: str
+    arch: str
+    llvm_ir: str
+    ptx: str
+    cubin: bytes | None  # None when no ptxas exists
+    regs: int | None
+    spills: int | None  # bytes of spill stores
+    smem_bytes: int | None
+    ptxas_log: str
+
+
+def _ptx(text: str, name: str, arch: str) -> str:
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    module = llvm.parse_assembly(text)
+    module.verify()
+    if "@__nv_" in text:
+        path = find_libdevice()
+        if path is None:
+            raise RuntimeError("libdevice.10.bc not found (needed for exp/log/tanh/pow)")
+        with open(path, "rb") as f:
+            lib = llvm.parse_bitcode(f.read())
+        lib.triple, lib.data_layout = TRIPLE, DATA_LAYOUT
+        module.link_in(lib)
+        for f in module.functions:  # only the kernel stays visible; the rest of libdevice dies
+            if not f.is_declaration and f.name != name:
+                f.linkage = "internal"
+    machine = llvm.Target.from_triple(TRIPLE).create_target_machine(cpu=arch, opt=3)
+    optimize(module, machine)
+    return machine.emit_assembly(module)
+
+
+def compile_nvptx(spec, arch: str = "sm_90") -> NvptxKernel:
+    text = llvm_ir(spec.kernel)
+    ptx = _ptx(text, spec.kernel.name, arch)
+    ptxas = find_ptxas()
+    if ptxas is None:
+        return NvptxKernel(spec.name, arch, text, ptx, None, None, None, None, "")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(src, "w") as f:
+            f.write(ptx)
+        run = subprocess.run([ptxas, f"-arch={arch}", "-v", src, "-o", out],
+                             capture_output=True, text=True)
+        if run.returncode != 0:
+            raise RuntimeError(f"ptxas failed for {spec.name}:\n{run.stderr}")
+        with open(out, "rb") as f:
+            cubin = f.read()
+    log = run.stdout + run.stderr
+    number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, log)) else 0
+    return NvptxKernel(spec.name, arch, text, ptx, cubin, number(r"Used (\d+) registers"),
+                       number(r"(\d+) bytes spill stores"), number(r"(\d+) bytes smem"), log)
