@@ -1,0 +1,51 @@
+"""Run HLO text through XLA:CPU (jaxlib), as a second opinion next to the numpy evaluator.
+
+``run_hlo_with_xla(text, args)`` parses the text with XLA's own parser, converts it to StableHLO,
+recompiles it with the XLA:CPU backend of the installed jaxlib and runs it on ``args``.
+
+What it can run:
+  * optimized HLO dumped by XLA:CPU (``jax.jit(f).lower(...).compile().as_text()``) and
+    pre-optimization HLO from any frontend;
+  * optimized XLA:GPU HLO as long as it only uses plain HLO ops: fusions are rewritten to
+    ``call`` (XLA:CPU refuses fusions it did not make itself, e.g. "Fusion must have backend
+    config"; calls are inlined by its pipeline, so the fused computations run unchanged).
+
+What it cannot run:
+  * ``custom-call``s to backend libraries (cuBLAS/cuDNN gemms and convolutions, Triton kernels,
+    ``__ynn_fusion`` bodies are fine since they are plain fusions) -- XLA:CPU has no such targets;
+  * collectives and multi-device programs (one CPU device only);
+  * non-default entry layouts are not honoured: arguments and results are logical
+    (row-major) arrays, which is what callers of this helper pass anyway.
+
+The module is recompiled, so XLA:CPU re-optimizes it: the result checks the HLO's semantics,
+not the exact kernels of the dump (summation order and f32->bf16->f32 round trips may differ).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+# A fusion instruction: ``= <shape> fusion(...), kind=kLoop, calls=%comp``.
+_FUSION_OPCODE = re.compile(r"(\s)fusion\(")
+_FUSION_CALLEE = re.compile(r"kind=k\w+,\s*calls=")
+
+
+def fusions_to_calls(text: str) -> str:
+    """Rewrites every ``fusion`` instruction into a ``call`` of the same computation."""
+    return _FUSION_CALLEE.sub("to_apply=", _FUSION_OPCODE.sub(r"\1call(", text))
+
+
+def run_hlo_with_xla(text: str, args: list) -> list[np.ndarray]:
+    """Compiles HLO text with XLA:CPU and runs it; returns the flattened result leaves."""
+    import jax
+    import jax.extend
+    from jax._src.lib import xla_client
+
+    module = xla_client.hlo.hlo_module_from_text(fusions_to_calls(text))
+    stablehlo = xla_client._xla.mlir.hlo_to_stablehlo(module.as_serialized_hlo_module_proto())
+    backend = jax.extend.backend.get_backend("cpu")
+    device = backend.local_devices()[:1]
+    executable = backend.compile_and_load(stablehlo, device, xla_client.CompileOptions())
+    buffers = [jax.device_put(np.asarray(a), device[0]) for a in args]
+    return [np.asarray(out) for out in executable.execute(buffers)]
