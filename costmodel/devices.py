@@ -1,17 +1,21 @@
 """GPU devices from XLA's own target configs (GpuTargetConfigProto text format).
 
 The .txtpb files in data/ are copied from openxla/xla
-``xla/backends/gpu/target_config/specs/`` (Apache-2.0); see data/README.md.
+``xla/backends/gpu/target_config/specs/`` (Apache-2.0); see data/README.md. XLA has no
+config for the T4 (the paper's second GPU), so ``t4.json`` holds its numbers from NVIDIA's
+public specifications, each field with its source.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 DATA_DIR = Path(__file__).parent / "data"
-TARGETS = {"h100": "h100_sxm.txtpb", "a100": "a100_sxm_40.txtpb", "v100": "v100.txtpb"}
+TARGETS = {"h100": "h100_sxm.txtpb", "a100": "a100_sxm_40.txtpb", "v100": "v100.txtpb",
+           "t4": "t4.json"}
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,10 @@ def _scalar(text: str):
 def load_device(target: str = "h100") -> Device:
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; known: {', '.join(sorted(TARGETS))}")
-    proto = parse_textproto((DATA_DIR / TARGETS[target]).read_text())
+    path = DATA_DIR / TARGETS[target]
+    if path.suffix == ".json":
+        return Device(**json.loads(path.read_text())["device"])
+    proto = parse_textproto(path.read_text())
     info = proto["gpu_device_info"]
     cc = info["cuda_compute_capability"]
     return Device(
