@@ -111,7 +111,7 @@ done:
 
 _lock = threading.Lock()
 _engines: list = []  # llvmlite execution engines own the handlers' code: never freed
-_registered: dict[str, int] = {}  # target name -> handler address
+_registered: dict[str, object] = {}  # target name -> the kernel's owner, kept alive with it
 _target_machine = None
 
 
@@ -134,25 +134,29 @@ def compile_handler(symbol: str, kernel_address: int, num_inputs: int, num_outpu
     return engine.get_function_address(symbol)
 
 
-def register_kernel(name: str, kernel_address: int, num_inputs: int, num_outputs: int) -> None:
-    """Make ``name`` an XLA:CPU typed-FFI custom-call target running the host kernel.
+def register_kernel(name: str, kernel_address: int, num_inputs: int, num_outputs: int,
+                    owner: object = None) -> str:
+    """Make the host kernel an XLA:CPU typed-FFI custom-call target; returns the target name.
 
-    Registering a name twice is allowed only for the same kernel (XLA keeps the first
-    registration; a different kernel under the same name would silently run the old one).
+    XLA keeps the first registration of a name forever, and two functions may well produce
+    kernels with the same spec name (same module name, other shapes), so the target is
+    ``name`` plus the kernel's address: unique among live kernels, and the same target again
+    for the same kernel. ``owner`` (the object whose code lives at ``kernel_address``) is kept
+    alive for the process lifetime, as XLA executables may call it at any time.
     """
     if not name.startswith(TARGET_PREFIX):
         raise ValueError(f"FFI target {name!r} must start with {TARGET_PREFIX!r}")
     import jax
 
+    target = f"{name}_{kernel_address:x}"
     with _lock:
-        if name in _registered:
-            if _registered[name] != kernel_address:
-                raise ValueError(f"FFI target {name!r} is already bound to another kernel")
-            return
-        symbol = "handler_" + "".join(c if c.isalnum() else "_" for c in name)
-        handler = compile_handler(symbol, kernel_address, num_inputs, num_outputs)
-        jax.ffi.register_ffi_target(name, _capsule(handler), platform="cpu", api_version=1)
-        _registered[name] = kernel_address
+        if target not in _registered:
+            symbol = "handler_" + "".join(c if c.isalnum() else "_" for c in target)
+            handler = compile_handler(symbol, kernel_address, num_inputs, num_outputs)
+            jax.ffi.register_ffi_target(target, _capsule(handler), platform="cpu",
+                                        api_version=1)
+            _registered[target] = owner
+    return target
 
 
 def _capsule(address: int):

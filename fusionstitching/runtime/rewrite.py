@@ -57,22 +57,23 @@ class RewriteError(ValueError):
     """The module cannot be rewritten into HLO that XLA accepts; the caller falls back."""
 
 
-def rewrite_module(module: Module, kernels: Sequence) -> Module:
+def rewrite_module(module: Module, kernels: Sequence, targets: Sequence[str]) -> Module:
     """XLA's optimized module with ``kernels`` (pipeline.StitchedKernel: ``.pattern.nodes``,
-    ``.spec.name/.inputs/.outputs``) as custom calls, in a form XLA compiles again."""
-    return normalize_for_xla(replace_patterns(module, kernels))
+    ``.spec.inputs/.outputs``) as calls to the FFI targets ``targets`` (one per kernel), in a
+    form XLA compiles again."""
+    return normalize_for_xla(replace_patterns(module, kernels, targets))
 
 
 # -- 1. stitched patterns -> custom calls ---------------------------------------------------
 
-def replace_patterns(module: Module, kernels: Sequence) -> Module:
+def replace_patterns(module: Module, kernels: Sequence, targets: Sequence[str]) -> Module:
     entry = module.entry
     replaced = {node for k in kernels for node in k.pattern.nodes}
     replaced |= {name for k in kernels for name, _ in k.spec.outputs}
     kept = [dataclasses.replace(i, is_root=False) for i in entry.instructions
             if i.name not in replaced]
-    for kernel in kernels:
-        kept.extend(custom_call(kernel.spec))
+    for kernel, target in zip(kernels, targets, strict=True):
+        kept.extend(custom_call(kernel.spec, target))
 
     root = entry.root.name
     instructions = _topological(_live(kept, root))
@@ -83,13 +84,14 @@ def replace_patterns(module: Module, kernels: Sequence) -> Module:
     return dataclasses.replace(module, computations=computations)
 
 
-def custom_call(spec) -> list[Instruction]:
-    """The instructions that call kernel ``spec``: one custom call named after its output, or a
-    tuple-shaped call plus one get-tuple-element per output (named after the outputs)."""
+def custom_call(spec, target: str) -> list[Instruction]:
+    """The instructions that call kernel ``spec`` (registered as FFI target ``target``): one
+    custom call named after its output, or a tuple-shaped call plus one get-tuple-element per
+    output (named after the outputs)."""
     operands = [name for name, _ in spec.inputs]
     constraints = ", ".join(format_shape(_with_layout(s)) for _, s in spec.inputs)
     attrs = {
-        "custom_call_target": f'"{spec.name}"',
+        "custom_call_target": f'"{target}"',
         "api_version": "API_VERSION_TYPED_FFI",
         "operand_layout_constraints": "{" + constraints + "}",
     }
@@ -97,8 +99,8 @@ def custom_call(spec) -> list[Instruction]:
     if len(outputs) == 1:
         name, shape = outputs[0]
         return [Instruction(name, shape, "custom-call", operands, attrs)]
-    call = Instruction(f"{spec.name}.call", Shape("tuple", tuple_shapes=tuple(s for _, s in outputs)),
-                       "custom-call", operands, attrs)
+    tuple_shape = Shape("tuple", tuple_shapes=tuple(s for _, s in outputs))
+    call = Instruction(f"{spec.name}.call", tuple_shape, "custom-call", operands, attrs)
     return [call] + [Instruction(name, shape, "get-tuple-element", [call.name], {"index": str(i)})
                      for i, (name, shape) in enumerate(outputs)]
 

@@ -1,0 +1,333 @@
+"""Runtime: FFI handlers called by XLA, the module rewrite, fusionstitching.jit.
+
+Until (and besides) the code generator, the kernels here are tiny elementwise host functions
+built with llvmlite that have the code generator's calling convention:
+``void kernel(void** buffers)``, inputs then outputs.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from types import SimpleNamespace
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import llvmlite.binding as llvm
+import llvmlite.ir as lir
+import numpy as np
+import pytest
+
+from fusionstitching.hlo.evaluator import evaluate
+from fusionstitching.hlo.parser import parse_module, parse_shape
+from fusionstitching.hlo.printer import print_module
+from fusionstitching.runtime import ffi, rewrite, xla
+
+_engines = []  # the test kernels' code must outlive every executable that calls it
+
+
+def elementwise_kernel(symbol: str, size: int, outputs: list[tuple[str, int, int]]) -> int:
+    """``out_k[e] = op_k(in_i[e], in_j[e])`` over ``size`` f32 elements, for each output
+    ``(op, i, j)`` (op: fadd/fsub/fmul); returns the native address."""
+    f32, ptr = lir.FloatType(), lir.PointerType()
+    module = lir.Module(symbol)
+    fn = lir.Function(module, lir.FunctionType(lir.VoidType(), [ptr]), symbol)
+    b = lir.IRBuilder(fn.append_basic_block("entry"))
+    num_inputs = max(max(i, j) for _, i, j in outputs) + 1
+    buffers = [b.load(b.gep(fn.args[0], [lir.Constant(lir.IntType(64), k)], source_etype=ptr), typ=ptr)
+               for k in range(num_inputs + len(outputs))]
+    entry = b.block
+    loop = fn.append_basic_block("loop")
+    b.branch(loop)
+    b.position_at_end(loop)
+    index = b.phi(lir.IntType(64))
+    index.add_incoming(lir.Constant(lir.IntType(64), 0), entry)
+    values = [b.load(b.gep(buf, [index], source_etype=f32), typ=f32) for buf in buffers[:num_inputs]]
+    for k, (op, i, j) in enumerate(outputs):
+        result = getattr(b, op)(values[i], values[j])
+        b.store(result, b.gep(buffers[num_inputs + k], [index], source_etype=f32))
+    following = b.add(index, lir.Constant(lir.IntType(64), 1))
+    index.add_incoming(following, loop)
+    done = fn.append_basic_block("done")
+    b.cbranch(b.icmp_unsigned("==", following, lir.Constant(lir.IntType(64), size)), done, loop)
+    b.position_at_end(done)
+    b.ret_void()
+    parsed = llvm.parse_assembly(str(module))
+    engine = llvm.create_mcjit_compiler(parsed, ffi._host_target_machine())
+    engine.finalize_object()
+    _engines.append(engine)
+    return engine.get_function_address(symbol)
+
+
+def run_hlo(text: str, args):
+    return [np.asarray(r) for r in xla.execute(xla.compile_hlo(text), args)]
+
+
+# -- the handler's C ABI, checked from ctypes (an independent reading of c_api.h) -------------
+
+class ExtensionBase(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("type", ctypes.c_int),
+                ("next", ctypes.c_void_p)]
+
+
+class ApiVersion(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
+                ("major_version", ctypes.c_int), ("minor_version", ctypes.c_int)]
+
+
+class Metadata(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("api_version", ApiVersion),
+                ("traits", ctypes.c_uint32), ("state_type_id", ctypes.c_int64)]
+
+
+class MetadataExtension(ctypes.Structure):
+    _fields_ = [("extension_base", ExtensionBase), ("metadata", ctypes.POINTER(Metadata))]
+
+
+class Args(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
+                ("size", ctypes.c_int64), ("types", ctypes.c_void_p),
+                ("args", ctypes.POINTER(ctypes.c_void_p))]
+
+
+class Attrs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
+                ("size", ctypes.c_int64), ("types", ctypes.c_void_p),
+                ("names", ctypes.c_void_p), ("attrs", ctypes.c_void_p)]
+
+
+class CallFrame(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
+                ("api", ctypes.c_void_p), ("ctx", ctypes.c_void_p), ("stage", ctypes.c_int),
+                ("args", Args), ("rets", Args), ("attrs", Attrs), ("future", ctypes.c_void_p)]
+
+
+class Buffer(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
+                ("dtype", ctypes.c_int), ("data", ctypes.c_void_p), ("rank", ctypes.c_int64),
+                ("dims", ctypes.POINTER(ctypes.c_int64))]
+
+
+def call_handler(handler: int, frame: CallFrame) -> int | None:
+    return ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(CallFrame))(handler)(ctypes.byref(frame))
+
+
+def frame_with_buffers(stage: int, inputs: list[np.ndarray], outputs: list[np.ndarray]):
+    """A call frame as XLA builds it; returns the frame and everything it points to."""
+    keep = []
+
+    def pointer_array(arrays):
+        buffers = [Buffer(dtype=11, data=a.ctypes.data, rank=a.ndim) for a in arrays]
+        pointers = (ctypes.c_void_p * len(arrays))(*[ctypes.addressof(b) for b in buffers])
+        keep.extend([buffers, pointers])
+        return Args(size=len(arrays), args=ctypes.cast(pointers, ctypes.POINTER(ctypes.c_void_p)))
+
+    frame = CallFrame(stage=stage, args=pointer_array(inputs), rets=pointer_array(outputs))
+    return frame, keep
+
+
+def test_handler_answers_the_metadata_query():
+    handler = ffi.compile_handler("metadata_probe", 0, 1, 1)  # kernel never called
+    metadata = Metadata(struct_size=ctypes.sizeof(Metadata), traits=0xFF, state_type_id=-1)
+    extension = MetadataExtension(ExtensionBase(ctypes.sizeof(MetadataExtension), 1, None),
+                                  ctypes.pointer(metadata))
+    frame = CallFrame(extension_start=ctypes.addressof(extension), stage=3)
+    assert call_handler(handler, frame) is None  # NULL error = OK
+    version = metadata.api_version
+    assert (version.major_version, version.minor_version) == (0, 3)
+    assert version.struct_size == 28
+    assert metadata.traits == 0 and metadata.state_type_id == 0
+
+
+def test_handler_calls_kernel_only_on_execute():
+    add = elementwise_kernel("probe_add", 4, [("fadd", 0, 1)])
+    handler = ffi.compile_handler("probe_handler", add, 2, 1)
+    a, b = np.arange(4, dtype=np.float32), np.full(4, 10, np.float32)
+    out = np.zeros(4, np.float32)
+    for stage in (0, 1, 2):  # instantiate, prepare, initialize: nothing to do
+        frame, _keep = frame_with_buffers(stage, [a, b], [out])
+        assert call_handler(handler, frame) is None
+        assert not out.any()
+    frame, _keep = frame_with_buffers(3, [a, b], [out])
+    assert call_handler(handler, frame) is None
+    np.testing.assert_array_equal(out, a + b)
+
+
+# -- XLA calling the handlers ------------------------------------------------------------------
+
+def test_xla_calls_registered_kernel():
+    target = ffi.register_kernel("fusionstitching_test_add", elementwise_kernel("t_add", 8, [("fadd", 0, 1)]), 2, 1)
+    assert target.startswith("fusionstitching_test_add")
+    text = f"""HloModule single
+ENTRY %main (a: f32[8], b: f32[8]) -> f32[8] {{
+  %a = f32[8] parameter(0)
+  %b = f32[8] parameter(1)
+  %c = f32[8] custom-call(%a, %b), custom_call_target="{target}", api_version=API_VERSION_TYPED_FFI
+  ROOT %d = f32[8] multiply(%c, %c)
+}}
+"""
+    a, b = np.arange(8, dtype=np.float32), np.linspace(-1, 1, 8, dtype=np.float32)
+    (result,) = run_hlo(text, [a, b])
+    np.testing.assert_array_equal(result, (a + b) * (a + b))
+
+
+def test_xla_calls_multi_output_kernel():
+    address = elementwise_kernel("t_addsub", 6, [("fadd", 0, 1), ("fsub", 0, 1)])
+    target = ffi.register_kernel("fusionstitching_test_addsub", address, 2, 2)
+    text = f"""HloModule multi
+ENTRY %main (a: f32[2,3], b: f32[2,3]) -> (f32[2,3], f32[2,3]) {{
+  %a = f32[2,3] parameter(0)
+  %b = f32[2,3] parameter(1)
+  %c = (f32[2,3], f32[2,3]) custom-call(%a, %b), custom_call_target="{target}", api_version=API_VERSION_TYPED_FFI
+  %s = f32[2,3] get-tuple-element(%c), index=0
+  %d = f32[2,3] get-tuple-element(%c), index=1
+  %p = f32[2,3] multiply(%s, %d)
+  ROOT %r = (f32[2,3], f32[2,3]) tuple(%p, %s)
+}}
+"""
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.full((2, 3), 0.5, np.float32)
+    product, total = run_hlo(text, [a, b])
+    np.testing.assert_array_equal(product, (a + b) * (a - b))
+    np.testing.assert_array_equal(total, a + b)
+
+
+def test_same_kernel_registers_once_other_kernel_gets_own_target():
+    address = elementwise_kernel("t_mul", 8, [("fmul", 0, 1)])
+    first = ffi.register_kernel("fusionstitching_test_mul", address, 2, 1)
+    assert ffi.register_kernel("fusionstitching_test_mul", address, 2, 1) == first
+    other = elementwise_kernel("t_mul2", 8, [("fmul", 0, 1)])
+    assert ffi.register_kernel("fusionstitching_test_mul", other, 2, 1) != first
+    with pytest.raises(ValueError):
+        ffi.register_kernel("not_ours", address, 2, 1)
+
+
+# -- the rewrite ------------------------------------------------------------------------------
+
+# XLA-optimized style: fusions, layouts, scheduling header, a CPU backend_config.
+OPTIMIZED = """HloModule small, is_scheduled=true, entry_computation_layout={(f32[8,4]{1,0}, f32[8,4]{1,0})->(f32[8,4]{1,0}, f32[32]{0})}
+
+%fused_add (p0: f32[8,4], p1: f32[8,4]) -> f32[8,4] {
+  %p0 = f32[8,4]{1,0} parameter(0)
+  %p1 = f32[8,4]{1,0} parameter(1)
+  ROOT %add = f32[8,4]{1,0} add(%p0, %p1)
+}
+
+%fused_sub (p0.1: f32[8,4], p1.1: f32[8,4]) -> f32[8,4] {
+  %p0.1 = f32[8,4]{1,0} parameter(0)
+  %p1.1 = f32[8,4]{1,0} parameter(1)
+  ROOT %sub = f32[8,4]{1,0} subtract(%p0.1, %p1.1)
+}
+
+%fused_mul (p0.2: f32[8,4], p1.2: f32[8,4]) -> f32[8,4] {
+  %p0.2 = f32[8,4]{1,0} parameter(0)
+  %p1.2 = f32[8,4]{1,0} parameter(1)
+  ROOT %mul = f32[8,4]{1,0} multiply(%p0.2, %p1.2)
+}
+
+ENTRY %main (a: f32[8,4], b: f32[8,4]) -> (f32[8,4], f32[32]) {
+  %a = f32[8,4]{1,0} parameter(0)
+  %b = f32[8,4]{1,0} parameter(1)
+  %sum = f32[8,4]{1,0} fusion(%a, %b), kind=kLoop, calls=%fused_add, backend_config={"outer_dimension_partitions":[]}
+  %diff = f32[8,4]{1,0} fusion(%a, %b), kind=kLoop, calls=%fused_sub
+  %prod = f32[8,4]{1,0} fusion(%sum, %diff), kind=kLoop, calls=%fused_mul
+  %flat = f32[32]{0} bitcast(%sum)
+  ROOT %out = (f32[8,4]{1,0}, f32[32]{0}) tuple(%prod, %flat)
+}
+"""
+
+
+def stitched(nodes, name, inputs, outputs):
+    """A StitchedKernel as the pipeline hands it over (only the fields the runtime reads)."""
+    shape = parse_shape("f32[8,4]{1,0}")
+    return SimpleNamespace(pattern=SimpleNamespace(nodes=nodes),
+                           spec=SimpleNamespace(name=name, inputs=[(n, shape) for n in inputs],
+                                                outputs=[(n, shape) for n in outputs]))
+
+
+def small_args():
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal((8, 4)).astype(np.float32) for _ in range(2)]
+
+
+def check_against_evaluator(module_text: str, rewritten: str, args):
+    expected = evaluate(parse_module(module_text), args)
+    for want, got in zip(expected, run_hlo(rewritten, args), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_normalized_module_compiles_and_matches():
+    rewritten = print_module(rewrite.normalize_for_xla(parse_module(OPTIMIZED)))
+    assert "fusion(" not in rewritten and "{1,0}" not in rewritten
+    assert "backend_config" not in rewritten and "is_scheduled" not in rewritten
+    check_against_evaluator(OPTIMIZED, rewritten, small_args())
+
+
+def test_rewrite_single_output_pattern():
+    kernel = stitched(["sum"], "fusionstitching_small_0", ["a", "b"], ["sum"])
+    address = elementwise_kernel("rw_add", 32, [("fadd", 0, 1)])
+    target = ffi.register_kernel(kernel.spec.name, address, 2, 1)
+    module = rewrite.rewrite_module(parse_module(OPTIMIZED), [kernel], [target])
+    text = print_module(module)
+    assert f'custom_call_target="{target}"' in text
+    executable = xla.compile_hlo(text)
+    assert target in xla.executable_text(executable)  # survives XLA's own optimization
+    check_against_evaluator(OPTIMIZED, text, small_args())
+
+
+def test_rewrite_multi_output_pattern():
+    kernel = stitched(["sum", "diff"], "fusionstitching_small_1", ["a", "b"], ["sum", "diff"])
+    address = elementwise_kernel("rw_addsub", 32, [("fadd", 0, 1), ("fsub", 0, 1)])
+    target = ffi.register_kernel(kernel.spec.name, address, 2, 2)
+    module = rewrite.rewrite_module(parse_module(OPTIMIZED), [kernel], [target])
+    entry = module.entry.by_name()
+    assert entry["sum"].opcode == entry["diff"].opcode == "get-tuple-element"
+    check_against_evaluator(OPTIMIZED, print_module(module), small_args())
+
+
+def test_rewrite_rejects_pattern_value_missing_from_outputs():
+    kernel = stitched(["sum", "diff"], "fusionstitching_small_2", ["a", "b"], ["diff"])
+    with pytest.raises(rewrite.RewriteError, match="sum"):
+        rewrite.rewrite_module(parse_module(OPTIMIZED), [kernel], ["fusionstitching_x"])
+
+
+def test_bitcast_between_layouts_becomes_logical_ops():
+    text = """HloModule layouts
+ENTRY %main (a: f32[4,6]) -> (f32[6,4], f32[2,12]) {
+  %a = f32[4,6]{0,1} parameter(0)
+  %t = f32[6,4]{1,0} bitcast(%a)
+  %r = f32[2,12]{0,1} bitcast(%a)
+  %c = f32[4,6]{1,0} copy(%a)
+  %u = f32[2,12]{1,0} bitcast(%c)
+  ROOT %out = (f32[6,4]{1,0}, f32[2,12]{0,1}) tuple(%t, %r)
+}
+"""
+    rewritten = print_module(rewrite.normalize_for_xla(parse_module(text)))
+    assert "bitcast" not in rewritten and "copy" not in rewritten
+    check_against_evaluator(text, rewritten, [np.arange(24, dtype=np.float32).reshape(4, 6)])
+
+
+def test_jax_optimized_layernorm_round_trips_through_xla():
+    import jax
+
+    args = layernorm_args()
+    optimized = jax.jit(layernorm).lower(*args).compile()
+    rewritten = print_module(rewrite.normalize_for_xla(parse_module(optimized.as_text())))
+    (result,) = run_hlo(rewritten, args)
+    np.testing.assert_allclose(result, np.asarray(optimized(*args)), rtol=1e-6, atol=1e-6)
+
+
+# -- fusionstitching.jit ------------------------------------------------------------------------
+
+def layernorm(x, g, b):
+    import jax
+
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + 1e-5) * g + b
+
+
+def layernorm_args():
+    rng = np.random.default_rng(1)
+    return [rng.standard_normal((64, 256)).astype(np.float32),
+            rng.standard_normal(256).astype(np.float32),
+            rng.standard_normal(256).astype(np.float32)]
