@@ -76,7 +76,10 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
     missing = [n for n in nodes if n not in by_name]
     if missing:
         raise CodegenError(f"not in the entry computation: {', '.join(missing)}")
-    in_pattern = set(nodes)
+    # A multi-output fusion's get-tuple-elements are no-ops: they belong to its pattern.
+    users = entry.users()
+    in_pattern = set(nodes) | {u for n in nodes if by_name[n].shape.is_tuple for u in users[n]
+                               if by_name[u].opcode == "get-tuple-element"}
     ops: list[FlatOp] = []
     value: dict[str, str] = {}  # entry array value -> FlatOp name
     elements: dict[str, list[str]] = {}  # tuple-valued pattern node -> FlatOp name per element
@@ -152,16 +155,13 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
 
     outputs: list[tuple[str, Shape]] = []
     output_values: list[str] = []
-    users = entry.users()
-    for name in nodes:
-        inst = by_name[name]
+    for inst in entry.instructions:
+        name = inst.name
+        if name not in in_pattern:
+            continue
         outside = [u for u in users[name] if u not in in_pattern]
         if inst.shape.is_tuple:
-            gtes = [by_name[u] for u in outside if by_name[u].opcode == "get-tuple-element"]
-            for g in gtes:
-                outputs.append((g.name, g.shape))
-                output_values.append(elements[name][int(g.attrs["index"])])
-            if inst.is_root or len(gtes) < len(outside):
+            if inst.is_root or outside:
                 for i, leaf in enumerate(inst.shape.tuple_shapes):
                     if leaf.is_tuple:
                         raise CodegenError(f"nested tuple output {name}")

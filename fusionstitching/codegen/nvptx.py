@@ -43,7 +43,9 @@ class NvptxLowering(ThreadLowering):
             g.linkage = "internal"
             g.align = 16
             g.initializer = ir.Constant(g.value_type, ir.Undefined)
-            self.shared[a.name] = g
+            # A generic pointer indexes like any buffer; LLVM's infer-address-spaces pass turns
+            # the accesses back into ld/st.shared.
+            self.shared[a.name] = self.builder.addrspacecast(g, PTR)
         self.vars[kernel.tid] = self.intrinsic("llvm.nvvm.read.ptx.sreg.tid.x", I32, [])
         self.vars[kernel.bid] = self.intrinsic("llvm.nvvm.read.ptx.sreg.ctaid.x", I32, [])
         annotations = module.add_named_metadata("nvvm.annotations")
@@ -136,7 +138,7 @@ def _ptx(text: str, name: str, arch: str) -> str:
     llvm.initialize_all_asmprinters()
     module = llvm.parse_assembly(text)
     module.verify()
-    if "@__nv_" in text:
+    if "__nv_" in text:
         path = find_libdevice()
         if path is None:
             raise RuntimeError("libdevice.10.bc not found (needed for exp/log/tanh/pow)")

@@ -1,0 +1,209 @@
+"""Code generator: whole LayerNorm/Softmax/RMSNorm plans as one stitched kernel, checked on the
+host backend against JAX, and assembled by ptxas for sm_80 and sm_90.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+
+from benchmarks.models import micro  # noqa: E402
+from fusionstitching.codegen import (CodegenError, can_stitch, compile_host,  # noqa: E402
+                                     compile_nvptx, find_ptxas, generate)
+from fusionstitching.hlo.evaluator import evaluate  # noqa: E402
+from fusionstitching.hlo.parser import parse_file, parse_module  # noqa: E402
+
+HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
+TRIVIAL = {"parameter", "constant", "tuple", "get-tuple-element"}
+
+# file, XLA kernels stitched into one, scheme, grid, block
+CASES = [
+    ("layernorm_64x256_jax_cpu", 5, "warp_composition", (16,), (128,)),
+    ("layernorm_64x256_jax_h100_classic", 3, "warp_composition", (16,), (128,)),
+    ("layernorm_32x2048_jax_cpu", 5, "block_composition", (32,), (512,)),
+    ("layernorm_4x16x256_jax_h100_classic", 3, "warp_composition", (16,), (128,)),
+    ("layernorm_64x256_tf_h100_classic", 3, "warp_composition", (16,), (128,)),
+    ("softmax_64x256_jax_cpu", 4, "warp_composition", (16,), (128,)),
+    ("softmax_32x2048_jax_h100_classic", 3, "block_composition", (32,), (512,)),
+    ("softmax_4x16x256_jax_h100", 1, "warp_composition", (16,), (128,)),
+    ("rmsnorm_64x256_jax_h100_classic", 2, "warp_composition", (16,), (128,)),
+    ("rmsnorm_32x2048_jax_cpu", 3, "block_composition", (32,), (512,)),
+    ("rmsnorm_4x16x256_jax_cpu", 3, "warp_composition", (16,), (128,)),
+]
+
+
+def whole_plan(module) -> list[str]:
+    return [i.name for i in module.entry.instructions if i.opcode not in TRIVIAL]
+
+
+@functools.cache
+def case(file: str):
+    module = parse_file(os.path.join(HLO, file + ".hlo"))
+    return module, generate(module, whole_plan(module), file)
+
+
+@pytest.mark.parametrize("file,kernels,scheme,grid,block", CASES, ids=[c[0] for c in CASES])
+def test_whole_plan_is_one_kernel_matching_jax(file, kernels, scheme, grid, block):
+    module, spec = case(file)
+    assert len(spec.nodes) == kernels
+    assert spec.schemes == ["thread_composition", scheme]
+    assert (spec.grid, spec.block) == (grid, block)
+    assert spec.smem_bytes == (0 if scheme == "warp_composition" else
+                               128 * sum(1 for s in spec.kernel.shared))
+
+    model, dims = file.split("_")[:2]
+    args = micro.example_inputs(model, tuple(int(d) for d in dims.split("x")))
+    expected = np.asarray(jax.jit(micro.JAX_FUNCTIONS[model])(*args))
+    number = {p.name: p.parameter_number for p in module.entry.parameters}
+    (got,) = compile_host(spec)(*[args[number[name]] for name, _ in spec.inputs])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+    # The stitched kernel touches global memory only at the plan's boundary.
+    assert spec.read_bytes == sum(p.shape.byte_size for p in module.entry.parameters)
+    assert spec.write_bytes == module.entry.root.shape.byte_size
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("file", [c[0] for c in CASES])
+def test_ptxas_assembles_without_spills(file, arch):
+    if find_ptxas() is None:
+        pytest.skip("find_ptxas() is None: no ptxas on PATH or in nvidia-cuda-nvcc")
+    _, spec = case(file)
+    kernel = compile_nvptx(spec, arch)
+    assert kernel.cubin and f".target {arch}" in kernel.ptx
+    assert kernel.spills == 0
+    assert 0 < kernel.regs <= 64
+    assert kernel.smem_bytes == spec.smem_bytes
+    assert "shfl.sync.bfly" in kernel.ptx
+    assert ("bar.sync" in kernel.ptx) == (spec.smem_bytes > 0)
+
+
+def test_kernel_ir_is_readable_and_hoists_row_values():
+    _, spec = case("layernorm_64x256_jax_cpu")
+    text = str(spec)
+    assert "warp_reduce.add" in text and "let row = (tid // 32) + 4*bid" in text
+    # rsqrt runs once per row, before the column loop that writes the output.
+    lines = text.splitlines()
+    rsqrt = next(i for i, line in enumerate(lines) if "rsqrt" in line)
+    assert not lines[rsqrt].startswith("    ")  # block level, not inside a loop
+    assert spec.regs_model > 0
+
+
+def test_three_d_reshape_indices_fold_back_to_rows():
+    _, spec = case("layernorm_4x16x256_jax_h100_classic")
+    assert "//" not in str(spec).split("for col")[1].split("\n")[1]  # global_load x[col + 256*row]
+
+
+SNIPPET = """
+HloModule m, entry_computation_layout={{(f32[8,64]{{1,0}})->f32[8,64]{{1,0}}}}
+
+%add (a: f32[], b: f32[]) -> f32[] {{
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}}
+
+ENTRY %main (x: f32[8,64]) -> f32[8,64] {{
+  %x = f32[8,64]{{1,0}} parameter(0)
+  %init = f32[] constant({init})
+  %r = f32[8]{{0}} reduce(%x, %init), dimensions={{1}}, to_apply=%add
+  %b = f32[8,64]{{1,0}} broadcast(%r), dimensions={{0}}
+  ROOT %y = f32[8,64]{{1,0}} {op}(%x, %b)
+}}
+"""
+
+
+def run_snippet(text: str, nodes: list[str]):
+    module = parse_module(text)
+    spec = generate(module, nodes, "snippet")
+    x = np.random.default_rng(1).standard_normal(spec.inputs[0][1].dims).astype(np.float32)
+    return spec, compile_host(spec)(x), evaluate(module, [x])
+
+
+def test_unfused_ops_and_non_identity_init():
+    spec, (got,), expected = run_snippet(SNIPPET.format(init="1.5", op="subtract"),
+                                         ["r", "b", "y"])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert spec.grid == (2,) and spec.block == (128,)
+
+
+def test_can_stitch_refuses_unsupported_op_with_reason():
+    module = parse_module(SNIPPET.format(init="0", op="atan2"))
+    ok, reason = can_stitch(module, ["r", "b", "y"])
+    assert not ok and "atan2 y" in reason and "not supported" in reason
+    ok, reason = can_stitch(parse_module(SNIPPET.format(init="0", op="add")), ["r", "b", "y"])
+    assert ok and reason.startswith("ok: [8]x[64]") and "warp_composition" in reason
+
+
+def test_reduction_read_at_another_row_needs_cross_block_communication():
+    text = SNIPPET.format(init="0", op="add").replace("f32[8,64]", "f32[64,64]").replace(
+        "f32[8]", "f32[64]").replace("dimensions={0}", "dimensions={1}")
+    ok, reason = can_stitch(parse_module(text), ["r", "b", "y"])
+    assert not ok and "cross-block communication" in reason
+
+
+def test_column_reduction_is_refused():
+    text = SNIPPET.format(init="0", op="add").replace("dimensions={1}, to_apply",
+                                                      "dimensions={0}, to_apply")
+    text = text.replace("f32[8]{0} reduce", "f32[64]{0} reduce").replace(
+        "%b = f32[8,64]{1,0} broadcast(%r), dimensions={0}",
+        "%b = f32[8,64]{1,0} broadcast(%r), dimensions={1}")
+    ok, reason = can_stitch(parse_module(text), ["r", "b", "y"])
+    assert not ok and "column reduction" in reason
+
+
+MULTI_OUTPUT = """
+HloModule m
+
+%max (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %m = f32[] maximum(%a, %b)
+}
+
+%fused (p: f32[4,8,32]) -> (f32[32,32], f32[32]) {
+  %p = f32[4,8,32]{2,1,0} parameter(0)
+  %e = f32[4,8,32]{2,1,0} exponential(%p)
+  %flat = f32[32,32]{1,0} bitcast(%e)
+  %z = f32[] constant(-inf)
+  %mx = f32[32]{0} reduce(%flat, %z), dimensions={1}, to_apply=%max
+  ROOT %t = (f32[32,32]{1,0}, f32[32]{0}) tuple(%flat, %mx)
+}
+
+ENTRY %main (x: f32[4,8,32]) -> (f32[32,32], f32[32]) {
+  %x = f32[4,8,32]{2,1,0} parameter(0)
+  %f = (f32[32,32]{1,0}, f32[32]{0}) fusion(%x), kind=kInput, calls=%fused
+  %g0 = f32[32,32]{1,0} get-tuple-element(%f), index=0
+  %g1 = f32[32]{0} get-tuple-element(%f), index=1
+  %n = f32[32]{0} negate(%g1)
+  ROOT %out = (f32[32,32]{1,0}, f32[32]{0}) tuple(%g0, %n)
+}
+"""
+
+
+def test_multi_output_fusion_outputs_are_its_get_tuple_elements():
+    spec, got, expected = run_snippet(MULTI_OUTPUT, ["f", "n"])
+    assert [n for n, _ in spec.outputs] == ["g0", "n"]
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-6)
+
+
+def test_column_major_layout_is_addressed_physically():
+    text = MULTI_OUTPUT.replace("f32[32,32]{1,0}", "f32[32,32]{0,1}").replace(
+        "%flat = f32[32,32]{0,1} bitcast(%e)", "%flat = f32[32,32]{0,1} copy(%c)").replace(
+        "%e = f32[4,8,32]{2,1,0} exponential(%p)",
+        "%e = f32[4,8,32]{2,1,0} exponential(%p)\n  %c = f32[32,32]{1,0} reshape(%e)")
+    with pytest.raises(CodegenError, match="column reduction"):
+        generate(parse_module(text), ["f", "n"], "k")
+    # As an output only (no reduction over it), a {0,1} result is written transposed in memory.
+    text = text.replace("dimensions={1}, to_apply", "dimensions={1}, to_apply").replace(
+        "%mx = f32[32]{0} reduce(%flat, %z)", "%mx = f32[32]{0} reduce(%c, %z)")
+    spec, got, expected = run_snippet(text, ["f", "n"])
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-6)
