@@ -1,8 +1,9 @@
-"""A first kernel-time model: memory roofline plus launch cost (modeled, not measured).
+"""Kernel time from bytes alone: memory roofline plus launch cost (modeled, not measured).
 
-This is the placeholder the cost-model issue replaces with the paper's latency-evaluator
-(occupancy, waves, CPI). It already keeps the one bound every later model must keep: a
-kernel moving N bytes takes at least N / bandwidth.
+The bound every model here keeps: a kernel moving N bytes takes at least N / bandwidth.
+latency.py (the paper's latency-evaluator) uses ``kernel_cost`` as its memory term and adds
+compute from occupancy, waves and CPI; use it when the kernel's launch and instructions are
+known, and this when only its bytes are.
 """
 from __future__ import annotations
 
