@@ -173,3 +173,173 @@ int main() {
         ours = occupancy(d, threads, regs, smem).active_blocks_per_sm
         # The calculator reports an over-limit launch as an error (-1); ours as 0 blocks.
         assert ours == max(int(expected), 0), (d.name, threads, regs, smem, expected)
+
+
+# --- latency-evaluator ----------------------------------------------------------------------
+
+from costmodel.latency import (KernelProfile, REGISTER_OVERHEAD, estimate_registers,  # noqa: E402
+                               kernel_latency_us)
+
+ALL_TARGETS = sorted(costmodel.TARGETS)
+
+
+def _copy_profile(nbytes: int) -> KernelProfile:
+    """y[i] = x[i] for f32, one element per thread, 256-thread blocks."""
+    elements = nbytes // 8  # 4 bytes read + 4 written per element
+    return KernelProfile(grid_blocks=elements // 256, threads_per_block=256,
+                         regs_per_thread=estimate_registers([1]), smem_bytes=0,
+                         instructions={"int": 4, "ld_global": 1, "st_global": 1},
+                         bytes_read=nbytes // 2, bytes_written=nbytes // 2)
+
+
+@pytest.mark.parametrize("target", ALL_TARGETS)
+def test_large_copy_is_bandwidth_plus_launch(target):
+    device = costmodel.load_device(target)
+    nbytes = 1 << 30
+    floor_us = nbytes / device.memory_bandwidth * 1e6
+    got = kernel_latency_us(_copy_profile(nbytes), device)
+    assert got.memory_us == pytest.approx(floor_us)
+    assert got.launch_us == costmodel.LAUNCH_US
+    assert floor_us + costmodel.LAUNCH_US <= got.total_us <= 1.10 * floor_us + costmodel.LAUNCH_US
+    # kernel_time's roofline is the same memory floor
+    assert costmodel.kernel_cost(nbytes, device).memory_us == pytest.approx(floor_us)
+
+
+def _row_reduce_profile(rows: int, cols: int, threads: int) -> KernelProfile:
+    """Sum each f32 row with one block of ``threads`` threads: strided loads, a tree of warp
+    shuffles, warp partials through shared memory."""
+    per_thread = -(-cols // threads)
+    return KernelProfile(grid_blocks=rows, threads_per_block=threads, regs_per_thread=16,
+                         smem_bytes=4 * (threads // 32),
+                         instructions={"ld_global": per_thread, "fp32": per_thread + 10,
+                                       "int": 2 * per_thread + 6, "shfl": 10, "barrier": 1,
+                                       "st_shared": 1, "ld_shared": 1, "st_global": 1},
+                         bytes_read=4 * rows * cols, bytes_written=4 * rows)
+
+
+@pytest.mark.parametrize("target", ALL_TARGETS)
+@pytest.mark.parametrize("rows,cols", [(1, 1 << 24), (8, 1 << 20), (128, 4096), (4096, 1024),
+                                       (1 << 16, 32), (1 << 20, 128)])
+@pytest.mark.parametrize("threads", [32, 256, 1024])
+def test_row_reduction_never_beats_its_bytes(target, rows, cols, threads):
+    device = costmodel.load_device(target)
+    got = kernel_latency_us(_row_reduce_profile(rows, cols, threads), device)
+    floor_us = 4 * (rows * cols + rows) / device.memory_bandwidth * 1e6
+    assert got.total_us >= floor_us + costmodel.LAUNCH_US
+    assert got.compute_us > 0 and got.waves >= 1
+
+
+def test_few_rows_leave_the_gpu_latency_bound():
+    """8 long rows on 8 blocks: the reduction is far slower than its bytes allow."""
+    device = costmodel.load_device("h100")
+    got = kernel_latency_us(_row_reduce_profile(8, 1 << 20, 1024), device)
+    assert got.waves == 1 and got.compute_us > 10 * got.memory_us
+
+
+def test_waves_and_warps_per_scheduler():
+    device = costmodel.load_device("a100")  # 108 SMs; 256 threads, 32 regs -> 8 blocks per SM
+    one = KernelProfile(grid_blocks=108 * 8, threads_per_block=256, regs_per_thread=32,
+                        smem_bytes=0, instructions={"fp32": 100}, bytes_read=0,
+                        bytes_written=0)
+    got = kernel_latency_us(one, device)
+    # 64 warps per SM / 4 schedulers = 16 warps each; FP32 at 64 per SM per clock keeps a
+    # scheduler 2 cycles per warp instruction: max(4, 16 * 2) = 32 cycles per instruction.
+    assert got.waves == 1 and got.occupancy.active_blocks_per_sm == 8
+    assert got.warp_cycles == 100 * 32
+    two = kernel_latency_us(KernelProfile(**{**one.__dict__, "grid_blocks": 108 * 8 + 1}),
+                            device)
+    assert two.waves == 2 and two.compute_us == pytest.approx(2 * got.compute_us)
+    # A lone warp waits out the latency: the paper's CPI.
+    lone = kernel_latency_us(KernelProfile(**{**one.__dict__, "grid_blocks": 1,
+                                              "threads_per_block": 32}), device)
+    assert lone.warp_cycles == 100 * 4
+
+
+def test_latency_rejects_unknown_ops_and_unlaunchable_kernels():
+    device = costmodel.load_device("h100")
+    with pytest.raises(KeyError):
+        kernel_latency_us(KernelProfile(1, 32, 8, 0, {"tensor_core": 1}, 0, 0), device)
+    with pytest.raises(ValueError):
+        kernel_latency_us(KernelProfile(1, 1024, 255, 0, {"fp32": 1}, 0, 0), device)
+
+
+def test_estimate_registers():
+    assert estimate_registers([3, 9, 5]) == 9 + REGISTER_OVERHEAD
+    assert estimate_registers([]) == REGISTER_OVERHEAD
+    assert estimate_registers([400]) == 255
+
+
+# --- delta-evaluator ------------------------------------------------------------------------
+
+from costmodel.delta import DeltaEvaluator, PatternSummary, delta_evaluate  # noqa: E402
+
+MIB = 1 << 20
+
+
+def _layernorm(rows=4096, cols=1024) -> PatternSummary:
+    """LayerNorm over [rows, cols] f32 as one kernel instead of XLA's 5 (mean, centre,
+    variance, normalize, scale+shift): a 256-thread block per row, 4 elements per thread;
+    3 intermediates of the tensor's size stay on chip (centred and normalized values in
+    registers, the input row cached in shared memory), each once written and once read before.
+    """
+    tensor = 4 * rows * cols
+    return PatternSummary(
+        register_bytes=2 * 2 * tensor, shared_bytes=2 * tensor, kernels_merged=5,
+        grid_blocks=rows, threads_per_block=256, max_shared_memory=4 * cols,
+        instructions={"ld_global": 4, "st_global": 4, "fp32": 28, "int": 12, "sfu": 1,
+                      "shfl": 10, "barrier": 4, "st_shared": 6, "ld_shared": 10},
+        global_bytes=2 * tensor + 2 * 4 * cols)
+
+
+def _softmax_block_per_row(rows: int, cols: int, threads: int) -> PatternSummary:
+    """Softmax over [rows, cols] f32 (max, exp, sum, divide: 4 kernels) as one kernel with one
+    block per row; a row too long for shared memory is read twice from global memory. The
+    exponentials (2 intermediates) stay in registers."""
+    tensor = 4 * rows * cols
+    per_thread = -(-cols // threads)
+    return PatternSummary(
+        register_bytes=2 * 2 * tensor, shared_bytes=0, kernels_merged=4, grid_blocks=rows,
+        threads_per_block=threads, max_shared_memory=4 * (threads // 32),
+        instructions={"ld_global": 2 * per_thread, "st_global": per_thread,
+                      "fp32": 4 * per_thread, "int": 3 * per_thread, "sfu": per_thread,
+                      "shfl": 10, "barrier": 4, "st_shared": 2, "ld_shared": 2},
+        global_bytes=3 * tensor)
+
+
+@pytest.mark.parametrize("target", ALL_TARGETS)
+def test_delta_favours_fusing_layernorm(target):
+    got = delta_evaluate(_layernorm(), costmodel.load_device(target))
+    assert got.reduced_calls_us == 4 * costmodel.LAUNCH_US
+    assert got.reduced_mem_us > 0 and got.penalty_us < got.reduced_mem_us
+    assert got.score > 0
+
+
+@pytest.mark.parametrize("target", ALL_TARGETS)
+def test_delta_refuses_one_block_per_row_when_rows_are_few(target):
+    device = costmodel.load_device(target)
+    few = delta_evaluate(_softmax_block_per_row(8, 1 << 20, 1024), device)
+    assert few.score < 0  # 8 blocks leave most SMs idle; the latency penalty dominates
+    # The same fusion over many short rows fills the GPU and pays.
+    many = delta_evaluate(_softmax_block_per_row(4096, 2048, 256), device)
+    assert many.score > 0
+
+
+def test_delta_never_fuses_an_unlaunchable_kernel():
+    device = costmodel.load_device("a100")
+    too_big = PatternSummary(0, 1 << 20, 3, 1024, 256, device.shared_memory_per_block_optin + 1,
+                             {"fp32": 1}, 1 << 20)
+    assert delta_evaluate(too_big, device).score == float("-inf")
+
+
+def test_delta_prices_memory_levels():
+    """Registers are free, shared memory is not: the same traffic saves more from registers."""
+    evaluator = DeltaEvaluator(costmodel.load_device("h100"))
+    base = dict(kernels_merged=2, grid_blocks=1024, threads_per_block=256,
+                max_shared_memory=1024, instructions={"fp32": 8}, global_bytes=1 << 20)
+    in_registers = evaluator.evaluate(PatternSummary(register_bytes=64 * MIB, shared_bytes=0,
+                                                     **base))
+    in_shared = evaluator.evaluate(PatternSummary(register_bytes=0, shared_bytes=64 * MIB,
+                                                  **base))
+    assert in_registers.reduced_mem_us > in_shared.reduced_mem_us > 0
+    # one DRAM latency (400 cycles at 1.98 GHz) + 64 MiB at 3.35 TB/s
+    assert in_registers.reduced_mem_us == pytest.approx(400 / 1.98e3 + 64 * MIB / 3.35232e12 * 1e6)

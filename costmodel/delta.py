@@ -1,0 +1,127 @@
+"""The delta-evaluator (paper section 5.4): what fusing a candidate pattern gains, in us.
+
+    f = T_reduced_mem + T_reduced_calls - T_penalty
+
+T_reduced_mem: the intermediates the pattern keeps on chip no longer go through global
+    memory. Each memory level is priced by a line t(bytes) = latency + bytes / bandwidth, with
+    latency and bandwidth from published data (data/cpi.json: global and shared-memory load
+    latency, 128 B/clock/SM shared-memory bandwidth; the device's DRAM bandwidth). A register
+    is an instruction operand and moves nothing, so it costs 0. The paper fits its line to
+    latencies it measured offline; with no GPU here, the line's two coefficients come from the
+    published numbers instead.
+T_reduced_calls: 1 us (XLA's kernel launch cost, kernel_time.LAUNCH_US) per kernel removed.
+T_penalty: the simplified latency-evaluator of the fused kernel, with 16 registers per thread
+    and the pattern's largest shared-memory use (paper: occupancy is the costly part of the
+    full evaluator, so registers are fixed and no liveness analysis runs). The unfused
+    kernels are memory-intensive, so each ran at its memory floor; the fused kernel's penalty
+    is the time it spends above its own floor (global bytes / bandwidth): the price of the
+    parallelism or latency hiding that fusion gave up.
+
+It runs inside the explorer's search, so a call is plain float arithmetic: per-device
+constants are computed once and occupancy is cached per (threads per block, shared memory).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .devices import Device
+from .kernel_time import LAUNCH_US
+from .latency import CPI_FILE, compute_cycles, op_costs, overlap_us
+from .occupancy import Occupancy, occupancy
+
+PENALTY_REGISTERS = 16  # paper 5.4: "we use a fixed number (16) as registers number"
+
+
+@dataclass(frozen=True)
+class PatternSummary:
+    """A candidate fusion pattern as plain data.
+
+    ``register_bytes`` / ``shared_bytes``: global-memory traffic the unfused kernels spent on
+    the intermediates the pattern keeps in registers / shared memory, every access counted (a
+    tensor written once and read once counts twice its size)."""
+    register_bytes: int
+    shared_bytes: int
+    kernels_merged: int  # kernels the pattern replaces by one
+    grid_blocks: int
+    threads_per_block: int
+    max_shared_memory: int  # bytes per block, largest use in and between the pattern's ops
+    instructions: Mapping[str, float]  # per thread of the fused kernel, by op class
+    global_bytes: int  # what the fused kernel still reads and writes in global memory
+
+
+@dataclass(frozen=True)
+class DeltaBreakdown:
+    reduced_mem_us: float
+    reduced_calls_us: float
+    penalty_us: float
+
+    @property
+    def score(self) -> float:
+        return self.reduced_mem_us + self.reduced_calls_us - self.penalty_us
+
+
+@dataclass(frozen=True)
+class MemoryLevel:
+    latency_us: float
+    us_per_byte: float
+
+    def time_us(self, nbytes: float) -> float:
+        return self.latency_us + nbytes * self.us_per_byte if nbytes > 0 else 0.0
+
+
+def memory_levels(device: Device) -> dict[str, MemoryLevel]:
+    arch = json.loads(CPI_FILE.read_text())["arch"][device.sm_arch]
+    cycles_to_us = 1.0 / (device.clock_ghz * 1e3)
+    shared_bandwidth = (arch["shared_memory_bytes_per_clock_per_sm"][0] * device.sm_count
+                        * device.clock_ghz * 1e9)  # bytes/s over all SMs
+    return {
+        "global": MemoryLevel(arch["latency_cycles"]["ld_global"][0] * cycles_to_us,
+                              1e6 / device.memory_bandwidth),
+        "shared": MemoryLevel(arch["latency_cycles"]["ld_shared"][0] * cycles_to_us,
+                              1e6 / shared_bandwidth),
+    }
+
+
+class DeltaEvaluator:
+    """Scores patterns for one device."""
+
+    def __init__(self, device: Device):
+        self.device = device
+        levels = memory_levels(device)
+        self._global, self._shared = levels["global"], levels["shared"]
+        self._costs = op_costs(device.sm_arch)
+        self._us_per_cycle = 1.0 / (device.clock_ghz * 1e3)
+        self._occupancy: dict[tuple[int, int], Occupancy] = {}
+
+    def evaluate(self, p: PatternSummary) -> DeltaBreakdown:
+        # Registers cost nothing to keep a value in (see the module docstring).
+        reduced_mem = (self._global.time_us(p.register_bytes) + self._global.time_us(p.shared_bytes)
+                       - self._shared.time_us(p.shared_bytes))
+        reduced_calls = (p.kernels_merged - 1) * LAUNCH_US
+        key = (p.threads_per_block, p.max_shared_memory)
+        occ = self._occupancy.get(key)
+        if occ is None:
+            occ = self._occupancy[key] = occupancy(self.device, p.threads_per_block,
+                                                   PENALTY_REGISTERS, p.max_shared_memory)
+        if occ.active_blocks_per_sm == 0:  # the fused kernel cannot launch: never fuse
+            return DeltaBreakdown(reduced_mem, reduced_calls, float("inf"))
+        _, _, cycles = compute_cycles(self.device, p.grid_blocks, p.threads_per_block, occ,
+                                      p.instructions, self._costs)
+        memory_us = p.global_bytes * self._global.us_per_byte
+        penalty = overlap_us(cycles * self._us_per_cycle, memory_us) - memory_us
+        return DeltaBreakdown(reduced_mem, reduced_calls, penalty)
+
+    def score(self, p: PatternSummary) -> float:
+        return self.evaluate(p).score
+
+
+@lru_cache(maxsize=None)
+def delta_evaluator(device: Device) -> DeltaEvaluator:
+    return DeltaEvaluator(device)
+
+
+def delta_evaluate(pattern: PatternSummary, device: Device) -> DeltaBreakdown:
+    return delta_evaluator(device).evaluate(pattern)
