@@ -331,3 +331,85 @@ def layernorm_args():
     return [rng.standard_normal((64, 256)).astype(np.float32),
             rng.standard_normal(256).astype(np.float32),
             rng.standard_normal(256).astype(np.float32)]
+
+
+needs_codegen = pytest.mark.skipif(
+    not hasattr(__import__("fusionstitching.codegen", fromlist=["compile_host"]), "compile_host"),
+    reason="code generator not available")
+
+
+@needs_codegen
+def test_jit_layernorm_matches_jax_and_runs_our_kernels():
+    import jax
+
+    from fusionstitching.jit import jit
+
+    args = layernorm_args()
+    stitched = jit(layernorm)
+    compiled = stitched.lower(*args).compile()
+    assert 'custom_call_target="fusionstitching' in compiled.as_text()
+    report = compiled.report()
+    assert report.fs.patterns >= 1 and report.fs.kernels < report.xla.kernels
+    assert not report.fallbacks
+    np.testing.assert_allclose(np.asarray(stitched(*args)), np.asarray(jax.jit(layernorm)(*args)),
+                               rtol=1e-5, atol=1e-5)
+
+
+@needs_codegen
+def test_jit_pytrees_in_and_out():
+    import jax
+    import jax.numpy as jnp
+
+    from fusionstitching.jit import jit
+
+    def fn(params, x):
+        h = layernorm(x, params["g"], params["b"])
+        return {"y": jnp.tanh(h), "stats": (h.sum(), h.max(-1))}
+
+    x, g, b = layernorm_args()
+    params = {"g": g, "b": b}
+    got, want = jit(fn)(params, x), jax.jit(fn)(params, x)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for a, e in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-5, atol=1e-4)
+
+
+def test_jit_falls_back_to_xla_with_one_warning(monkeypatch, caplog):
+    import jax
+
+    from fusionstitching import pipeline
+    from fusionstitching.jit import jit
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(pipeline, "stitch_module", broken)
+    args = layernorm_args()
+    with caplog.at_level("WARNING", logger="fusionstitching"):
+        compiled = jit(layernorm).lower(*args).compile()
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "injected failure" in caplog.records[0].getMessage()
+    assert "custom_call_target=\"fusionstitching" not in compiled.as_text()
+    (fallback,) = compiled.report().fallbacks
+    assert fallback.stage == "runtime" and "injected failure" in fallback.reason
+    np.testing.assert_array_equal(np.asarray(compiled(*args)),
+                                  np.asarray(jax.jit(layernorm)(*args)))
+
+
+@needs_codegen
+def test_jit_kernel_that_fails_to_build_is_left_to_xla(monkeypatch):
+    import jax
+
+    from fusionstitching import codegen
+    from fusionstitching.jit import jit
+
+    def broken(spec):
+        raise RuntimeError("no host code today")
+
+    monkeypatch.setattr(codegen, "compile_host", broken)
+    args = layernorm_args()
+    compiled = jit(layernorm).lower(*args).compile()
+    assert compiled.report().fallbacks and compiled.report().fallbacks[0].stage == "host"
+    assert not compiled.report().kernels
+    np.testing.assert_allclose(np.asarray(compiled(*args)),
+                               np.asarray(jax.jit(layernorm)(*args)), rtol=1e-6)

@@ -69,7 +69,7 @@ def rewrite_module(module: Module, kernels: Sequence, targets: Sequence[str]) ->
 def replace_patterns(module: Module, kernels: Sequence, targets: Sequence[str]) -> Module:
     entry = module.entry
     replaced = {node for k in kernels for node in k.pattern.nodes}
-    replaced |= {name for k in kernels for name, _ in k.spec.outputs}
+    replaced |= {name.partition("#")[0] for k in kernels for name, _ in k.spec.outputs}
     kept = [dataclasses.replace(i, is_root=False) for i in entry.instructions
             if i.name not in replaced]
     for kernel, target in zip(kernels, targets, strict=True):
@@ -87,7 +87,10 @@ def replace_patterns(module: Module, kernels: Sequence, targets: Sequence[str]) 
 def custom_call(spec, target: str) -> list[Instruction]:
     """The instructions that call kernel ``spec`` (registered as FFI target ``target``): one
     custom call named after its output, or a tuple-shaped call plus one get-tuple-element per
-    output (named after the outputs)."""
+    output (named after the outputs).
+
+    An output ``X#i`` is element i of a multi-output fusion X whose tuple is used outside the
+    pattern (codegen/flatten.py); the tuple ``X`` is rebuilt from those elements."""
     operands = [name for name, _ in spec.inputs]
     constraints = ", ".join(format_shape(_with_layout(s)) for _, s in spec.inputs)
     attrs = {
@@ -95,14 +98,38 @@ def custom_call(spec, target: str) -> list[Instruction]:
         "api_version": "API_VERSION_TYPED_FFI",
         "operand_layout_constraints": "{" + constraints + "}",
     }
-    outputs = [(name, _with_layout(shape)) for name, shape in spec.outputs]
+    outputs = [(_output_name(name), _with_layout(shape)) for name, shape in spec.outputs]
     if len(outputs) == 1:
         name, shape = outputs[0]
-        return [Instruction(name, shape, "custom-call", operands, attrs)]
-    tuple_shape = Shape("tuple", tuple_shapes=tuple(s for _, s in outputs))
-    call = Instruction(f"{spec.name}.call", tuple_shape, "custom-call", operands, attrs)
-    return [call] + [Instruction(name, shape, "get-tuple-element", [call.name], {"index": str(i)})
-                     for i, (name, shape) in enumerate(outputs)]
+        calls = [Instruction(name, shape, "custom-call", operands, attrs)]
+    else:
+        tuple_shape = Shape("tuple", tuple_shapes=tuple(s for _, s in outputs))
+        call = Instruction(f"{spec.name}.call", tuple_shape, "custom-call", operands, attrs)
+        calls = [call] + [Instruction(name, shape, "get-tuple-element", [call.name],
+                                      {"index": str(i)})
+                          for i, (name, shape) in enumerate(outputs)]
+    return calls + _rebuilt_tuples(spec.outputs)
+
+
+def _output_name(name: str) -> str:
+    base, _, index = name.partition("#")
+    return f"{base}.element{index}" if index else name
+
+
+def _rebuilt_tuples(outputs) -> list[Instruction]:
+    elements: dict[str, list[tuple[int, str, Shape]]] = {}
+    for name, shape in outputs:
+        base, _, index = name.partition("#")
+        if index:
+            elements.setdefault(base, []).append((int(index), _output_name(name), shape))
+    tuples = []
+    for base, parts in elements.items():
+        parts.sort()
+        if [i for i, _, _ in parts] != list(range(len(parts))):
+            raise RewriteError(f"tuple {base} leaves the pattern with elements missing")
+        shape = Shape("tuple", tuple_shapes=tuple(s.without_layout() for _, _, s in parts))
+        tuples.append(Instruction(base, shape, "tuple", [n for _, n, _ in parts]))
+    return tuples
 
 
 def _with_layout(shape: Shape) -> Shape:
