@@ -29,6 +29,8 @@ CASES = [
     ("layernorm_32x2048_jax_cpu", 5, "block_composition", (32,), (512,)),
     ("layernorm_4x16x256_jax_h100_classic", 3, "warp_composition", (16,), (128,)),
     ("layernorm_64x256_tf_h100_classic", 3, "warp_composition", (16,), (128,)),
+    # XLA:CPU's TF plan splits row sums into reduce-window tiles + reduce: folded back.
+    ("layernorm_64x256_tf_cpu", 6, "warp_composition", (16,), (128,)),
     ("softmax_64x256_jax_cpu", 4, "warp_composition", (16,), (128,)),
     ("softmax_32x2048_jax_h100_classic", 3, "block_composition", (32,), (512,)),
     ("softmax_4x16x256_jax_h100", 1, "warp_composition", (16,), (128,)),

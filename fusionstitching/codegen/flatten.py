@@ -103,7 +103,8 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
         return name
 
     def add_op(inst: Instruction, name: str, operands: list[str]) -> str:
-        reducer = reducer_of(module, inst) if inst.opcode == "reduce" else None
+        reducer = reducer_of(module, inst) if inst.opcode in ("reduce", "reduce-window") \
+            else None
         if inst.opcode in ("fusion", "call", "while", "conditional") or (
                 inst.called_computations and reducer is None):
             raise CodegenError(f"{inst.opcode} {inst.name} calls a computation; only fusions "
@@ -173,6 +174,7 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
     if not outputs:
         raise CodegenError("pattern has no outputs")
 
+    _fold_partial_reductions(ops)
     # Drop what no output needs (e.g. unused results of a multi-output fusion).
     needed = set(output_values)
     for op in reversed(ops):
@@ -184,3 +186,36 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
     for number, op in enumerate(params):
         op.parameter_number = number
     return Pattern(list(nodes), ops, inputs, outputs, output_values)
+
+
+def _window(op: FlatOp) -> dict[str, list[int]] | None:
+    """size/stride of a plain reduce-window (no padding or dilation), else None."""
+    fields = dict(f.split("=") for f in op.attrs.get("window", "").strip("{}").split())
+    if set(fields) - {"size", "stride"}:
+        return None
+    rank = op.shape.rank
+    return {k: [int(v) for v in fields.get(k, "x".join(["1"] * rank)).split("x")]
+            for k in ("size", "stride")}
+
+
+def _fold_partial_reductions(ops: list[FlatOp]) -> None:
+    """reduce(reduce-window(x)) -> reduce(x) when the windows tile the reduced dimensions.
+
+    XLA:CPU splits long row reductions into a reduce-window over tiles of the row followed
+    by a reduce of the tile results. With the same associative combiner that is the same
+    reduction of x in another order, and stitching it as one row reduction is what a GPU
+    kernel does anyway (inits must be the combiner's identity, checked by the schedule).
+    """
+    by_name = {op.name: op for op in ops}
+    for op in ops:
+        inner = by_name.get(op.operands[0]) if op.opcode == "reduce" else None
+        if inner is None or inner.opcode != "reduce-window" or inner.reducer != op.reducer:
+            continue
+        window, source = _window(inner), by_name[inner.operands[0]]
+        reduced = set(op.dimensions)
+        if window is None or window["size"] != window["stride"] or any(
+                size != 1 and d not in reduced for d, size in enumerate(window["size"])) or any(
+                inner.shape.dims[d] * window["size"][d] != source.shape.dims[d]
+                for d in range(source.shape.rank)):
+            continue
+        op.operands = [source.name, op.operands[1]]

@@ -168,7 +168,9 @@ def compile_host(spec) -> HostKernel:
     machine = _host_machine()
     parsed = llvm.parse_assembly(text)
     parsed.verify()
-    optimize(parsed, machine)
+    # Host kernels exist to be checked, not to be fast: unrolling and vectorizing the
+    # emulated thread and lane loops would double the compile time.
+    optimize(parsed, machine, unroll_and_vectorize=False)
     engine = llvm.create_mcjit_compiler(parsed, machine)
     engine.finalize_object()
     return HostKernel(spec, text, engine.get_function_address(spec.kernel.name), engine)

@@ -265,10 +265,12 @@ class ThreadLowering:
         raise NotImplementedError(f"convert {src} -> {dst}")
 
 
-def optimize(module, target_machine, level: int = 3) -> None:
-    """Run LLVM's standard pipeline (mem2reg, LICM, unrolling, ...) on a parsed module."""
+def optimize(module, target_machine, unroll_and_vectorize: bool = True) -> None:
+    """Run LLVM's O3 pipeline (mem2reg, LICM, GVN, unrolling, ...) on a parsed module."""
     import llvmlite.binding as llvm
 
-    options = llvm.create_pipeline_tuning_options(speed_level=level)
+    options = llvm.create_pipeline_tuning_options(speed_level=3)
+    options.loop_unrolling = options.loop_vectorization = options.slp_vectorization = \
+        unroll_and_vectorize
     builder = llvm.create_pass_builder(target_machine, options)
     builder.getModulePassManager().run(module, builder)
