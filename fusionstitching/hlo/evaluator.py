@@ -89,7 +89,8 @@ class _Evaluator:
         self._constants: dict[int, object] = {}  # parsed literals (loop bodies re-run them)
         self._simple_binary: dict[str, str | None] = {}
 
-    def call(self, comp: Computation | str, args: list):
+    def call(self, comp: Computation | str, args: list, result: str | None = None):
+        """Runs ``comp``; returns its root's value, or that of instruction ``result``."""
         if isinstance(comp, str):
             comp = self.computations[comp]
         env: dict[str, object] = {}
@@ -105,7 +106,7 @@ class _Evaluator:
             except Exception as err:
                 err.add_note(f"while evaluating %{inst.name} = {inst.opcode} in {comp.name}")
                 raise
-        return env[comp.root.name]
+        return env[result or comp.root.name]
 
     def called(self, inst: Instruction, key: str) -> Computation:
         return self.computations[inst.attrs[key].strip().lstrip("%")]
@@ -330,6 +331,18 @@ def _power(a, b):
     return result
 
 
+def _extremum(ufunc, negative_zero_wins: bool):
+    """max/min: NaN-propagating (as numpy's), and -0.0 < +0.0 as on XLA:CPU (IEEE 754-2019),
+    where numpy returns either zero."""
+    def fn(a, b):
+        result = ufunc(a, b)
+        if not _is_float(a):
+            return result
+        both_zero = (a == 0) & (b == 0)
+        return np.where(both_zero, np.where(np.signbit(a) == negative_zero_wins, a, b), result)
+    return fn
+
+
 def _shift(kind: str):
     """XLA shifts: amounts >= the bit width (as unsigned) give 0, or the sign fill for arithmetic."""
     def fn(a, b):
@@ -354,8 +367,8 @@ _BINARY = {
     "multiply": np.multiply,
     "divide": _divide,
     "remainder": _remainder,
-    "maximum": np.maximum,  # numpy's maximum/minimum propagate NaN, as XLA's do
-    "minimum": np.minimum,
+    "maximum": _extremum(np.maximum, negative_zero_wins=False),
+    "minimum": _extremum(np.minimum, negative_zero_wins=True),
     "power": _power,
     "atan2": np.arctan2,
     "complex": lambda re_, im: re_ + 1j * im,
@@ -858,30 +871,97 @@ def _conditional(ev, inst, operands):
     return ev.call(branches[branch], [branch_args[branch]])
 
 
+def _uses_parameters(table: dict[str, Instruction], inst: Instruction) -> bool:
+    return inst.opcode == "parameter" or any(_uses_parameters(table, table[o])
+                                             for o in inst.operands)
+
+
+def _signature(inst: Instruction) -> tuple:
+    """What an instruction computes, apart from its operands (metadata is only debug info)."""
+    attrs = {k: v for k, v in inst.attrs.items() if k != "metadata"}
+    return inst.opcode, inst.shape, inst.literal, attrs, len(inst.operands)
+
+
+def _mirrored(table: dict[str, Instruction], lhs: Instruction, rhs: Instruction) -> bool:
+    """True when ``rhs`` computes from the comparator's rhs parameters (odd numbers) exactly
+    what ``lhs`` computes from the lhs parameters (even numbers)."""
+    if lhs.opcode == "parameter" or rhs.opcode == "parameter":
+        return (lhs.opcode == rhs.opcode and lhs.parameter_number % 2 == 0
+                and rhs.parameter_number == lhs.parameter_number + 1)
+    if _signature(lhs) != _signature(rhs):
+        return False
+    return all(_mirrored(table, table[a], table[b]) if a != b
+               else not _uses_parameters(table, table[a])  # a shared constant subexpression
+               for a, b in zip(lhs.operands, rhs.operands))
+
+
+def _sort_key(comp: Computation) -> tuple[str, bool] | None:
+    """(lhs key instruction, descending) for comparators ``f(lhs) < f(rhs)`` (or ``>``).
+
+    That covers plain comparisons and JAX's float comparator, which maps floats to a total-order
+    integer key with selects and bitcasts before one compare; those sort by numpy's argsort.
+    """
+    root = comp.root
+    if root.opcode != "compare" or root.attrs["direction"] not in ("LT", "GT"):
+        return None
+    table = comp.by_name()
+    a, b = (table[o] for o in root.operands)
+    descending = root.attrs["direction"] == "GT"
+    if _mirrored(table, a, b):
+        return a.name, descending
+    if _mirrored(table, b, a):
+        return b.name, not descending
+    return None
+
+
 def _sort_order(ev, comp: Computation, keys: list) -> np.ndarray:
     """Stable sorting permutation along the last axis of ``keys`` under comparator ``comp``."""
-    root = comp.root
-    params = {p.name: p.parameter_number for p in comp.parameters}
-    if root.opcode == "compare" and [params.get(o) for o in root.operands] in ([0, 1], [1, 0]) \
-            and root.attrs["direction"] in ("LT", "GT"):
-        # A plain less/greater on the first operand: numpy's stable argsort on an ordered key.
-        key = _total_order_key(_widen(keys[0]))
-        descending = (root.attrs["direction"] == "GT") == (params[root.operands[0]] == 0)
-        if not descending:
-            return np.argsort(key, axis=-1, kind="stable")
-        n = key.shape[-1]  # stable descending = mirrored stable ascending of the mirror
-        return n - 1 - np.flip(np.argsort(np.flip(key, -1), axis=-1, kind="stable"), -1)
-    # Any comparator: position = #elements before it; ties keep input order. O(n^2) compares.
+    lhs_and_rhs = [k for key in keys for k in (key, key)]  # comparator params alternate lhs/rhs
+    found = _sort_key(comp)
+    if found is None:
+        return _merge_sort_order(ev, comp, keys)
+    name, descending = found
+    key = np.broadcast_to(ev.call(comp, lhs_and_rhs, result=name), keys[0].shape)
+    key = _total_order_key(_widen(key))
+    if not descending:
+        return np.argsort(key, axis=-1, kind="stable")
+    n = key.shape[-1]  # stable descending = mirrored stable ascending of the mirror
+    return n - 1 - np.flip(np.argsort(np.flip(key, -1), axis=-1, kind="stable"), -1)
+
+
+def _merge_sort_order(ev, comp: Computation, keys: list) -> np.ndarray:
+    """Bottom-up merge sort with any comparator, vectorized over all rows and runs.
+
+    Each pass merges runs of ``width``: an element's new position is its rank in its own run
+    plus the number of partner-run elements that go before it, found by a binary search (the
+    partner run is sorted). log2(n) passes of log2(width) lifted comparator calls.
+    """
     n = keys[0].shape[-1]
-    pairs = []
-    for k in keys:
-        pairs += [k[..., :, None], k[..., None, :]]  # comparator params alternate lhs/rhs
-    before = np.broadcast_to(ev.call(comp, pairs), keys[0].shape + (n,))  # [..., i, j]: i < j
-    ties = ~before & ~np.swapaxes(before, -1, -2)
-    earlier = np.tril(np.ones((n, n), bool), -1)  # [i, j]: j < i
-    position = before.sum(axis=-2) + (ties & earlier).sum(axis=-1)
-    order = np.empty_like(position)
-    np.put_along_axis(order, position, np.broadcast_to(np.arange(n), position.shape), axis=-1)
+    order = np.broadcast_to(np.arange(n), keys[0].shape).copy()
+    position = np.broadcast_to(np.arange(n), order.shape)
+    width = 1
+    while width < n:
+        current = [np.take_along_axis(k, order, -1) for k in keys]
+
+        def less(i, j):  # comparator on the elements at positions i and j of this pass
+            args = [np.take_along_axis(k, p, -1) for k in current for p in (i, j)]
+            return np.broadcast_to(ev.call(comp, args), i.shape)
+
+        start = position // width * width
+        in_left_run = (position // width) % 2 == 0
+        partner = np.minimum(np.where(in_left_run, start + width, start - width), n)
+        lo, hi = partner, np.minimum(partner + width, n)
+        while np.any(lo < hi):
+            active = lo < hi
+            mid = np.where(active, (lo + hi) // 2, 0)
+            # Stability: equal elements of the left run go before those of the right run.
+            before = np.where(in_left_run, less(mid, position), ~less(position, mid))
+            lo = np.where(active & before, mid + 1, lo)
+            hi = np.where(active & ~before, mid, hi)
+        new_position = np.minimum(start, partner) + (position - start) + (lo - partner)
+        merged = np.empty_like(order)
+        np.put_along_axis(merged, new_position, order, axis=-1)
+        order, width = merged, width * 2
     return order
 
 
