@@ -292,13 +292,14 @@ def test_rewrite_rejects_pattern_value_missing_from_outputs():
 
 def test_bitcast_between_layouts_becomes_logical_ops():
     text = """HloModule layouts
-ENTRY %main (a: f32[4,6]) -> (f32[6,4], f32[2,12]) {
-  %a = f32[4,6]{0,1} parameter(0)
-  %t = f32[6,4]{1,0} bitcast(%a)
-  %r = f32[2,12]{0,1} bitcast(%a)
-  %c = f32[4,6]{1,0} copy(%a)
-  %u = f32[2,12]{1,0} bitcast(%c)
-  ROOT %out = (f32[6,4]{1,0}, f32[2,12]{0,1}) tuple(%t, %r)
+ENTRY %main (a: f32[4,6]) -> (f32[6,4], f32[2,12], f32[24]) {
+  %a = f32[4,6]{1,0} parameter(0)
+  %c = f32[4,6]{0,1} copy(%a)
+  %t = f32[6,4]{1,0} bitcast(%c)
+  %r = f32[2,12]{0,1} bitcast(%c)
+  %rc = f32[2,12]{1,0} copy(%r)
+  %u = f32[24]{0} bitcast(%a)
+  ROOT %out = (f32[6,4]{1,0}, f32[2,12]{1,0}, f32[24]{0}) tuple(%t, %rc, %u)
 }
 """
     rewritten = print_module(rewrite.normalize_for_xla(parse_module(text)))
@@ -413,3 +414,14 @@ def test_jit_kernel_that_fails_to_build_is_left_to_xla(monkeypatch):
     assert not compiled.report().kernels
     np.testing.assert_allclose(np.asarray(compiled(*args)),
                                np.asarray(jax.jit(layernorm)(*args)), rtol=1e-6)
+
+
+def test_rewrite_refuses_non_default_entry_layouts():
+    text = """HloModule entry_layout
+ENTRY %main (a: f32[4,6]) -> f32[4,6] {
+  %a = f32[4,6]{0,1} parameter(0)
+  ROOT %n = f32[4,6]{0,1} negate(%a)
+}
+"""
+    with pytest.raises(rewrite.RewriteError, match="non-default layout"):
+        rewrite.normalize_for_xla(parse_module(text))
