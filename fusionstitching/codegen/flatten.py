@@ -208,14 +208,19 @@ def _fold_partial_reductions(ops: list[FlatOp]) -> None:
     """
     by_name = {op.name: op for op in ops}
     for op in ops:
-        inner = by_name.get(op.operands[0]) if op.opcode == "reduce" else None
-        if inner is None or inner.opcode != "reduce-window" or inner.reducer != op.reducer:
-            continue
-        window, source = _window(inner), by_name[inner.operands[0]]
-        reduced = set(op.dimensions)
-        if window is None or window["size"] != window["stride"] or any(
-                size != 1 and d not in reduced for d, size in enumerate(window["size"])) or any(
-                inner.shape.dims[d] * window["size"][d] != source.shape.dims[d]
-                for d in range(source.shape.rank)):
-            continue
-        op.operands = [source.name, op.operands[1]]
+        # XLA:CPU may tile more than once (reduce-window of a reduce-window): fold each level.
+        while op.opcode == "reduce" and _folds_into(op, by_name.get(op.operands[0]), by_name):
+            op.operands = [by_name[op.operands[0]].operands[0], op.operands[1]]
+
+
+def _folds_into(op: FlatOp, inner: FlatOp | None, by_name: dict[str, FlatOp]) -> bool:
+    """Is ``inner`` a reduce-window with ``op``'s combiner whose windows tile exactly the
+    dimensions ``op`` reduces?"""
+    if inner is None or inner.opcode != "reduce-window" or inner.reducer != op.reducer:
+        return False
+    window, source = _window(inner), by_name[inner.operands[0]]
+    reduced = set(op.dimensions)
+    return window is not None and window["size"] == window["stride"] and all(
+        size == 1 or d in reduced for d, size in enumerate(window["size"])) and all(
+        inner.shape.dims[d] * window["size"][d] == source.shape.dims[d]
+        for d in range(source.shape.rank))
