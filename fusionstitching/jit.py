@@ -15,6 +15,7 @@ fail alone (host compile, registration) are left to XLA while the others still r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -26,19 +27,25 @@ log = logging.getLogger("fusionstitching")
 
 
 def jit(fn, **opts) -> "StitchedFunction":
-    """Like ``jax.jit(fn)``; ``opts`` are ``pipeline.Options`` fields (target, explorer,
-    verify, emit_dir, ptxas). PTX is not assembled unless ``ptxas=True``: on the CPU it is not
-    executed, only reported."""
+    """Like ``jax.jit(fn)`` (no static or donated arguments); ``opts`` are
+    ``pipeline.Options`` fields (target, explorer, verify, emit_dir, ptxas). PTX is not
+    assembled unless ``ptxas=True``: on the CPU it is not executed, only reported."""
     opts.setdefault("ptxas", False)
     return StitchedFunction(fn, pipeline.Options(**opts))
 
 
 class StitchedFunction:
     def __init__(self, fn, options: pipeline.Options):
+        functools.update_wrapper(self, fn)
         self.fn = fn
         self.options = options
         self._compiled: dict = {}  # input signature -> Compiled
         self._lock = threading.Lock()
+
+    def reports(self) -> list[Report]:
+        """One Report per input signature compiled so far."""
+        with self._lock:
+            return [compiled.report() for compiled in self._compiled.values()]
 
     def __call__(self, *args, **kwargs):
         key = _signature(args, kwargs)

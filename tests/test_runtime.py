@@ -369,7 +369,10 @@ def test_jit_pytrees_in_and_out():
 
     x, g, b = layernorm_args()
     params = {"g": g, "b": b}
-    got, want = jit(fn)(params, x), jax.jit(fn)(params, x)
+    stitched = jit(fn)
+    got, want = stitched(params, x), jax.jit(fn)(params, x)
+    (report,) = stitched.reports()
+    assert report.fs.patterns >= 1 and not report.fallbacks
     assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
     for a, e in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-5, atol=1e-4)
