@@ -145,13 +145,18 @@ def _compiler_options(target: str, classic: bool, dump_to: str | None) -> dict:
     return options
 
 
+@functools.cache
+def _exclude_self_from_metadata() -> None:
+    """Keep this helper out of the stack traces in the HLO's metadata, as JAX does with its
+    own files: the metadata should point at the user's code only."""
+    from jax._src import source_info_util
+    source_info_util.register_exclusion(__file__)
+
+
 def _jit_text(fn, args, device, options, jit_kwargs) -> str:
     import jax
-    from jax._src import source_info_util
 
-    # Keep this helper out of the stack traces in the HLO's metadata, as JAX does with its
-    # own files: the metadata should point at the user's code only.
-    source_info_util.register_exclusion(__file__)
+    _exclude_self_from_metadata()
 
     # Abstract arguments placed on `device` select the backend (CPU, or the deviceless GPU
     # client) without touching JAX's default device.
