@@ -25,7 +25,9 @@ setup(
         # XLA:GPU deviceless compilation (capture of XLA:GPU's optimized HLO without a GPU).
         "xla-gpu": ["jax-cuda12-plugin>=0.10,<0.11", "jax-cuda12-pjrt>=0.10,<0.11",
                     "nvidia-cuda-nvcc-cu12>=12.4"],
-        "test": ["pytest>=8", "tensorflow-cpu>=2.21,<2.22"],
+        # The tests exercise TF capture and XLA:GPU's deviceless compiler (plans and PTX).
+        "test": ["pytest>=8", "tensorflow-cpu>=2.21,<2.22", "jax-cuda12-plugin>=0.10,<0.11",
+                 "jax-cuda12-pjrt>=0.10,<0.11", "nvidia-cuda-nvcc-cu12>=12.4"],
     },
     entry_points={"console_scripts": ["fusionstitching=fusionstitching.cli:main"]},
 )
