@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 from fusionstitching.hlo.evaluator import UnsupportedOp, evaluate, parse_literal  # noqa: E402
 from fusionstitching.hlo.ir import Shape  # noqa: E402
 from fusionstitching.hlo.parser import parse_file, parse_module  # noqa: E402
-from fusionstitching.hlo.xla_runner import run_hlo_with_xla  # noqa: E402
+from fusionstitching.hlo.xla_runner import optimized_hlo_text, run_hlo_with_xla  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "hlo"
 rng = np.random.default_rng(0)
@@ -38,11 +38,11 @@ def _assert_matches(got: list, want: list, rtol: float, atol: float):
 
 def check_jax(f, *args, rtol=1e-5, atol=1e-6):
     """Evaluates the optimized XLA:CPU HLO of jit(f) and compares with what jax computes."""
-    jitted = jax.jit(f)
-    module = parse_module(jitted.lower(*args).compile().as_text())
+    compiled = jax.jit(f).lower(*args).compile()  # run this executable: compiling is the cost
+    module = parse_module(optimized_hlo_text(compiled))
     flat_args = [np.asarray(a) for a in jax.tree.leaves(args)]
     got = _leaves(evaluate(module, flat_args))
-    _assert_matches(got, [np.asarray(w) for w in jax.tree.leaves(jitted(*args))], rtol, atol)
+    _assert_matches(got, [np.asarray(w) for w in jax.tree.leaves(compiled(*args))], rtol, atol)
     return module
 
 
@@ -162,6 +162,8 @@ EXACT = {  # data movement, integer math and conversions: must be bit-exact
     "pad_interior_negative": (lambda x: jax.lax.pad(x, np.float32(-1), ((-2, 3, 1), (4, -5, 2))),
                               (X,)),
     "iota": (lambda x: x + jnp.arange(256, dtype=jnp.float32) * jnp.arange(64)[:, None], (X,)),
+    "large_constant": (lambda x: x * np.linspace(-3, 3, 256, dtype=np.float32) + np.float32(-0.0),
+                       (X,)),
     "dynamic_slice": (lambda x, i: jax.lax.dynamic_slice(x, (i, 3), (4, 5)), (X, np.int32(62))),
     "dynamic_update_slice": (lambda x, i: jax.lax.dynamic_update_slice(
         x, jnp.ones((4, 5)), (i, -3)), (X, np.int32(62))),
@@ -372,6 +374,27 @@ ENTRY e {
     x = normal(4)
     for k in (0, 1, 9, -1):  # out-of-range indices run the last branch
         check_text(text, x, np.int32(k), rtol=1e-6)
+
+
+def test_gather_and_scatter_with_batching_dims():
+    # Batch dim 0 of the operand pairs with index dim 2; index_vector_dim=0 precedes it, so the
+    # batch dims of the result are the index dims [1, 2].
+    text = """HloModule m
+add {
+  x = f32[] parameter(0)
+  y = f32[] parameter(1)
+  ROOT s = f32[] add(x, y)
+}
+ENTRY e {
+  x = f32[3,5,4]{2,1,0} parameter(0)
+  i = s32[1,2,3]{2,1,0} parameter(1)
+  u = f32[2,3,4]{2,1,0} parameter(2)
+  g = f32[2,3,4]{2,1,0} gather(x, i), offset_dims={2}, collapsed_slice_dims={1}, start_index_map={1}, operand_batching_dims={0}, start_indices_batching_dims={2}, index_vector_dim=0, slice_sizes={1,1,4}
+  s = f32[3,5,4]{2,1,0} scatter(x, i, u), update_window_dims={2}, inserted_window_dims={1}, scatter_dims_to_operand_dims={1}, input_batching_dims={0}, scatter_indices_batching_dims={2}, index_vector_dim=0, to_apply=add
+  ROOT t = (f32[2,3,4]{2,1,0}, f32[3,5,4]{2,1,0}) tuple(g, s)
+}"""
+    indices = np.array([[[0, 4, 9], [4, -1, 4]]], np.int32)  # 9 and -1: clamped / dropped
+    check_text(text, normal(3, 5, 4), indices, normal(2, 3, 4))
 
 
 def test_literals():

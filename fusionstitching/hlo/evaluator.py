@@ -78,7 +78,6 @@ def _materialize(value):
 
 class _Evaluator:
     def __init__(self, module: Module):
-        self.module = module
         self.computations = module.computation_map()
         # Instruction -> table of its computation, so ops can look at operand shapes (layouts).
         self._scope: dict[int, dict[str, Instruction]] = {}
@@ -87,7 +86,7 @@ class _Evaluator:
             for inst in comp.instructions:
                 self._scope[id(inst)] = table
         self._constants: dict[int, object] = {}  # parsed literals (loop bodies re-run them)
-        self._simple_binary: dict[str, str | None] = {}
+        self._reducer_ufuncs: dict[str, np.ufunc | None] = {}
 
     def call(self, comp: Computation | str, args: list, result: str | None = None):
         """Runs ``comp``; returns its root's value, or that of instruction ``result``."""
@@ -119,20 +118,15 @@ class _Evaluator:
             self._constants[id(inst)] = parse_literal(inst.literal or "", inst.shape)
         return self._constants[id(inst)]
 
-    def simple_binary(self, comp: Computation) -> str | None:
-        """The opcode when ``comp`` is just ``op(parameter(0), parameter(1))``, else None.
-
-        Such reducers/combiners get numpy's vectorized ufunc paths instead of lifted calls.
-        """
-        if comp.name not in self._simple_binary:
+    def reducer_ufunc(self, comp: Computation) -> np.ufunc | None:
+        """The numpy ufunc when ``comp`` is just ``op(parameter(0), parameter(1))`` for an
+        associative, commutative op; such reducers/combiners skip lifted calls."""
+        if comp.name not in self._reducer_ufuncs:
             root, params = comp.root, comp.parameters
             simple = (len(comp.instructions) == 3 and len(params) == 2
                       and sorted(root.operands) == sorted(p.name for p in params))
-            self._simple_binary[comp.name] = root.opcode if simple else None
-        return self._simple_binary[comp.name]
-
-    def reducer_ufunc(self, comp: Computation) -> np.ufunc | None:
-        return _REDUCER_UFUNCS.get(self.simple_binary(comp))
+            self._reducer_ufuncs[comp.name] = _REDUCER_UFUNCS.get(root.opcode) if simple else None
+        return self._reducer_ufuncs[comp.name]
 
 
 def _results(value) -> list:

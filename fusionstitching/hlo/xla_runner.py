@@ -1,5 +1,8 @@
 """Run HLO text through XLA:CPU (jaxlib), as a second opinion next to the numpy evaluator.
 
+``optimized_hlo_text(compiled)`` is ``Compiled.as_text()`` with large constants printed: plain
+``as_text()`` elides them as ``{...}``, which neither the evaluator nor XLA's parser can use.
+
 ``run_hlo_with_xla(text, args)`` parses the text with XLA's own parser, converts it to StableHLO,
 recompiles it with the XLA:CPU backend of the installed jaxlib and runs it on ``args``.
 
@@ -49,3 +52,12 @@ def run_hlo_with_xla(text: str, args: list) -> list[np.ndarray]:
     executable = backend.compile_and_load(stablehlo, device, xla_client.CompileOptions())
     buffers = [jax.device_put(np.asarray(a), device[0]) for a in args]
     return [np.asarray(out) for out in executable.execute(buffers)]
+
+
+def optimized_hlo_text(compiled) -> str:
+    """The optimized HLO of a ``jax.jit(f).lower(...).compile()`` result, constants in full."""
+    from jax._src.lib import xla_client
+
+    options = xla_client.hlo.HloPrintOptions()  # as_text()'s defaults, except...
+    options.print_large_constants = True
+    return compiled.runtime_executable().hlo_modules()[0].to_string(options)
