@@ -226,8 +226,12 @@ def _random_args(module):
     return args
 
 
-@pytest.mark.parametrize("path", sorted(DATA.glob("*_cpu.hlo")), ids=lambda p: p.name)
-def test_cpu_hlo_file_matches_xla(path):
+# All XLA:CPU dumps, plus XLA:GPU ones of one size (GPU layouts: bitcasts, transposes, kCustom).
+HLO_FILES = sorted(DATA.glob("*_cpu.hlo")) + sorted(DATA.glob("*_64x256_*_[ah]100*.hlo"))
+
+
+@pytest.mark.parametrize("path", HLO_FILES, ids=lambda p: p.name)
+def test_hlo_file_matches_xla(path):
     module = parse_file(path)
     args = _random_args(module)
     got = _leaves(evaluate(module, args))
