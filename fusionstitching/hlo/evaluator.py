@@ -34,7 +34,7 @@ class UnsupportedOp(Exception):
 
 
 def evaluate(module: Module, args: list, computation: str | None = None):
-    """Runs ``computation`` (the entry by default) on ``args``; tuple results come back as tuples."""
+    """Runs ``computation`` (the entry by default) on ``args``; tuple results are tuples."""
     comp = module.entry if computation is None else module.computation(computation)
     return evaluate_computation(module, comp, args)
 
@@ -338,7 +338,8 @@ def _extremum(ufunc, negative_zero_wins: bool):
 
 
 def _shift(kind: str):
-    """XLA shifts: amounts >= the bit width (as unsigned) give 0, or the sign fill for arithmetic."""
+    """XLA shifts: amounts >= the bit width (read as unsigned) give 0, or the sign fill for
+    arithmetic shifts."""
     def fn(a, b):
         a, b = np.broadcast_arrays(a, b)
         bits = a.dtype.itemsize * 8
