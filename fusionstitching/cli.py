@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -60,6 +61,9 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The command works on this machine's CPU; without this, a jax with the CUDA plugin
+    # installed prints a CUDA-not-found traceback before falling back to the CPU.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     parser = argparse.ArgumentParser(prog="fusionstitching", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 

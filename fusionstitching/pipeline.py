@@ -65,7 +65,7 @@ def stitch_module(module: Module, options: Options | None = None,
 
     kernels: list[StitchedKernel] = []
     for index, pattern in enumerate(plan.patterns):
-        name = f"fusionstitching_{_c_name(module.name)}_{index}"
+        name = f"fusionstitching_{_c_name(module.name)[:40]}_{index}"
         kernel = _build_kernel(module, pattern, name, options, device, times, fallbacks)
         if kernel is not None:
             kernels.append(kernel)

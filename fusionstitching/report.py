@@ -107,7 +107,8 @@ def format_summary(report: Report) -> str:
         f"  compulsory bytes {report.compulsory_bytes:,d}",
     ]
     for k in report.kernels:
-        regs = "n/a (no ptxas)" if k.regs is None else f"{k.regs} regs ({k.regs_model} modeled)"
+        regs = (f"regs not assembled ({k.regs_model} modeled)" if k.regs is None
+                else f"{k.regs} regs ({k.regs_model} modeled)")
         lines.append(f"  kernel {k.name}: {len(k.nodes)} XLA kernels {k.nodes} -> "
                      f"{'+'.join(k.schemes)}, grid {k.grid} block {k.block}, "
                      f"smem {k.smem_bytes} B, {regs}, spills {k.spills}, {k.bytes:,d} bytes")
