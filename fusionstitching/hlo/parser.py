@@ -28,6 +28,10 @@ from .ir import ELEMENT_BITS, Computation, HloParseError, Instruction, Module, S
 _NAME = re.compile(r"[A-Za-z_][\w.\-]*")
 _WORD = re.compile(r"[\w.\-]+")
 _INT = re.compile(r"-?\d+")
+_SPACE = re.compile(r"\s*")
+_SPACE_START = frozenset(" \t\r\n\f\v/")
+_DIM = re.compile(r"(<=)?(\d+)")
+_MINOR_TO_MAJOR = re.compile(r"\d+(?:,\d+)*")
 _OPCODE = re.compile(r"[A-Za-z][\w\-]*")
 _DTYPE = re.compile(r"[a-z][a-z0-9]*(?=\[)")
 _SECTION_LINE = re.compile(r"[A-Za-z_]\w*[ \t\r]*")
@@ -93,11 +97,11 @@ class _Parser:
     # -- lexing ---------------------------------------------------------------------------
     def skip_space(self) -> None:
         text, pos = self.text, self.pos
-        while pos < len(text):
-            c = text[pos]
-            if c.isspace():
-                pos += 1
-            elif text.startswith("/*", pos):
+        if text[pos:pos + 1] not in _SPACE_START:
+            return  # the common case, kept cheap: this runs before every token
+        while True:
+            pos = _SPACE.match(text, pos).end()
+            if text.startswith("/*", pos):
                 end = text.find("*/", pos + 2)
                 if end < 0:
                     raise self.fail("unterminated /* comment", pos)
@@ -172,8 +176,9 @@ class _Parser:
         Brackets must nest properly and strings may hold anything; ``/* */`` comments are
         dropped (XLA's ``/*index=N*/`` markers), so values compare equal however printed.
         """
+        start = self.pos  # an empty value is reported where it should have begun
         self.skip_space()
-        text, pos, start = self.text, self.pos, self.pos
+        text, pos = self.text, self.pos
         pieces: list[str] = []
         open_brackets: list[tuple[str, int]] = []  # (expected closer, position of opener)
         while pos < len(text):
@@ -227,7 +232,6 @@ class _Parser:
         if key in attrs:
             raise self.fail(f"duplicate attribute {key!r}", key_pos)
         self.expect("=")
-        self.skip_space()
         positions[key] = self.pos
         attrs[key] = self.raw(_ATTR_STOP, f"value of attribute {key!r}")
 
@@ -248,22 +252,24 @@ class _Parser:
         m = _DTYPE.match(self.text, start)
         if not m or m.group() not in ELEMENT_BITS:
             raise self.expected("shape", start)
-        self.pos = m.end() + 1  # past '['
+        dims_start = m.end() + 1  # past '['
+        dims_end = self.text.find("]", dims_start)
+        if dims_end < 0:
+            raise self.expected("']' closing the dimensions", len(self.text))
         dims: list[int] = []
         dynamic: list[bool] = []
-        if not self.accept("]"):
-            while True:
-                dynamic.append(self.accept("<="))
-                if self.peek() == "?":
-                    raise self.fail("unbounded dynamic dimension '?' is not supported")
-                dim_pos = self.pos
-                dim = self.integer("dimension size")
-                if dim < 0:
-                    raise self.fail("negative dimension size", dim_pos)
-                dims.append(dim)
-                if self.accept("]"):
-                    break
-                self.expect(",", "',' or ']' in dimensions")
+        pos = dims_start
+        # Dimensions are printed without spaces; read them as one comma-separated run.
+        for item in self.text[dims_start:dims_end].split(",") if dims_end > dims_start else ():
+            dim = _DIM.fullmatch(item)
+            if not dim:
+                what = "unbounded dynamic dimension '?' is not supported" if item == "?" else \
+                    f"expected dimension size, got {item[:40]!r}"
+                raise self.fail(what, pos)
+            dynamic.append(dim.group(1) is not None)
+            dims.append(int(dim.group(2)))
+            pos += len(item) + 1
+        self.pos = dims_end + 1
         layout, suffix = None, ""
         if self.text.startswith("{", self.pos):  # a layout only when glued to ']'
             self.pos += 1
@@ -273,16 +279,14 @@ class _Parser:
 
     def layout(self) -> tuple[tuple[int, ...], str]:
         """After ``{``: minor-to-major numbers, then ``:tiling/memory space...`` kept raw."""
-        minor_to_major: list[int] = []
+        m = _MINOR_TO_MAJOR.match(self.text, self.pos)
+        minor_to_major = tuple(map(int, m.group().split(","))) if m else ()
+        self.pos = m.end() if m else self.pos
         suffix = ""
-        if self.peek() not in ":}":
-            minor_to_major.append(self.integer("layout dimension"))
-            while self.accept(","):
-                minor_to_major.append(self.integer("layout dimension"))
         if self.accept(":"):
             suffix = ":" + self.raw("}", "layout attributes")
         self.expect("}", "'}' closing the layout")
-        return tuple(minor_to_major), suffix
+        return minor_to_major, suffix
 
     # -- instructions -----------------------------------------------------------------------
     def operand(self, defined: set[str]) -> tuple[Shape | None, str]:
@@ -361,11 +365,13 @@ class _Parser:
         instructions: list[Instruction] = []
         defined: set[str] = set()
         parameter_numbers: set[int] = set()
+        has_root = False
         while self.peek() != "}":
             inst_pos = self.pos
             inst = self.instruction(defined, called)
-            if inst.is_root and any(i.is_root for i in instructions):
+            if inst.is_root and has_root:
                 raise self.fail(f"second ROOT in computation %{name}", inst_pos)
+            has_root |= inst.is_root
             if inst.parameter_number is not None:
                 if inst.parameter_number in parameter_numbers:
                     raise self.fail(f"duplicate parameter({inst.parameter_number})", inst_pos)
@@ -441,10 +447,11 @@ class _Parser:
         sections: list[tuple[str, list[str]]] = []
         while True:
             self.skip_space()
-            line_start = self.text.rfind("\n", 0, self.pos) + 1
-            line_end = self.text.find("\n", self.pos)
+            line_start = self.pos
+            line_end = self.text.find("\n", line_start)
             line_end = len(self.text) if line_end < 0 else line_end
-            if not _SECTION_LINE.fullmatch(self.text, line_start, line_end):
+            at_line_start = line_start == 0 or self.text[line_start - 1] == "\n"
+            if not (at_line_start and _SECTION_LINE.fullmatch(self.text, line_start, line_end)):
                 return sections
             title = self.text[line_start:line_end].strip()
             lines: list[str] = []

@@ -1,0 +1,5 @@
+"""Make the repository importable when pytest runs from a checkout without `pip install -e .`."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
