@@ -46,10 +46,13 @@ import sys
 
 import numpy as np
 
-from .hlo.ir import NUMPY_DTYPES
+from costmodel.devices import TARGETS as DEVICE_FILES
 
-# Target name -> XLA GpuTargetConfigProto file in costmodel/data/.
-GPU_TARGETS = {"h100": "h100_sxm.txtpb", "a100": "a100_sxm_40.txtpb", "v100": "v100.txtpb"}
+from .hlo.ir import NUMPY_DTYPES
+from .hlo.xla_runner import hlo_module_text, optimized_hlo_text
+
+# Targets XLA can compile for: those with one of XLA's own target configs (T4 has none).
+GPU_TARGETS = {name: f for name, f in DEVICE_FILES.items() if f.endswith(".txtpb")}
 TARGETS = ("cpu", *GPU_TARGETS)
 
 _CUDA_PLUGIN = "jax_plugins.xla_cuda12"
@@ -168,7 +171,7 @@ def _jit_text(fn, args, device, options, jit_kwargs) -> str:
         return leaf
 
     traced = jax.jit(fn, **jit_kwargs).trace(*jax.tree.map(abstract, args))
-    return traced.lower().compile(options).as_text()
+    return optimized_hlo_text(traced.lower().compile(options))
 
 
 def _compile_hlo_text(hlo_text: str, device, options) -> str:
@@ -187,8 +190,7 @@ def _compile_hlo_text(hlo_text: str, device, options) -> str:
         executable = device.client.compile(
             ir.Module.parse(stablehlo), executable_devices=xc.DeviceList((device,)),
             compile_options=compile_options)
-    # Same text as jax's Compiled.as_text() for executables without get_hlo_text.
-    return "\n\n".join(module.to_string() for module in executable.hlo_modules())
+    return "\n\n".join(hlo_module_text(module) for module in executable.hlo_modules())
 
 
 # `%name = f32[4,8]{1,0} copy(` with an array (not tuple) result shape.

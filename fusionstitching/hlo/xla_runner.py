@@ -56,8 +56,14 @@ def run_hlo_with_xla(text: str, args: list) -> list[np.ndarray]:
 
 def optimized_hlo_text(compiled) -> str:
     """The optimized HLO of a ``jax.jit(f).lower(...).compile()`` result, constants in full."""
+    return hlo_module_text(compiled.runtime_executable().hlo_modules()[0])
+
+
+def hlo_module_text(hlo_module) -> str:
+    """A jaxlib HloModule as text, as ``as_text()`` prints it but with large constants in
+    full (``as_text()`` elides them as ``{...}``, which no parser can read back)."""
     from jax._src.lib import xla_client
 
     options = xla_client.hlo.HloPrintOptions()  # as_text()'s defaults, except...
     options.print_large_constants = True
-    return compiled.runtime_executable().hlo_modules()[0].to_string(options)
+    return hlo_module.to_string(options)
