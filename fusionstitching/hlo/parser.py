@@ -420,14 +420,13 @@ class _Parser:
         sections = self.sections()
         computations: list[Computation] = []
         called: list[tuple[str, int]] = []
-        positions: dict[str, int] = {}
+        positions: dict[str, int] = {}  # computation name -> where it starts
         while self.peek():
-            self.skip_space()
             pos = self.pos
             comp = self.computation(called)
             if comp.name in positions:
                 raise self.fail(f"duplicate computation name %{comp.name}", pos)
-            if comp.is_entry and any(c.is_entry for c in computations):
+            if comp.is_entry and any(c.is_entry for c in computations):  # XLA allows one
                 raise self.fail("second ENTRY computation", pos)
             positions[comp.name] = pos
             computations.append(comp)
