@@ -253,9 +253,12 @@ class _Parser:
         if not m or m.group() not in ELEMENT_BITS:
             raise self.expected("shape", start)
         dims_start = m.end() + 1  # past '['
-        dims_end = self.text.find("]", dims_start)
-        if dims_end < 0:
-            raise self.expected("']' closing the dimensions", len(self.text))
+        line_end = self.text.find("\n", dims_start)
+        line_end = len(self.text) if line_end < 0 else line_end
+        # Shapes never span lines: a missing ']' is reported on the shape's own line.
+        dims_end = self.text.find("]", dims_start, line_end)
+        closed = dims_end >= 0
+        dims_end = dims_end if closed else line_end
         dims: list[int] = []
         dynamic: list[bool] = []
         pos = dims_start
@@ -269,6 +272,8 @@ class _Parser:
             dynamic.append(dim.group(1) is not None)
             dims.append(int(dim.group(2)))
             pos += len(item) + 1
+        if not closed:
+            raise self.expected("']' closing the dimensions", line_end)
         self.pos = dims_end + 1
         layout, suffix = None, ""
         if self.text.startswith("{", self.pos):  # a layout only when glued to ']'
