@@ -1,13 +1,24 @@
-"""explorer/: fusion plans over the op graph (which XLA kernels become one stitched kernel)."""
+"""explorer/: fusion plans over the op graph (which XLA kernels become one stitched kernel).
+
+Strategies: ``beam`` is the paper's explorer (search.py: candidate patterns by approximate
+dynamic programming, remote fusion, beam search, choice by the latency-evaluator);
+``greedy`` is the baseline (baseline.py: one pattern per connected region), kept for
+comparison.
+"""
 from .plan import Decision, FusionPlan, Pattern, creates_cycle
 from .baseline import connected_region_plan
+from .search import Explorer, beam_plan
 
-STRATEGIES = {"greedy": connected_region_plan}
+STRATEGIES = {
+    "beam": lambda graph, can_stitch, device: beam_plan(graph, can_stitch, device),
+    "greedy": lambda graph, can_stitch, device: connected_region_plan(graph, can_stitch),
+}
 
 
-def explore(graph, can_stitch, strategy: str = "greedy") -> FusionPlan:
+def explore(graph, can_stitch, strategy: str = "beam", device=None) -> FusionPlan:
     """Plan ``graph``'s stitched kernels; ``can_stitch(nodes) -> (ok, reason)`` asks the code
-    generator whether a set of nodes can become one kernel."""
+    generator whether a set of nodes can become one kernel; ``device`` (costmodel.Device,
+    default H100) is what the cost model prices."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown explorer {strategy!r}; known: {', '.join(STRATEGIES)}")
-    return STRATEGIES[strategy](graph, can_stitch)
+    return STRATEGIES[strategy](graph, can_stitch, device)

@@ -27,6 +27,7 @@ class FusionPlan:
     strategy: str
     patterns: list[Pattern]  # only patterns of two or more kernels: the rest stays XLA's
     decisions: list[Decision] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # plan-level choices (beams, modeled times)
 
     def stitched_nodes(self) -> set[str]:
         return {n for p in self.patterns for n in p.nodes}

@@ -1,0 +1,184 @@
+"""What the explorer precomputes once per op graph so that each candidate costs O(its size).
+
+- The *kernel DAG*: XLA's kernels (memory-intensive and opaque) with edges seen through
+  no-op instructions (bitcast, get-tuple-element, tuple), in topological order, and each
+  kernel's *level* (longest path from a source). Only memory-intensive kernels take part in
+  patterns; no-ops are transparent, opaque kernels bound the regions but still carry paths.
+- Per-kernel traffic facts (the values it reads and writes, identified as in
+  ``graph.traffic``) so that a pattern's bytes are summed over the pattern's own edges, not
+  over the whole graph as ``traffic.pattern_traffic`` does (tests check both agree).
+
+Cycle check (paper Figure 6). Fusing a pattern P is cyclic iff some path leaves P and
+re-enters it through an outside kernel. A kernel u can reach a kernel w only if
+level(u) < level(w), so a depth-first search from P's outside successors never needs to
+visit kernels at or above P's highest level. Cost per check: the kernels and edges reachable
+from P's boundary inside P's level range -- in a layered graph, the one or two layers the
+pattern spans, whatever the graph's size. Worst case (a pattern spanning the whole graph's
+depth) it is O(V + E); patterns are capped in size (``MAX_PATTERN_KERNELS``), so in practice
+each check is local.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..graph import OpClass, OpGraph, classify_instruction
+from ..graph.traffic import Value, resolve, value_bytes
+
+# Per-element instructions of one op by class (cpi.json "classes"), for the latency model.
+# expf is FMUL + EX2 (cpi.json); index-only ops (broadcast, reshape, iota) cost integer work.
+_CLASS_MIX = {
+    OpClass.LIGHT_ELEMENTWISE: {"fp32": 1.0},
+    OpClass.EXPENSIVE_ELEMENTWISE: {"sfu": 1.0, "fp32": 1.0},
+    OpClass.REDUCTION: {"fp32": 1.0},
+    OpClass.DATA_MOVEMENT: {"int": 2.0},
+}
+_INDEX_ONLY = {"broadcast", "reshape", "iota"}
+
+
+class GraphIndex:
+    def __init__(self, graph: OpGraph):
+        self.graph = graph
+        nodes = graph.nodes
+        self.kernels = [n.name for n in nodes.values() if n.is_kernel]
+        self.order = {name: i for i, name in enumerate(self.kernels)}
+        sources: dict[str, tuple[str, ...]] = {}
+        for node in nodes.values():  # dict order is topological order
+            if node.is_kernel:
+                sources[node.name] = (node.name,)
+            elif len(node.operands) == 1:
+                sources[node.name] = sources[node.operands[0]]
+            else:  # tuple (or a parameter/constant: no operands): every operand's kernels
+                sources[node.name] = tuple(dict.fromkeys(
+                    s for op in node.operands for s in sources[op]))
+        self.preds: dict[str, list[str]] = {}
+        self.succs: dict[str, list[str]] = {k: [] for k in self.kernels}
+        self.level: dict[str, int] = {}
+        for name in self.kernels:
+            preds = list(dict.fromkeys(s for op in nodes[name].operands for s in sources[op]))
+            self.preds[name] = preds
+            for p in preds:
+                self.succs[p].append(name)
+            self.level[name] = 1 + max((self.level[p] for p in preds), default=-1)
+        self.participants = [k for k in self.kernels if nodes[k].memory_intensive]
+        self.consumers = {k: [s for s in self.succs[k] if nodes[s].memory_intensive]
+                          for k in self.participants}
+
+        # Traffic facts, as graph.traffic identifies values.
+        self.consumes: dict[str, list[Value]] = {}
+        self.value_users: dict[Value, list[str]] = {}
+        for name in self.kernels:
+            values = list(dict.fromkeys(resolve(graph, op) for op in nodes[name].operands))
+            self.consumes[name] = values
+            for v in values:
+                self.value_users.setdefault(v, []).append(name)
+        self.outputs = {resolve(graph, o) for o in graph.outputs}
+        self.produced: dict[str, list[Value]] = {k: [] for k in self.kernels}
+        for v in list(self.value_users) + sorted(self.outputs, key=str):
+            if v[0] in self.produced and v not in self.produced[v[0]]:
+                self.produced[v[0]].append(v)
+        self.bytes = {v: value_bytes(graph, v)
+                      for v in set(self.value_users) | self.outputs}
+
+        # Per-kernel facts for the kernel profile.
+        self.elements: dict[str, int] = {}  # the iteration space a kernel's threads cover
+        self.rows: dict[str, int] = {}  # reductions: output elements (one row per result)
+        self.mix: dict[str, dict[str, float]] = {}
+        instructions = ({i.name: i for i in graph.computation.instructions}
+                        if graph.computation is not None else {})
+        for name in self.participants:
+            node = nodes[name]
+            out = max((_elements(s) for s in node.shape.leaves()), default=1)
+            if node.op_class == OpClass.REDUCTION:
+                ins = max((_elements(nodes[op].shape) for op in node.operands
+                           if not nodes[op].shape.is_tuple), default=out)
+                self.elements[name] = max(ins, out)
+                self.rows[name] = out
+            else:
+                self.elements[name] = out
+            inst = instructions.get(name)
+            fused = (graph.module.computation(inst.called_computations[0])
+                     if inst is not None and inst.opcode == "fusion" else None)
+            self.mix[name] = _instruction_mix(graph, name, fused)
+
+    # -- reachability --------------------------------------------------------------------
+
+    def creates_cycle(self, pattern: frozenset[str]) -> bool:
+        """Does a path leave ``pattern`` and come back through an outside kernel?"""
+        level, succs = self.level, self.succs
+        top = max(level[n] for n in pattern)
+        stack = [u for n in pattern for u in succs[n] if u not in pattern and level[u] < top]
+        seen = set(stack)
+        while stack:
+            for w in succs[stack.pop()]:
+                if w in pattern:
+                    return True
+                if w not in seen and level[w] < top:
+                    seen.add(w)
+                    stack.append(w)
+        return False
+
+    def reaches(self, src: str, dst: str) -> bool:
+        """Is there a path src -> dst (pruned by level as ``creates_cycle``)?"""
+        level, succs = self.level, self.succs
+        stack, seen = [src], {src}
+        while stack:
+            for w in succs[stack.pop()]:
+                if w == dst:
+                    return True
+                if w not in seen and level[w] < level[dst]:
+                    seen.add(w)
+                    stack.append(w)
+        return False
+
+    # -- traffic ---------------------------------------------------------------------------
+
+    def traffic(self, pattern: Iterable[str]) -> tuple[int, int, int, int]:
+        """(bytes read, bytes written, register bytes, shared bytes) of one kernel made of
+        ``pattern``: reads and writes as ``traffic.pattern_traffic``; register/shared bytes
+        are the global accesses the unfused kernels spent on the values the pattern keeps on
+        chip (every access counted, as ``costmodel.delta.PatternSummary`` wants). A value a
+        reduction produces crosses threads, so it goes through shared memory; every other
+        value stays in the registers of the thread that computed it."""
+        inside = pattern if isinstance(pattern, (set, frozenset)) else set(pattern)
+        read_values = {v for n in inside for v in self.consumes[n] if v[0] not in inside}
+        reads = sum(self.bytes[v] for v in read_values)
+        writes = register = shared = 0
+        nodes = self.graph.nodes
+        for n in inside:
+            for v in self.produced[n]:
+                users = self.value_users.get(v, ())
+                internal = sum(1 for u in users if u in inside)
+                escapes = v in self.outputs or internal < len(users)
+                size = self.bytes[v]
+                if escapes:
+                    writes += size
+                if internal:
+                    saved = size * internal + (0 if escapes else size)
+                    if nodes[n].op_class == OpClass.REDUCTION:
+                        shared += saved
+                    else:
+                        register += saved
+        return reads, writes, register, shared
+
+
+def _elements(shape) -> int:
+    count = 1
+    for d in shape.dims:
+        count *= d
+    return count
+
+
+def _instruction_mix(graph: OpGraph, name: str, fused) -> dict[str, float]:
+    """Instructions per element of one kernel: an XLA fusion's fused ops by class, an
+    unfused op by its own class."""
+    node = graph.nodes[name]
+    if fused is None:
+        return dict(_CLASS_MIX[node.op_class])
+    mix: dict[str, float] = {}
+    for inst in fused.instructions:
+        if inst.opcode in _INDEX_ONLY:
+            mix["int"] = mix.get("int", 0.0) + 1.0
+            continue
+        for cls, count in _CLASS_MIX.get(classify_instruction(inst, graph.module), {}).items():
+            mix[cls] = mix.get(cls, 0.0) + count
+    return mix or {"int": 1.0}  # a fusion of only no-ops still copies

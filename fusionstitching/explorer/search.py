@@ -1,0 +1,362 @@
+"""The paper's fusion explorer (section 5): candidate patterns, remote fusion, beam search.
+
+1. Candidate patterns (5.2). Memory-intensive kernels are visited in post-order (reverse
+   topological order). A vertex V's candidates are V joined with its consumers' candidates,
+   found by ``PatternReduction``: the consumers are split in two halves recursively (the
+   approximate divide and conquer of Figure 4); a single consumer c offers V+{c} and V plus
+   each of c's top-k candidates; two halves are reduced by keeping each half's top-k and
+   their pairwise unions, then the top-k of those. So a vertex costs O(deg * k^2)
+   candidates whatever its fan-out. Unlike the paper, which picks the final top-k among the
+   groups' results without joining them, the halves are joined, so V can fuse with
+   consumers in different groups.
+   Ranking uses the delta-evaluator's score f (costmodel.delta), with its penalty taken
+   relative to the unfused kernels: costmodel.delta charges the fused kernel's whole time
+   above its memory floor, which also holds the time each kernel spent above its floor when
+   alone (a row reduction's warp shuffles happen fused or not). The explorer adds those
+   back, f = T_reduced_mem + T_reduced_calls - max(0, T_penalty(P) - sum T_penalty({v})),
+   so the penalty is what fusion costs: without it a RMSNorm reduction + scaling scores
+   f < 0 while the latency-evaluator models the fused kernel 1 us faster. Fusion is not
+   credited with making the parts' own work faster (the max), so
+   f <= T_reduced_mem + T_reduced_calls, a bound that needs only the pattern's bytes:
+   candidates are scored exactly in order of that bound and the walk stops once the bound
+   cannot beat the k-th best, so most candidates never reach the occupancy model.
+   Cyclic patterns (Figure 6) are dropped (``GraphIndex.creates_cycle``). A vertex keeps two
+   lists: its top-k acyclic candidates, which its producers grow from, and its top-k that the
+   code generator can build (``can_stitch``, asked only for candidates that survive the
+   ranking, cached), which the plan is made of. Growing from unbuildable candidates matters
+   because buildability is not monotone: a reduction with half of its consumers may be
+   refused while the whole normalization is accepted.
+2. Beam search (5.3). Vertices in topological order; each beam (a set of disjoint patterns)
+   either leaves the vertex out or takes one of its buildable candidates that overlaps
+   nothing the beam holds; the ``beam_width`` beams with the highest summed f survive. A
+   beam only needs the nodes it covers at or after the current vertex (every later
+   candidate starts there), so states stay small.
+3. Remote fusion (Figure 5). The paper adds a virtual producer h of all vertices and reduces
+   its consumers. Here h's consumers are one beam's kernels in topological order, reduced
+   left to right: a kernel joins the running pack when the code generator can build the
+   union (kernel packing), no cycle results and the latency-evaluator says the pack is
+   faster than its parts. Only launch-bound kernels (modeled body shorter than a launch)
+   are packed: for the others a saved launch is noise against the risk of a slower kernel.
+   A chain-shaped reduction of h yields several packs, where the paper's top-k of h would
+   yield one usable pattern.
+4. Choice. Each beam's plan is timed by the latency-evaluator (costmodel.latency, modeled)
+   and the fastest wins; it is kept only if it has no more bytes and no more modeled time
+   than XLA's own plan (each kernel alone; it never has more kernels) -- otherwise XLA's
+   plan is returned ("no negative optimization").
+
+Every candidate considered gets a Decision with its reason, so ``explain`` can say why two
+kernels were or were not stitched.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import costmodel
+from costmodel import KernelProfile, kernel_latency_us
+from costmodel.delta import memory_levels
+
+from ..graph import OpGraph
+from .index import GraphIndex
+from .plan import Decision, FusionPlan, Pattern
+from .profile import PatternModel, packed_profile
+
+CanStitch = Callable[[list[str]], tuple[bool, str]]
+ProfileOf = Callable[[list[str]], KernelProfile]
+
+TOP_K = 3  # paper 5.2
+BEAM_WIDTH = 3  # paper 5.3
+MAX_PATTERN_KERNELS = 32  # keeps every candidate's cost bounded (module docstring)
+BUILD_TRIES = 2 * TOP_K  # can_stitch queries per vertex beyond the accepted ones
+
+
+@dataclass(frozen=True)
+class Candidate:
+    nodes: frozenset[str]
+    score: float  # delta-evaluator f, us (modeled)
+
+
+@dataclass
+class _Beam:
+    score: float
+    pending: frozenset[str]  # covered nodes at or after the current vertex
+    chosen: tuple | None  # (Candidate, parent chain)
+
+    def patterns(self) -> list[Candidate]:
+        out, link = [], self.chosen
+        while link is not None:
+            out.append(link[0])
+            link = link[1]
+        return out[::-1]
+
+
+class Explorer:
+    def __init__(self, graph: OpGraph, can_stitch: CanStitch, device, top_k: int = TOP_K,
+                 beam_width: int = BEAM_WIDTH, max_pattern: int = MAX_PATTERN_KERNELS,
+                 profile_of: ProfileOf | None = None):
+        self.graph, self.device = graph, device
+        self.index = GraphIndex(graph)
+        self.model = PatternModel(self.index)
+        self.top_k, self.beam_width, self.max_pattern = top_k, beam_width, max_pattern
+        self.profile_of = profile_of or (lambda nodes: self.model.profile(frozenset(nodes)))
+        self.evaluator = costmodel.delta.delta_evaluator(device)
+        levels = memory_levels(device)
+        self._global, self._shared = levels["global"], levels["shared"]
+        self._can_stitch = can_stitch
+        self._buildable: dict[frozenset[str], tuple[bool, str]] = {}
+        self._latency: dict[frozenset[str], float] = {}
+        self._alone: dict[str, float] = {}  # delta-evaluator penalty of a kernel alone
+        self.decisions: dict[frozenset[str], Decision] = {}
+        self.growth: dict[str, list[Candidate]] = {}
+        self.ready: dict[str, list[Candidate]] = {}
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _ordered(self, nodes) -> list[str]:
+        return sorted(nodes, key=self.index.order.__getitem__)
+
+    def _decide(self, nodes: frozenset[str], ok: bool, reason: str) -> None:
+        self.decisions[nodes] = Decision(tuple(self._ordered(nodes)), ok, reason)
+
+    def can_stitch(self, nodes: frozenset[str]) -> tuple[bool, str]:
+        result = self._buildable.get(nodes)
+        if result is None:
+            result = self._buildable[nodes] = self._can_stitch(self._ordered(nodes))
+        return result
+
+    def latency_us(self, nodes: frozenset[str]) -> float:
+        """Modeled time of one kernel made of ``nodes`` (latency-evaluator)."""
+        t = self._latency.get(nodes)
+        if t is None:
+            t = self._latency[nodes] = kernel_latency_us(
+                self.profile_of(self._ordered(nodes)), self.device).total_us
+        return t
+
+    def _alone_penalty(self, node: str) -> float:
+        penalty = self._alone.get(node)
+        if penalty is None:
+            alone = frozenset((node,))
+            penalty = self._alone[node] = self.evaluator.evaluate(
+                self.model.summary(alone)).penalty_us
+        return penalty
+
+    # -- 1. candidate patterns --------------------------------------------------------------
+
+    def _top_k(self, sets: list[frozenset[str]], cache: dict) -> list[Candidate]:
+        """The top-k acyclic candidates among ``sets`` by f, scoring in order of f's bound."""
+        bounded = []
+        for s in dict.fromkeys(sets):
+            entry = cache.get(s)
+            if entry is None:
+                if len(s) > self.max_pattern:
+                    self._decide(s, False, f"more than {self.max_pattern} kernels")
+                    entry = cache[s] = (None, None, None)
+                else:
+                    traffic = self.index.traffic(s)
+                    bound = (self._global.time_us(traffic[2]) + self._global.time_us(traffic[3])
+                             - self._shared.time_us(traffic[3])
+                             + (len(s) - 1) * costmodel.LAUNCH_US)
+                    entry = cache[s] = (bound, traffic, None)
+            if entry[0] is not None:
+                bounded.append((entry[0], s))
+        bounded.sort(key=lambda t: (-t[0], len(t[1]), min(map(self.index.order.__getitem__, t[1]))))
+        kept: list[Candidate] = []
+        for position, (bound, s) in enumerate(bounded):
+            if len(kept) == self.top_k and bound <= kept[-1].score:
+                for _, rest in bounded[position:]:
+                    if rest not in self.decisions:
+                        self._decide(rest, False, f"not in the top {self.top_k}: f <= "
+                                     f"{cache[rest][0]:.3f} us (bound) <= {kept[-1].score:.3f}")
+                break
+            bound, traffic, score = cache[s]
+            if score is None:
+                breakdown = self.evaluator.evaluate(self.model.summary(s, traffic))
+                score = (breakdown.reduced_mem_us + breakdown.reduced_calls_us
+                         - max(0.0, breakdown.penalty_us
+                               - sum(self._alone_penalty(n) for n in s)))
+                if self.index.creates_cycle(s):
+                    score = float("-inf")
+                    self._decide(s, False, "cycle: a path leaves the pattern and re-enters it "
+                                           "through an outside kernel")
+                cache[s] = (bound, traffic, score)
+            if score == float("-inf"):
+                continue
+            if len(kept) == self.top_k and score <= kept[-1].score:
+                self._decide(s, False, f"not in the top {self.top_k}: f = {score:.3f} us")
+                continue
+            kept.append(Candidate(s, score))
+            kept.sort(key=lambda c: -c.score)
+            self._decide(s, True, f"candidate: f = {score:+.3f} us (delta-evaluator)")
+            if len(kept) > self.top_k:
+                dropped = kept.pop()
+                self._decide(dropped.nodes, False,
+                             f"not in the top {self.top_k}: f = {dropped.score:.3f} us")
+        return kept
+
+    def pattern_reduction(self, vertex: str) -> list[Candidate]:
+        """PatternReduction(C_vertex): top-k candidates with ``vertex`` as producer; every
+        candidate kept at any level of the divide and conquer is returned (best first)."""
+        consumers = self.index.consumers[vertex]
+        cache: dict = {}
+        pool: dict[frozenset[str], Candidate] = {}
+
+        def reduce(group: list[str]) -> list[Candidate]:
+            if len(group) == 1:
+                c = group[0]
+                sets = [frozenset((vertex, c))] + [cand.nodes | {vertex}
+                                                   for cand in self.growth.get(c, ())]
+            else:
+                half = len(group) // 2
+                left, right = reduce(group[:half]), reduce(group[half:])
+                sets = ([x.nodes for x in left + right]
+                        + [a.nodes | b.nodes for a in left for b in right])
+            kept = self._top_k(sets, cache)
+            pool.update((c.nodes, c) for c in kept)
+            return kept
+
+        self.growth[vertex] = reduce(consumers) if consumers else []
+        return sorted(pool.values(), key=lambda c: -c.score)
+
+    def buildable_candidates(self, pool: list[Candidate]) -> list[Candidate]:
+        """The best ``top_k`` of ``pool`` with f > 0 that the code generator can build."""
+        ready: list[Candidate] = []
+        tries = 0
+        for cand in pool:
+            if len(ready) == self.top_k or tries >= self.top_k + BUILD_TRIES:
+                break
+            if cand.score <= 0:
+                self._decide(cand.nodes, False, f"no gain: f = {cand.score:+.3f} us <= 0")
+                continue
+            tries += 1
+            ok, reason = self.can_stitch(cand.nodes)
+            if ok:
+                ready.append(cand)
+                self._decide(cand.nodes, True, f"buildable, f = {cand.score:+.3f} us: {reason}")
+            else:
+                self._decide(cand.nodes, False, f"code generator: {reason}")
+        return ready
+
+    # -- 2. beam search ---------------------------------------------------------------------
+
+    def beam_search(self) -> list[list[Candidate]]:
+        order = self.index.order
+        beams = [_Beam(0.0, frozenset(), None)]
+        for vertex in self.index.participants:
+            options = self.ready.get(vertex)
+            if not options:
+                continue
+            here = order[vertex]
+            grown: dict = {}
+            for beam in beams:
+                grown.setdefault((beam.pending, round(beam.score, 9)), beam)
+                if vertex in beam.pending:
+                    continue
+                live = frozenset(n for n in beam.pending if order[n] >= here)
+                for cand in options:
+                    if cand.nodes.isdisjoint(live):
+                        new = _Beam(beam.score + cand.score, live | cand.nodes,
+                                    (cand, beam.chosen))
+                        grown.setdefault((new.pending, round(new.score, 9)), new)
+            beams = sorted(grown.values(), key=lambda b: -b.score)[:self.beam_width]
+        return [b.patterns() for b in beams]
+
+    # -- 3. remote fusion -------------------------------------------------------------------
+
+    def remote_fusion(self, units: list[frozenset[str]]) -> list[list[frozenset[str]]]:
+        """Pack launch-bound kernels (units in topological order) left to right."""
+        packs: list[list[frozenset[str]]] = []
+        current: list[frozenset[str]] = []
+        current_us = 0.0
+        for unit in units:
+            unit_us = self.latency_us(unit)
+            if unit_us - costmodel.LAUNCH_US >= costmodel.LAUNCH_US:
+                continue  # not launch-bound
+            if not current:
+                current, current_us = [unit], unit_us
+                continue
+            union = frozenset().union(*current, unit)
+            packed_us = kernel_latency_us(packed_profile(
+                [self.profile_of(self._ordered(u)) for u in current + [unit]]),
+                self.device).total_us
+            ok, reason = self._pack_check(union, packed_us, current_us + unit_us)
+            self._decide(union, ok, reason)
+            if ok:
+                current.append(unit)
+                current_us = packed_us
+            else:
+                if len(current) > 1:
+                    packs.append(current)
+                current, current_us = [unit], unit_us
+        if len(current) > 1:
+            packs.append(current)
+        return packs
+
+    def _pack_check(self, union, packed_us, separate_us) -> tuple[bool, str]:
+        if len(union) > self.max_pattern:
+            return False, f"remote fusion: more than {self.max_pattern} kernels"
+        if packed_us >= separate_us:
+            return False, (f"remote fusion: packed {packed_us:.3f} us >= separate "
+                           f"{separate_us:.3f} us (modeled)")
+        if self.index.creates_cycle(union):
+            return False, "remote fusion: cycle through an outside kernel"
+        ok, reason = self.can_stitch(union)
+        if not ok:
+            return False, f"remote fusion: code generator: {reason}"
+        return True, (f"remote fusion (kernel packing): {packed_us:.3f} us < "
+                      f"{separate_us:.3f} us separate (modeled); {reason}")
+
+    # -- 4. the plan ------------------------------------------------------------------------
+
+    def plan_cost(self, kernels: list[frozenset[str]]) -> tuple[float, int]:
+        """(modeled us, bytes) of a plan given as all of its memory-intensive kernels."""
+        us = sum(self.latency_us(k) for k in kernels)
+        nbytes = sum(sum(self.index.traffic(k)[:2]) for k in kernels)
+        return us, nbytes
+
+    def run(self) -> FusionPlan:
+        for vertex in reversed(self.index.participants):
+            self.ready[vertex] = self.buildable_candidates(self.pattern_reduction(vertex))
+        participants = self.index.participants
+        xla = [frozenset((n,)) for n in participants]
+        xla_us, xla_bytes = self.plan_cost(xla)
+        notes = [f"XLA's plan: {len(xla)} memory-intensive kernels, {xla_bytes} bytes, "
+                 f"{xla_us:.3f} us (modeled)"]
+        best = None
+        for i, chosen in enumerate(self.beam_search()):
+            covered = {n for c in chosen for n in c.nodes}
+            units = sorted([c.nodes for c in chosen] + [frozenset((n,)) for n in participants
+                                                        if n not in covered],
+                           key=lambda u: min(map(self.index.order.__getitem__, u)))
+            packs = self.remote_fusion(units)
+            packed = {u for pack in packs for u in pack}
+            kernels = [u for u in units if u not in packed] + [
+                frozenset().union(*pack) for pack in packs]
+            us, nbytes = self.plan_cost(kernels)
+            notes.append(f"beam {i}: {len(kernels)} kernels, {nbytes} bytes, {us:.3f} us "
+                         f"(modeled), f = {sum(c.score for c in chosen):+.3f} us")
+            if best is None or us < best[0]:
+                best = (us, nbytes, i, chosen, packs)
+        if best is None or best[0] > xla_us or best[1] > xla_bytes:
+            notes.append("kept XLA's plan: no beam beats it")
+            return FusionPlan("beam", [], self._all_decisions(), notes)
+        us, nbytes, i, chosen, packs = best
+        notes.append(f"chose beam {i}")
+        patterns = []
+        packed = {u for pack in packs for u in pack}
+        for cand in chosen:
+            if len(cand.nodes) > 1 and cand.nodes not in packed:
+                patterns.append(Pattern(self._ordered(cand.nodes),
+                                        self.decisions[cand.nodes].reason))
+        for pack in packs:
+            union = frozenset().union(*pack)
+            patterns.append(Pattern(self._ordered(union), self.decisions[union].reason))
+        patterns.sort(key=lambda p: self.index.order[p.nodes[0]])
+        return FusionPlan("beam", patterns, self._all_decisions(), notes)
+
+    def _all_decisions(self) -> list[Decision]:
+        return list(self.decisions.values())
+
+
+def beam_plan(graph: OpGraph, can_stitch: CanStitch, device=None, **options) -> FusionPlan:
+    """The paper's explorer; ``device`` defaults to the H100 (costmodel.load_device)."""
+    return Explorer(graph, can_stitch, device or costmodel.load_device("h100"), **options).run()
