@@ -1,4 +1,23 @@
+import os
+
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+# Started by Python at every start-up: it does nothing unless FUSIONSTITCHING is set (tf_hooks).
+HOOK_PTH = os.path.join("tf_hooks", "site", "fusionstitching_hook.pth")
+
+
+class BuildPyWithHook(build_py):
+    """Also put the FUSIONSTITCHING start-up hook (.pth) at the root of site-packages: into
+    build_lib for wheels, and into the editable wheel itself for ``pip install -e`` (whose
+    build_lib is thrown away)."""
+
+    def run(self):
+        super().run()
+        root = self.get_finalized_command("install").install_lib if self.editable_mode \
+            else self.build_lib
+        self.copy_file(HOOK_PTH, os.path.join(root, os.path.basename(HOOK_PTH)))
+
 
 setup(
     name="fusionstitching",
@@ -30,4 +49,5 @@ setup(
                  "jax-cuda12-pjrt>=0.10,<0.11", "nvidia-cuda-nvcc-cu12>=12.4"],
     },
     entry_points={"console_scripts": ["fusionstitching=fusionstitching.cli:main"]},
+    cmdclass={"build_py": BuildPyWithHook},
 )

@@ -3,10 +3,13 @@
 Per input signature, on first call (or ``.lower(*a).compile()``):
 
 1. ``jax.jit`` lowers and compiles ``fn``; its optimized HLO is the pass's input;
-2. ``pipeline.stitch_module`` plans and generates the stitched kernels;
-3. each kernel is compiled for the host and registered as an XLA FFI target (runtime/ffi.py);
-4. ``runtime.rewrite`` replaces the stitched patterns by custom calls and XLA compiles the
-   result (runtime/rewrite.py explains the route); that executable runs every call.
+2. ``runtime.build.build_stitched`` plans and generates the stitched kernels, compiles them
+   for the host (through the kernel cache), registers them as XLA FFI targets, rewrites the
+   module and has XLA compile it (at once, or on a background thread with
+   ``async_compile=True``);
+3. ``runtime.executor.Executor`` runs XLA's executable until the stitched one is built, then
+   tries it on a real call (verified against XLA's outputs with ``verify=True``, timed against
+   XLA's unless ``keep="stitched"``) and keeps the one to run.
 
 Any failure on the way falls back to XLA's own executable for that signature, with one
 warning naming the stage and reason, and a ``fallbacks`` entry in the Report. Kernels that
@@ -16,29 +19,89 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import logging
+import os
 import threading
 import time
+from dataclasses import dataclass
 
 from . import pipeline
-from .report import Fallback, PlanSummary, Report
+from .report import PlanSummary, Report
+from .runtime.cache import default_dir
+from .runtime.executor import Executor, RuntimeInfo
 
 log = logging.getLogger("fusionstitching")
 
+_DEFAULT = object()
 
-def jit(fn, **opts) -> "StitchedFunction":
-    """Like ``jax.jit(fn)`` (no static or donated arguments); ``opts`` are
-    ``pipeline.Options`` fields (target, explorer, verify, emit_dir, ptxas). PTX is not
-    assembled unless ``ptxas=True``: on the CPU it is not executed, only reported."""
+
+@dataclass
+class RuntimeOptions:
+    async_compile: bool = False  # build the stitched executable on a background thread
+    verify: bool = False  # the stitched outputs must match XLA's on the first real call
+    keep: str = "fastest"  # "fastest": time both on a real call; "stitched": always stitched
+    cache_dir: str | None = None  # kernel cache directory (None: no cache)
+    dump_to: str | None = None  # write optimized HLO, rewritten HLO, kernels and Report here
+
+
+def jit(fn=None, *, static_argnums=None, static_argnames=None, donate_argnums=None,
+        donate_argnames=None, async_compile: bool = False, verify: bool = False,
+        keep: str = "fastest", cache_dir=_DEFAULT, dump_to: str | None = None, **opts):
+    """Like ``jax.jit(fn, static_argnums=..., static_argnames=...)``, with stitching.
+
+    ``opts`` are ``pipeline.Options`` fields (target, explorer, ptxas). PTX is not assembled
+    unless ``ptxas=True``: on the CPU it is not executed, only reported. ``cache_dir``
+    defaults to ``$XDG_CACHE_HOME/fusionstitching`` (``None``: no kernel cache).
+
+    ``donate_argnums`` / ``donate_argnames`` are accepted and not honoured: the rewritten
+    module is compiled without input/output aliasing, so donated buffers are simply not
+    reused (same results, more memory). Used as a decorator without ``fn``, returns one.
+    """
+    if fn is None:
+        return functools.partial(jit, static_argnums=static_argnums,
+                                 static_argnames=static_argnames, donate_argnums=donate_argnums,
+                                 donate_argnames=donate_argnames, async_compile=async_compile,
+                                 verify=verify, keep=keep, cache_dir=cache_dir, dump_to=dump_to,
+                                 **opts)
+    if donate_argnums is not None or donate_argnames is not None:
+        log.info("fusionstitching: %s: donated arguments are not reused (no aliasing in the "
+                 "rewritten module)", getattr(fn, "__name__", "fn"))
     opts.setdefault("ptxas", False)
-    return StitchedFunction(fn, pipeline.Options(**opts))
+    runtime = RuntimeOptions(async_compile, verify, keep,
+                             default_dir() if cache_dir is _DEFAULT else cache_dir, dump_to)
+    return StitchedFunction(fn, pipeline.Options(**opts), runtime, static_argnums,
+                            static_argnames)
+
+
+def original_jax_jit():
+    """``jax.jit`` itself, also while the FUSIONSTITCHING hook has replaced it."""
+    import jax
+
+    return getattr(jax.jit, "fusionstitching_original", jax.jit)
 
 
 class StitchedFunction:
-    def __init__(self, fn, options: pipeline.Options):
+    def __init__(self, fn, options: pipeline.Options, runtime: RuntimeOptions,
+                 static_argnums=None, static_argnames=None):
+        from jax._src.api_util import fun_signature, infer_argnums_and_argnames
+
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.options = options
+        self.runtime = runtime
+        signature = fun_signature(fn)
+        if signature is None:  # builtins, some callables: numbers only, as jax does
+            nums = () if static_argnums is None else (
+                (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums))
+            names = () if static_argnames is None else (
+                (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames))
+        else:
+            nums, names = infer_argnums_and_argnames(signature, static_argnums, static_argnames)
+        self.static_argnums, self.static_argnames = nums, names
+        # keep_unused: the rewritten module's parameters must be exactly the flattened inputs.
+        self._jax_jit = original_jax_jit()(fn, static_argnums=nums, static_argnames=names,
+                                           keep_unused=True)
         self._compiled: dict = {}  # input signature -> Compiled
         self._lock = threading.Lock()
 
@@ -48,25 +111,55 @@ class StitchedFunction:
             return [compiled.report() for compiled in self._compiled.values()]
 
     def __call__(self, *args, **kwargs):
-        key = _signature(args, kwargs)
+        import jax
+
+        if any(isinstance(leaf, jax.core.Tracer)
+               for leaf in jax.tree_util.tree_leaves((args, kwargs))):
+            return self._jax_jit(*args, **kwargs)  # inside another trace: jax.jit inlines it
+        key = self._signature(args, kwargs)
         with self._lock:
             compiled = self._compiled.get(key)
             if compiled is None:
                 compiled = self._compiled[key] = self.lower(*args, **kwargs).compile()
-        return compiled(*args, **kwargs)
+        return compiled(*self._dynamic(args), **{k: v for k, v in kwargs.items()
+                                                if k not in self.static_argnames})
 
     def lower(self, *args, **kwargs) -> "Lowered":
+        lowered = self._jax_jit.lower(*args, **kwargs)
+        return Lowered(lowered, self.options, self.runtime, getattr(self.fn, "__name__", "fn"))
+
+    def __getattr__(self, name):  # trace, eval_shape, clear_cache, ...: jax.jit's own
+        if name.startswith("__") or name in ("_jax_jit", "fn"):
+            raise AttributeError(name)
+        return getattr(self._jax_jit, name)
+
+    def _dynamic(self, args) -> tuple:
+        count = len(args)
+        static = {i % count for i in self.static_argnums if -count <= i < count}
+        return tuple(a for i, a in enumerate(args) if i not in static)
+
+    def _signature(self, args, kwargs):
         import jax
+        from jax.api_util import shaped_abstractify
 
-        # keep_unused: the rewritten module's parameters must be exactly the flattened inputs.
-        lowered = jax.jit(self.fn, keep_unused=True).lower(*args, **kwargs)
-        return Lowered(lowered, self.options, getattr(self.fn, "__name__", "fn"))
+        count = len(args)
+        static = {i % count for i in self.static_argnums if -count <= i < count}
+        static_values = tuple(args[i] for i in sorted(static)) + tuple(
+            sorted((k, v) for k, v in kwargs.items() if k in self.static_argnames))
+        dynamic = (self._dynamic(args), {k: v for k, v in kwargs.items()
+                                         if k not in self.static_argnames})
+        leaves, tree = jax.tree_util.tree_flatten(dynamic)
+        return static_values, tree, tuple(shaped_abstractify(leaf) for leaf in leaves)
 
 
-@dataclasses.dataclass
+_dump_counter = itertools.count()
+
+
+@dataclass
 class Lowered:
     jax_lowered: object  # jax.stages.Lowered
     options: pipeline.Options
+    runtime: RuntimeOptions
     name: str
 
     def as_text(self) -> str:
@@ -74,101 +167,101 @@ class Lowered:
 
     def compile(self) -> "Compiled":
         xla_compiled = self.jax_lowered.compile()
-        try:
-            stitched, report = _stitch(self.jax_lowered, xla_compiled, self.options)
-        except Exception as exc:  # never fail the user's job: XLA's executable runs
-            reason = f"{type(exc).__name__}: {exc}"
-            log.warning("fusionstitching: %s runs on XLA's own kernels: %s", self.name, reason)
-            stitched, report = None, _fallback_report(self.name, self.options, reason)
-        return Compiled(xla_compiled, stitched, report, self.name)
+        compiled = Compiled(xla_compiled, self.name, self.options, self.runtime)
+        build = functools.partial(compiled._build, self.jax_lowered)
+        if self.runtime.async_compile:
+            threading.Thread(target=build, name=f"fusionstitching-{self.name}",
+                             daemon=True).start()
+        else:
+            build()
+        return compiled
 
 
 class Compiled:
-    """Like ``jax.stages.Compiled``; runs XLA's executable with our custom calls, or XLA's own
-    one when stitching fell back."""
+    """Like ``jax.stages.Compiled``; calls run XLA's own executable or the stitched one
+    (runtime/executor.py decides which)."""
 
-    def __init__(self, xla_compiled, stitched, report: Report, name: str):
+    def __init__(self, xla_compiled, name: str, options: pipeline.Options,
+                 runtime: RuntimeOptions):
         self.xla_compiled = xla_compiled  # jax.stages.Compiled: XLA's own plan, the fallback
-        self.stitched = stitched  # jax.stages.Compiled running the rewritten module, or None
-        self._report = report
+        self.options = options
+        self.runtime = runtime
         self._name = name
+        self.executor = Executor(xla_compiled, name, verify=runtime.verify, keep=runtime.keep,
+                                 info=RuntimeInfo(mode="async" if runtime.async_compile
+                                                  else "sync"))
+        self.dump_prefix = None
+        if runtime.dump_to:
+            self.dump_prefix = os.path.join(runtime.dump_to, f"{name}.{next(_dump_counter)}")
+
+    @property
+    def stitched(self):
+        """The jax Compiled running the rewritten module (None until built or if none)."""
+        built = self.executor.built
+        return built.stitched if built else None
 
     def as_text(self) -> str:
-        """The HLO XLA executes (our kernels are ``fusionstitching...`` custom calls)."""
-        return (self.stitched or self.xla_compiled).as_text()
+        """The HLO XLA executes for the next call (our kernels are ``fusionstitching...``
+        custom calls; XLA's own plan while building, after a fallback, or when XLA's
+        executable was kept as the faster one)."""
+        stitched = self.executor.runs_stitched() and self.stitched
+        return (stitched or self.xla_compiled).as_text()
 
     def report(self) -> Report:
-        return self._report
+        """The plan of the executable that runs (``fs`` equals ``xla`` when XLA's own runs),
+        with the optional ``runtime`` and ``cache`` fields."""
+        executor, built = self.executor, self.executor.built
+        if built is None:
+            base = _fallback_report(self._name, self.options, executor.fallbacks)
+            cache = None
+        else:
+            base = built.stitched_report if executor.runs_stitched() else built.xla_report
+            cache = dataclasses.asdict(built.cache)
+        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(Report)}
+        fields["verify"] = executor.checked
+        return JitReport(**fields, runtime=dataclasses.asdict(executor.info), cache=cache)
 
     def __call__(self, *args, **kwargs):
-        import jax
+        return self.executor(*args, **kwargs)
 
-        if self.stitched is not None:
-            try:
-                return self.stitched(*args, **kwargs)
-            except jax.errors.JaxRuntimeError as exc:  # XLA or one of our kernels failed
-                reason = f"{type(exc).__name__}: {exc}"
-                log.warning("fusionstitching: executing %s failed, XLA's own kernels take "
-                            "over: %s", self._name, reason)
-                self._report.fallbacks.append(Fallback("execute", [], reason))
-                self.stitched = None
-        return self.xla_compiled(*args, **kwargs)
+    def _build(self, jax_lowered) -> None:
+        from .runtime.build import build_stitched
 
-
-def _stitch(jax_lowered, xla_compiled, options: pipeline.Options):
-    """(jax Compiled running the rewritten module, or None when nothing was stitched; Report)."""
-    from .codegen import compile_host
-    from .hlo.parser import parse_module
-    from .hlo.printer import print_module
-    from .runtime import ffi, rewrite, xla
-
-    t0 = time.perf_counter()
-    module = parse_module(xla_compiled.as_text(), source="<jax>")
-    parse_seconds = time.perf_counter() - t0
-    _check_signature(module, xla_compiled)
-    result = pipeline.stitch_module(module, options, parse_seconds=parse_seconds)
-    report = result.report
-
-    kernels, targets = [], []
-    for kernel in result.kernels:
+        started = time.perf_counter()
+        options = dataclasses.replace(self.options, verify=False)  # real-call check instead
+        if self.dump_prefix and not options.emit_dir:
+            options.emit_dir = self.dump_prefix + ".kernels"
         try:
-            host = kernel.host or compile_host(kernel.spec)
-            targets.append(ffi.register_kernel(kernel.spec.name, host.address,
-                                               len(kernel.spec.inputs),
-                                               len(kernel.spec.outputs), owner=host))
-            kernels.append(kernel)
-        except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-            log.warning("fusionstitching: kernel %s left to XLA: %s", kernel.spec.name, reason)
-            report.fallbacks.append(Fallback("host", list(kernel.pattern.nodes), reason))
-            report.kernels = [k for k in report.kernels if k.name != kernel.spec.name]
-    if not kernels:
-        return None, report
-    rewritten = rewrite.rewrite_module(module, kernels, targets)
-    executable = xla.compile_hlo(print_module(rewritten))
-    return xla.swap_executable(jax_lowered, xla_compiled, executable), report
+            built = build_stitched(jax_lowered, self.xla_compiled, options,
+                                   self.runtime.cache_dir, self.dump_prefix)
+        except Exception as exc:  # never fail the user's job: XLA's executable runs
+            self.executor.build_failed(exc)
+        else:
+            self.executor.built_ok(built, time.perf_counter() - started)
+        self.dump_report()
+
+    def dump_report(self) -> None:
+        if self.dump_prefix:
+            import json
+
+            os.makedirs(self.runtime.dump_to, exist_ok=True)
+            with open(self.dump_prefix + ".report.json", "w") as f:
+                json.dump(self.report().to_json(), f, indent=1)
 
 
-def _check_signature(module, xla_compiled) -> None:
-    """The rewritten module is run with the flattened inputs: jax must not have dropped or
-    added parameters (unused inputs, hoisted constants)."""
-    num_inputs = xla_compiled.in_tree.num_leaves
-    num_params = len(module.entry.parameters)
-    if num_params != num_inputs:
-        raise ValueError(f"the module has {num_params} parameters for {num_inputs} inputs")
+@dataclass
+class JitReport(Report):
+    """A Report with what happened at run time (optional fields of the schema): ``runtime``
+    (runtime/executor.py RuntimeInfo: which executable runs, measured times, swap call) and
+    ``cache`` (kernel cache hits, misses, corrupt entries, LLVM seconds)."""
+
+    runtime: dict | None = None
+    cache: dict | None = None
 
 
-def _signature(args, kwargs):
-    import jax
-    from jax.api_util import shaped_abstractify
-
-    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-    return tree, tuple(shaped_abstractify(leaf) for leaf in leaves)
-
-
-def _fallback_report(name: str, options: pipeline.Options, reason: str) -> Report:
+def _fallback_report(name: str, options: pipeline.Options, fallbacks: list) -> Report:
     """The pass did not run to the end: no plan to count, only why."""
     empty = PlanSummary(kernels=0, mem_kernels=0, bytes=0, modeled_us=0.0)
     return Report(module=name, target=options.target, xla=empty,
                   fs=dataclasses.replace(empty, patterns=0), compulsory_bytes=0,
-                  fallbacks=[Fallback("runtime", [], reason)])
+                  fallbacks=fallbacks)
