@@ -19,6 +19,8 @@ from collections.abc import Mapping
 # Op class of everything the profilers do not recognise (new IR nodes, exotic HLO ops):
 # charged as one integer-ALU instruction each (costmodel/data/cpi.json, derivations.other).
 GENERIC_CLASS = "other"
+# A global load issued behind an independent one still in flight (cpi.json derivations).
+OVERLAPPED_LOAD = "ld_global_overlapped"
 
 _IEEE_CORRECTION = 4  # fp32 Newton-Raphson steps after the SFU approximation (assumed)
 

@@ -34,7 +34,8 @@ import itertools
 import math
 
 import costmodel
-from costmodel.instructions import GENERIC_CLASS, add_instructions, op_instructions
+from costmodel.instructions import (GENERIC_CLASS, OVERLAPPED_LOAD, add_instructions,
+                                    op_instructions)
 
 from . import KernelSpec
 from .kernel_ir import (WARP, Barrier, BlockReduce, Compute, Const, GlobalLoad, GlobalStore, If,
@@ -78,8 +79,12 @@ def _compute_dtype(s: Compute) -> str:
     return s.args[-1].dtype if s.args else s.dst.dtype
 
 
-def count_instructions(body: list, counts: dict[str, float], times: float = 1.0) -> None:
-    """Add the instructions one thread executes for ``body`` to ``counts`` (by op class)."""
+def count_instructions(kernel: Kernel, body: list, counts: dict[str, float],
+                       times: float = 1.0) -> None:
+    """Add the instructions one thread executes for ``body`` to ``counts`` (by op class).
+
+    A loop LLVM unrolls (``unrolled_trips``) issues its iterations' loads back to back: the
+    first iteration's loads wait the full latency, the others overlap them."""
     for s in body:
         match s:
             case Const():
@@ -102,13 +107,20 @@ def count_instructions(body: list, counts: dict[str, float], times: float = 1.0)
                                  times)
             case Loop():
                 trips = trip_count(s)
-                count_instructions(s.body, counts, times * trips)
+                if unrolled_trips(s, kernel) is not None and trips > 1:
+                    count_instructions(kernel, s.body, counts, times)
+                    later: dict[str, float] = {}
+                    count_instructions(kernel, s.body, later, times * (trips - 1))
+                    later[OVERLAPPED_LOAD] = later.pop("ld_global", 0.0)
+                    add_instructions(counts, later)
+                else:
+                    count_instructions(kernel, s.body, counts, times * trips)
                 for a in s.accumulates:
                     add_instructions(counts, op_instructions(a.kind, a.dst.dtype), times * trips)
                 add_instructions(counts, {"int": 2}, times * trips)  # step, compare-and-branch
             case If():
                 add_instructions(counts, {"int": 1}, times)
-                count_instructions(s.body, counts, times)  # the warp runs it if any lane does
+                count_instructions(kernel, s.body, counts, times)  # if any lane of the warp does
             case WarpReduce():
                 _count_warp_reduce(s.kind, s.dst.dtype, counts, times)
             case BlockReduce():  # as expand_block_reduce lowers it
@@ -119,7 +131,7 @@ def count_instructions(body: list, counts: dict[str, float], times: float = 1.0)
                 add_instructions(counts, {"barrier": 1}, times)
             case _:
                 add_instructions(counts, {GENERIC_CLASS: 1}, times)
-                count_instructions(_nested_body(s), counts, times)
+                count_instructions(kernel, _nested_body(s), counts, times)
 
 
 def _count_warp_reduce(kind: str, dtype: str, counts: dict[str, float], times: float) -> None:
@@ -427,7 +439,7 @@ def register_model(spec: KernelSpec) -> int:
 
 def kernel_profile(spec: KernelSpec) -> costmodel.KernelProfile:
     counts: dict[str, float] = {}
-    count_instructions(spec.kernel.body, counts)
+    count_instructions(spec.kernel, spec.kernel.body, counts)
     return costmodel.KernelProfile(
         grid_blocks=math.prod(spec.grid), threads_per_block=math.prod(spec.block),
         regs_per_thread=register_model(spec), smem_bytes=spec.smem_bytes,
