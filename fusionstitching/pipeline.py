@@ -29,6 +29,7 @@ class Options:
     verify: bool = False
     emit_dir: str | None = None
     ptxas: bool = True  # assemble each kernel (registers and spills come from ptxas)
+    host: bool = False  # build host kernels (always built when verifying)
     seed: int = 0
 
 
@@ -88,7 +89,7 @@ def _build_kernel(module, pattern, name, options, device, times, fallbacks):
     t0 = time.perf_counter()
     try:
         spec = codegen.generate(module, pattern.nodes, name)
-        host = codegen.compile_host(spec) if options.verify else None
+        host = codegen.compile_host(spec) if options.verify or options.host else None
     except Exception as exc:  # any codegen failure leaves the pattern to XLA
         times.codegen += time.perf_counter() - t0
         fallbacks.append(Fallback("codegen", list(pattern.nodes), _reason(exc)))

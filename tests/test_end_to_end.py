@@ -8,6 +8,7 @@ a representative set in the default run).
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fusionstitching import codegen
@@ -100,3 +101,26 @@ def test_replay_of_an_unchanged_tf_scripts_xla_dump_folder(tmp_path):
     (report,) = json.loads(out.read_text())  # only the after-optimizations file is replayed
     assert report["xla"]["mem_kernels"] == 6 and report["fs"]["mem_kernels"] == 1
     assert report["verify"]["ok"] is True
+
+
+@pytest.mark.parametrize("shape", [(64, 256), (16, 2048)])
+def test_tf_layernorm_stitched_equals_the_tf_function(shape):
+    """Against TensorFlow's own XLA result, not only the HLO re-run through jaxlib."""
+    tf = pytest.importorskip("tensorflow")
+    from fusionstitching.capture import tf_hlo
+    from fusionstitching.hlo.parser import parse_module
+    from fusionstitching.pipeline import compare, execute_stitched
+
+    @tf.function(jit_compile=True)
+    def layernorm(x, gamma, beta):
+        mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+        var = tf.reduce_mean(tf.square(x - mean), axis=-1, keepdims=True)
+        return (x - mean) * tf.math.rsqrt(var + 1e-5) * gamma + beta
+
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal(s).astype(np.float32) for s in (shape, shape[-1:], shape[-1:])]
+    result = stitch_module(parse_module(tf_hlo(layernorm, *args)), Options(ptxas=False, host=True))
+    assert result.report.fs.mem_kernels == 1 < result.report.xla.mem_kernels
+    expected = layernorm(*args).numpy()
+    ok, max_abs, _ = compare(expected, execute_stitched(result, args))
+    assert ok, max_abs
