@@ -8,7 +8,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..hlo.ir import Module, Shape
 from .flatten import CodegenError, flatten
@@ -41,14 +41,21 @@ class KernelSpec:
     read_bytes: int  # distinct global bytes read: each input once (every element is used)
     write_bytes: int
     regs_model: int
-    why: str  # the schedule rule that chose the composition
+    why: str  # the chosen schedule
+    modeled_us: float = 0.0  # latency-evaluator's time of the chosen schedule (modeled)
+    smem_bytes_no_reuse: int = 0  # shared memory before dominance-tree reuse (paper 4.4)
+    # Every enumerated schedule with its modeled time (inf: refused, with the reason).
+    candidates: list[tuple[str, float]] = field(default_factory=list)
 
     def __str__(self) -> str:
         return str(self.kernel)
 
 
 def generate(module: Module, nodes: list[str], name: str, device: dict | None = None) -> KernelSpec:
-    """One kernel for these entry instructions; raises CodegenError(reason) when impossible."""
+    """One kernel for these entry instructions; raises CodegenError(reason) when impossible.
+
+    ``device``: {"name": "h100"|"a100"|...} (default h100), the GPU whose latency-evaluator
+    chooses among the enumerated schedules."""
     pattern = flatten(module, nodes)
     scheduled = schedule_pattern(pattern, name, device)
     kernel = scheduled.kernel
@@ -58,7 +65,9 @@ def generate(module: Module, nodes: list[str], name: str, device: dict | None = 
         smem_bytes=kernel.smem_bytes, kernel=kernel,
         read_bytes=sum(s.byte_size for _, s in pattern.inputs),
         write_bytes=sum(s.byte_size for _, s in pattern.outputs),
-        regs_model=register_estimate(kernel), why=scheduled.schedule.why)
+        regs_model=register_estimate(kernel), why=scheduled.schedule.why,
+        modeled_us=scheduled.modeled_us, smem_bytes_no_reuse=scheduled.smem_bytes_no_reuse,
+        candidates=scheduled.candidates)
 
 
 def can_stitch(module: Module, nodes: list[str]) -> tuple[bool, str]:

@@ -18,12 +18,16 @@ import numpy as np
 from llvmlite import ir
 
 from ..hlo.ir import Shape
-from .kernel_ir import WARP, Barrier, IndexLet, Kernel, SharedArray, Value, WarpReduce, \
-    defined_values, expand_block_reduce, used_values
+from .kernel_ir import WARP, Barrier, ConstArray, DynamicIndex, IndexLet, Kernel, SharedArray, \
+    Value, WarpReduce, defined_values, expand_block_reduce, used_values
 from .llvm_lowering import F32, I32, PTR, STORAGE_TYPES, VALUE_TYPES, ThreadLowering, optimize
 
+# LLVM intrinsics where the host target lowers them, else the C library's float functions
+# (the JIT resolves them in this process, which has libm loaded).
 _MATH = {"exponential": "llvm.exp.f32", "log": "llvm.log.f32", "tanh": "llvm.tanh.f32",
-         "power": "llvm.pow.f32"}
+         "power": "llvm.pow.f32", "sine": "llvm.sin.f32", "cosine": "llvm.cos.f32",
+         "tan": "tanf", "atan2": "atan2f", "exponential-minus-one": "expm1f",
+         "log-plus-one": "log1pf", "cbrt": "cbrtf", "erf": "erff"}
 
 
 class HostLowering(ThreadLowering):
@@ -31,6 +35,7 @@ class HostLowering(ThreadLowering):
         function = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), kernel.name)
         super().__init__(kernel, module, function)
         self.shared = {a.name: self.alloca(STORAGE_TYPES[a.dtype], a.size) for a in kernel.shared}
+        self.constants = {c.name: self.constant_global(c) for c in kernel.constants}
         self.buffers = [self.builder.load(self.builder.gep(
             function.args[0], [ir.Constant(I32, i)], source_etype=PTR), typ=PTR)
             for i in range(len(kernel.buffers))]
@@ -44,6 +49,9 @@ class HostLowering(ThreadLowering):
 
     def math_call(self, op: str, args: list[ir.Value]) -> ir.Value:
         return self.intrinsic(_MATH[op], F32, args)
+
+    def constant_pointer(self, array: ConstArray) -> ir.Value:
+        return self.constants[array.name]
 
     def slot(self, v: Value, thread: ir.Value) -> ir.Value:
         return self.builder.gep(self.arrays[v], [thread], source_etype=VALUE_TYPES[v.dtype])
@@ -62,8 +70,10 @@ class HostLowering(ThreadLowering):
             for s in phase if isinstance(phase, list) else [phase]:
                 for v in defined_values(s):
                     defined_in[v] = p
+                # Index definitions are replayed in every later phase (see `lets` below).
+                later = range(p, len(phases)) if isinstance(s, (IndexLet, DynamicIndex)) else [p]
                 for v in used_values(s):
-                    used_in.setdefault(v, set()).add(p)
+                    used_in.setdefault(v, set()).update(later)
         for v, p in defined_in.items():
             if used_in.get(v, set()) - {p} or not isinstance(phases[p], list):
                 self.arrays[v] = self.alloca(VALUE_TYPES[v.dtype], threads)
@@ -77,17 +87,17 @@ class HostLowering(ThreadLowering):
                     continue
                 self.counted_loop(ir.Constant(I32, 0), ir.Constant(I32, threads), 1,
                                   lambda tid: self.thread(tid, p, phase, lets, defined_in))
-                lets += [s for s in phase if isinstance(s, IndexLet)]
+                lets += [s for s in phase if isinstance(s, (IndexLet, DynamicIndex))]
 
         self.counted_loop(ir.Constant(I32, 0), ir.Constant(I32, kernel.grid[0]), 1, block)
         self.finish()
 
     def thread(self, tid, p: int, phase: list, lets: list, defined_in: dict) -> None:
         self.vars[self.kernel.tid] = tid
-        self.lower(lets)
         for v in self.arrays:
             if defined_in[v] < p:
                 self.values[v] = self.builder.load(self.slot(v, tid), typ=VALUE_TYPES[v.dtype])
+        self.lower(lets)
         self.lower(phase)
         for v in self.arrays:
             if defined_in[v] == p:
@@ -157,7 +167,11 @@ class HostKernel:
 def _host_machine():
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    return llvm.Target.from_default_triple().create_target_machine(opt=3, jit=True)
+    # The host's own CPU and features: F16C converts f16 in hardware (otherwise LLVM calls
+    # compiler-rt helpers the JIT cannot resolve) and AVX widens the vectorized thread loops.
+    return llvm.Target.from_default_triple().create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
+        opt=3, jit=True)
 
 
 def compile_host(spec) -> HostKernel:

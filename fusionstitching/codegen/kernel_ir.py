@@ -202,7 +202,7 @@ def row_major(shape: Shape) -> Shape:
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Value:
-    """An SSA value of one thread. dtype: f32, f16, bf16, s32 or pred."""
+    """An SSA value of one thread. dtype: f32, f16, bf16, s32, s64 or pred."""
 
     name: str
     dtype: str
@@ -233,6 +233,32 @@ class Compute:
     op: str
     args: list[Value]
     attr: str | None = None
+
+
+@dataclass
+class DynamicIndex:
+    """Defines an index variable from a data value (dynamic-slice starts, gather indices,
+    clamped positions of concatenate/pad operands). The schedule clamps the value into
+    0 .. var.extent-1 first, so every address built from it stays inside its buffer."""
+
+    var: Var
+    value: Value
+
+
+@dataclass
+class ConstArray:
+    """A non-scalar constant, emitted once into the kernel's module (read-only global)."""
+
+    name: str
+    dtype: str
+    values: np.ndarray  # flattened in the constant's physical layout
+
+
+@dataclass
+class ConstLoad:
+    dst: Value
+    array: ConstArray
+    offset: Ix
 
 
 @dataclass
@@ -281,11 +307,13 @@ class Loop:
 
 @dataclass
 class If:
-    """Executes body when lhs == rhs (index expressions), e.g. the one lane that stores a row value."""
+    """Executes body when ``lhs == rhs`` (or ``lhs < rhs`` with cmp="lt") on index expressions:
+    the one lane that stores a row value, or the threads of the last block that have work."""
 
     lhs: Ix
     rhs: Ix
     body: list
+    cmp: str = "eq"
 
 
 @dataclass
@@ -354,6 +382,7 @@ class Kernel:
     body: list
     tid: Var  # threadIdx.x
     bid: Var  # blockIdx.x
+    constants: list[ConstArray] = field(default_factory=list)
 
     @property
     def smem_bytes(self) -> int:
@@ -364,10 +393,11 @@ class Kernel:
         head += [f"  buffer {i} {'out' if b.is_output else 'in '} {b.name}: {format_shape(b.shape)}"
                  for i, b in enumerate(self.buffers)]
         head += [f"  shared {a.name}: {a.dtype}[{a.size}]" for a in self.shared]
+        head += [f"  constant {c.name}: {c.dtype}[{c.values.size}]" for c in self.constants]
         return "\n".join(head + _format_body(self.body, 1))
 
 
-DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "s32": 4, "pred": 1}
+DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "s32": 4, "s64": 8, "pred": 1}
 
 # The value every reduction combiner leaves unchanged (partial results start here).
 IDENTITY = {"add": 0, "multiply": 1, "maximum": -math.inf, "minimum": math.inf,
@@ -392,6 +422,10 @@ def _format_body(body: list, depth: int) -> list[str]:
                 out.append(f"{pad}{s.dst}:{s.dst.dtype} = {s.op}{attr} {', '.join(map(str, s.args))}")
             case IndexLet():
                 out.append(f"{pad}let {s.var} = {s.index}")
+            case DynamicIndex():
+                out.append(f"{pad}let {s.var} = index_of {s.value}")
+            case ConstLoad():
+                out.append(f"{pad}{s.dst}:{s.dst.dtype} = constant_load {s.array.name}[{s.offset}]")
             case GlobalLoad():
                 out.append(f"{pad}{s.dst}:{s.dst.dtype} = global_load buffer{s.buffer}[{s.offset}]")
             case GlobalStore():
@@ -402,7 +436,7 @@ def _format_body(body: list, depth: int) -> list[str]:
                 out += [f"{pad}  {a.dst} = {a.kind}({a.dst} [init {a.init}], {a.value})"
                         for a in s.accumulates]
             case If():
-                out.append(f"{pad}if {s.lhs} == {s.rhs}:")
+                out.append(f"{pad}if {s.lhs} {'==' if s.cmp == 'eq' else '<'} {s.rhs}:")
                 out += _format_body(s.body, depth + 1)
             case WarpReduce():
                 out.append(f"{pad}{s.dst}:{s.dst.dtype} = warp_reduce.{s.kind} {s.src}")
@@ -455,10 +489,12 @@ def expand_block_reduce(kernel: Kernel) -> list:
 def defined_values(stmt) -> list[Value]:
     match stmt:
         case Const() | IndexValue() | Compute() | GlobalLoad() | WarpReduce() | BlockReduce() \
-                | SharedLoad():
+                | SharedLoad() | ConstLoad():
             return [stmt.dst]
         case Loop():
             return [a.dst for a in stmt.accumulates]
+        case If():  # values an If defines are used only inside it (stores, guarded work)
+            return [v for s in stmt.body for v in defined_values(s)]
     return []
 
 
@@ -471,6 +507,8 @@ def used_values(stmt) -> list[Value]:
             return [stmt.value]
         case WarpReduce() | BlockReduce():
             return [stmt.src]
+        case DynamicIndex():
+            return [stmt.value]
         case Loop():
             inner = [v for s in stmt.body for v in used_values(s)]
             return inner + [v for a in stmt.accumulates for v in (a.init, a.value)]

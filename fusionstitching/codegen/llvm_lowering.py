@@ -7,18 +7,27 @@ where shared memory lives; those are the abstract hooks that host.py and nvptx.p
 """
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 
-from .kernel_ir import (Accumulate, Barrier, BlockReduce, Compute, Const, GlobalLoad,
-                        GlobalStore, If, IndexLet, IndexValue, Ix, Kernel, Loop, SharedArray,
-                        SharedLoad, SharedStore, Value, Var, WarpReduce, FloorDiv, Mod)
+from .kernel_ir import (Accumulate, Barrier, BlockReduce, Compute, Const, ConstArray, ConstLoad,
+                        DynamicIndex, GlobalLoad, GlobalStore, If, IndexLet, IndexValue, Ix,
+                        Kernel, Loop, SharedArray, SharedLoad, SharedStore, Value, Var,
+                        WarpReduce, FloorDiv, Mod)
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F32, F16 = ir.FloatType(), ir.HalfType()
 PTR = ir.PointerType()
 
 # Register types of values; bf16 is kept as its 16 bits and converted through f32.
-VALUE_TYPES = {"f32": F32, "f16": F16, "bf16": I16, "s32": I32, "pred": I1}
+VALUE_TYPES = {"f32": F32, "f16": F16, "bf16": I16, "s32": I32, "s64": I64, "pred": I1}
+INT_TYPES = {"s32": I32, "s64": I64}
+
+# Transcendental ops each backend calls (host: LLVM intrinsic or libm; GPU: libdevice).
+MATH_OPS = {"exponential", "log", "tanh", "power", "sine", "cosine", "tan", "atan2",
+            "exponential-minus-one", "log-plus-one", "cbrt", "erf"}
+_ROUNDING = {"floor": "llvm.floor.f32", "ceil": "llvm.ceil.f32",
+             "round-nearest-even": "llvm.roundeven.f32", "round-nearest-afz": "llvm.round.f32"}
 STORAGE_TYPES = {**VALUE_TYPES, "pred": I8}
 
 _FCMP = {"EQ": "==", "NE": "!=", "LT": "<", "LE": "<=", "GT": ">", "GE": ">="}
@@ -45,8 +54,27 @@ class ThreadLowering:
         raise NotImplementedError
 
     def math_call(self, op: str, args: list[ir.Value]) -> ir.Value:
-        """exponential, log, tanh, power on f32."""
+        """One of MATH_OPS on f32."""
         raise NotImplementedError
+
+    def constant_pointer(self, array: ConstArray) -> ir.Value:
+        """A generic pointer to a non-scalar constant's elements."""
+        raise NotImplementedError
+
+    def constant_global(self, array: ConstArray, addrspace: int = 0) -> ir.GlobalVariable:
+        ty = STORAGE_TYPES[array.dtype]
+        values = array.values.reshape(-1)
+        if array.dtype == "bf16":  # bf16 is stored as its 16 bits
+            values = (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        elems = [ir.Constant(ty, float(v) if isinstance(ty, (ir.FloatType, ir.HalfType))
+                             else int(v)) for v in values]
+        g = ir.GlobalVariable(self.module, ir.ArrayType(ty, len(elems)), array.name,
+                              addrspace=addrspace)
+        g.global_constant = True
+        g.linkage = "internal"
+        g.align = 16
+        g.initializer = ir.Constant(ir.ArrayType(ty, len(elems)), elems)
+        return g
 
     def collective(self, stmt: WarpReduce | Barrier) -> None:
         raise NotImplementedError
@@ -126,6 +154,11 @@ class ThreadLowering:
                 self.values[s.dst] = self.index(s.index)
             case IndexLet():
                 self.vars[s.var] = self.index(s.index)
+            case DynamicIndex():
+                self.vars[s.var] = self.values[s.value]
+            case ConstLoad():
+                self.values[s.dst] = self.load(self.element_pointer(
+                    self.constant_pointer(s.array), s.array.dtype, s.offset), s.array.dtype)
             case Compute():
                 self.values[s.dst] = self.compute(s.op, [self.values[a] for a in s.args],
                                                   [a.dtype for a in s.args], s.dst.dtype, s.attr)
@@ -146,7 +179,8 @@ class ThreadLowering:
             case Loop():
                 self.loop(s)
             case If():
-                with b.if_then(b.icmp_signed("==", self.index(s.lhs), self.index(s.rhs))):
+                cmp = "==" if s.cmp == "eq" else "<"
+                with b.if_then(b.icmp_signed(cmp, self.index(s.lhs), self.index(s.rhs))):
                     self.lower(s.body)
             case WarpReduce() | Barrier():
                 self.collective(s)
@@ -179,8 +213,11 @@ class ThreadLowering:
 
     def compute(self, op: str, args: list[ir.Value], arg_types: list[str], dtype: str,
                 attr: str | None) -> ir.Value:
+        """One elementwise HLO op in f32, s32, s64 or pred (16-bit floats are widened to f32 by
+        the schedule, as XLA:GPU does)."""
         b = self.builder
-        is_float = arg_types and arg_types[0] == "f32"
+        is_float = bool(arg_types) and arg_types[-1] == "f32"
+        ty = args[-1].type if args else None
         match op:
             case "add":
                 return b.fadd(*args) if is_float else b.add(*args)
@@ -188,26 +225,54 @@ class ThreadLowering:
                 return b.fsub(*args) if is_float else b.sub(*args)
             case "multiply":
                 return b.fmul(*args) if is_float else b.mul(*args)
-            case "divide":
+            case "divide" if is_float:
                 return b.fdiv(*args)
+            case "remainder" if is_float:
+                return b.frem(*args)
+            case "divide" | "remainder":
+                return self.integer_division(op, *args)
             case "maximum" | "minimum" if is_float:  # NaN-propagating, as in XLA
                 return self.intrinsic(f"llvm.{op}.f32", F32, args)
             case "maximum":
                 return b.select(b.icmp_signed(">", *args), *args)
             case "minimum":
                 return b.select(b.icmp_signed("<", *args), *args)
+            case "clamp":  # clamp(lo, x, hi) = min(max(x, lo), hi)
+                lo, x, hi = args
+                return self.compute("minimum", [self.compute("maximum", [x, lo], arg_types[:2],
+                                                             dtype, None), hi],
+                                    arg_types[:2], dtype, None)
             case "negate":
                 return b.fneg(args[0]) if is_float else b.neg(args[0])
             case "abs" if is_float:
                 return self.intrinsic("llvm.fabs.f32", F32, args)
             case "abs":
-                return b.select(b.icmp_signed("<", args[0], ir.Constant(I32, 0)),
-                                b.neg(args[0]), args[0])
+                zero = ir.Constant(ty, 0)
+                return b.select(b.icmp_signed("<", args[0], zero), b.neg(args[0]), args[0])
+            case "sign" if is_float:  # -1, +1, or x itself for +-0 and NaN
+                x = args[0]
+                one = ir.Constant(F32, 1.0)
+                signed = self.intrinsic("llvm.copysign.f32", F32, [one, x])
+                return b.select(b.fcmp_unordered("uno", x, x), x,
+                                b.select(b.fcmp_ordered("==", x, ir.Constant(F32, 0.0)), x,
+                                         signed))
+            case "sign":
+                x, zero = args[0], ir.Constant(ty, 0)
+                return b.sub(b.zext(b.icmp_signed(">", x, zero), ty),
+                             b.zext(b.icmp_signed("<", x, zero), ty))
             case "sqrt":
                 return self.intrinsic("llvm.sqrt.f32", F32, args)
             case "rsqrt":
                 return b.fdiv(ir.Constant(F32, 1.0), self.intrinsic("llvm.sqrt.f32", F32, args))
-            case "exponential" | "log" | "tanh" | "power":
+            case "logistic":  # 1 / (1 + exp(-x))
+                e = self.math_call("exponential", [b.fneg(args[0])])
+                return b.fdiv(ir.Constant(F32, 1.0), b.fadd(ir.Constant(F32, 1.0), e))
+            case "is-finite":
+                return b.fcmp_ordered("!=", self.intrinsic("llvm.fabs.f32", F32, args),
+                                      ir.Constant(F32, float("inf")))
+            case _ if op in _ROUNDING:
+                return self.intrinsic(_ROUNDING[op], F32, args)
+            case _ if op in MATH_OPS and is_float:
                 return self.math_call(op, args)
             case "compare":
                 if is_float:  # NE is unordered (true for NaN), the others ordered, as in XLA
@@ -220,11 +285,43 @@ class ThreadLowering:
                 return b.and_(*args)
             case "or":
                 return b.or_(*args)
+            case "xor":
+                return b.xor(*args)
             case "not":
                 return b.not_(args[0])
+            case "shift-left" | "shift-right-logical" | "shift-right-arithmetic":
+                return self.shift(op, *args)
+            case "popcnt":
+                return self.intrinsic(f"llvm.ctpop.i{ty.width}", ty, args)
             case "convert":
                 return self.convert(args[0], arg_types[0], dtype)
+            case "bitcast-convert":
+                return b.bitcast(args[0], VALUE_TYPES[dtype])
         raise NotImplementedError(op)
+
+    def integer_division(self, op: str, a: ir.Value, d: ir.Value) -> ir.Value:
+        """XLA's integer divide/remainder: x/0 = -1, x%0 = x, INT_MIN/-1 = INT_MIN (no trap)."""
+        b = self.builder
+        ty = a.type
+        by_zero = b.icmp_signed("==", d, ir.Constant(ty, 0))
+        overflow = b.and_(b.icmp_signed("==", d, ir.Constant(ty, -1)),
+                          b.icmp_signed("==", a, ir.Constant(ty, -(1 << (ty.width - 1)))))
+        safe = b.select(b.or_(by_zero, overflow), ir.Constant(ty, 1), d)
+        if op == "divide":
+            return b.select(by_zero, ir.Constant(ty, -1), b.sdiv(a, safe))
+        return b.select(by_zero, a, b.srem(a, safe))
+
+    def shift(self, op: str, a: ir.Value, n: ir.Value) -> ir.Value:
+        """Shifts by >= the bit width give 0 (or the sign for arithmetic), as in XLA."""
+        b = self.builder
+        ty = a.type
+        too_far = b.icmp_unsigned(">=", n, ir.Constant(ty, ty.width))
+        safe = b.select(too_far, ir.Constant(ty, 0), n)
+        if op == "shift-left":
+            return b.select(too_far, ir.Constant(ty, 0), b.shl(a, safe))
+        if op == "shift-right-logical":
+            return b.select(too_far, ir.Constant(ty, 0), b.lshr(a, safe))
+        return b.ashr(a, b.select(too_far, ir.Constant(ty, ty.width - 1), n))
 
     def convert(self, x: ir.Value, src: str, dst: str) -> ir.Value:
         """XLA convert; 16-bit floats go through f32 (exact), bf16 rounds to nearest even."""
@@ -250,18 +347,23 @@ class ThreadLowering:
                 quiet_nan = b.or_(high, ir.Constant(I16, 0x40))
                 return b.select(b.fcmp_unordered("uno", x, x), quiet_nan,
                                 b.trunc(b.lshr(rounded, ir.Constant(I32, 16)), I16))
-            case "s32", "f32":
+            case ("s32" | "s64"), "f32":
                 return b.sitofp(x, F32)
-            case "f32", "s32":
-                return b.fptosi(x, I32)
+            case "f32", ("s32" | "s64"):  # saturating, NaN -> 0, as XLA's convert
+                return self.intrinsic(f"llvm.fptosi.sat.{dst.replace('s', 'i')}.f32",
+                                      INT_TYPES[dst], [x])
+            case "s32", "s64":
+                return b.sext(x, I64)
+            case "s64", "s32":
+                return b.trunc(x, I32)
             case "pred", "f32":
                 return b.uitofp(x, F32)
-            case "pred", "s32":
-                return b.zext(x, I32)
+            case "pred", ("s32" | "s64"):
+                return b.zext(x, INT_TYPES[dst])
             case "f32", "pred":
                 return b.fcmp_unordered("!=", x, ir.Constant(F32, 0.0))
-            case "s32", "pred":
-                return b.icmp_signed("!=", x, ir.Constant(I32, 0))
+            case ("s32" | "s64"), "pred":
+                return b.icmp_signed("!=", x, ir.Constant(INT_TYPES[src], 0))
         raise NotImplementedError(f"convert {src} -> {dst}")
 
 

@@ -18,13 +18,15 @@ from dataclasses import dataclass
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from .kernel_ir import Barrier, Kernel, SharedArray, WarpReduce, expand_block_reduce
-from .llvm_lowering import F32, I32, PTR, STORAGE_TYPES, ThreadLowering, optimize
+from .kernel_ir import Barrier, ConstArray, Kernel, SharedArray, WarpReduce, expand_block_reduce
+from .llvm_lowering import F32, I32, I64, PTR, STORAGE_TYPES, ThreadLowering, optimize
 
 TRIPLE = "nvptx64-nvidia-cuda"
 DATA_LAYOUT = "e-i64:64-i128:128-v16:16-v32:32-n16:32:64"
 _LIBDEVICE = {"exponential": "__nv_expf", "log": "__nv_logf", "tanh": "__nv_tanhf",
-              "power": "__nv_powf"}
+              "power": "__nv_powf", "sine": "__nv_sinf", "cosine": "__nv_cosf",
+              "tan": "__nv_tanf", "atan2": "__nv_atan2f", "exponential-minus-one": "__nv_expm1f",
+              "log-plus-one": "__nv_log1pf", "cbrt": "__nv_cbrtf", "erf": "__nv_erff"}
 
 
 class NvptxLowering(ThreadLowering):
@@ -46,6 +48,9 @@ class NvptxLowering(ThreadLowering):
             # A generic pointer indexes like any buffer; LLVM's infer-address-spaces pass turns
             # the accesses back into ld/st.shared.
             self.shared[a.name] = self.builder.addrspacecast(g, PTR)
+        # Constants live in global memory (addrspace 1), read through generic pointers.
+        self.constants = {c.name: self.builder.addrspacecast(self.constant_global(c, 1), PTR)
+                          for c in kernel.constants}
         self.vars[kernel.tid] = self.intrinsic("llvm.nvvm.read.ptx.sreg.tid.x", I32, [])
         self.vars[kernel.bid] = self.intrinsic("llvm.nvvm.read.ptx.sreg.ctaid.x", I32, [])
         annotations = module.add_named_metadata("nvvm.annotations")
@@ -62,6 +67,9 @@ class NvptxLowering(ThreadLowering):
     def math_call(self, op: str, args: list[ir.Value]) -> ir.Value:
         return self.intrinsic(_LIBDEVICE[op], F32, args)
 
+    def constant_pointer(self, array: ConstArray) -> ir.Value:
+        return self.constants[array.name]
+
     def collective(self, s: WarpReduce | Barrier) -> None:
         b = self.builder
         if isinstance(s, Barrier):
@@ -69,6 +77,9 @@ class NvptxLowering(ThreadLowering):
             return
         value = self.values[s.src]
         ty = value.type
+        if ty == I64:  # two 32-bit shuffles
+            self.values[s.dst] = self.shuffle_reduce64(s, value)
+            return
         to_bits = {F32: lambda v: b.bitcast(v, I32), I32: lambda v: v}.get(ty, lambda v: b.zext(v, I32))
         from_bits = {F32: lambda v: b.bitcast(v, F32), I32: lambda v: v}.get(ty, lambda v: b.trunc(v, ty))
         for offset in (16, 8, 4, 2, 1):  # lane l combines its own value with lane l^offset
@@ -77,6 +88,16 @@ class NvptxLowering(ThreadLowering):
                 ir.Constant(I32, 31)])
             value = self.combine(s, value, from_bits(other))
         self.values[s.dst] = value
+
+    def shuffle_reduce64(self, s: WarpReduce, value):
+        b = self.builder
+        for offset in (16, 8, 4, 2, 1):
+            halves = [b.trunc(value, I32), b.trunc(b.lshr(value, ir.Constant(I64, 32)), I32)]
+            lo, hi = (b.zext(self.intrinsic("llvm.nvvm.shfl.sync.bfly.i32", I32, [
+                ir.Constant(I32, -1), h, ir.Constant(I32, offset), ir.Constant(I32, 31)]), I64)
+                for h in halves)
+            value = self.combine(s, value, b.or_(lo, b.shl(hi, ir.Constant(I64, 32))))
+        return value
 
     def build(self) -> None:
         self.lower(expand_block_reduce(self.kernel))

@@ -1,30 +1,40 @@
 """Schedule a flattened pattern onto threads and emit its kernel IR (paper 4.2).
 
-Ops are grouped by *sub-roots*: every reduction is a sub-root, and the pattern's outputs form
-the root group. All sub-roots and outputs live in one *row space* of `rows` x `cols`: a
-reduction reduces one row (its reduced dimensions, which must be the most minor ones in its
-operand's layout) to one value, and every output has either rows*cols elements (computed per
-row and column) or rows elements (one value per row). A thread group owns one row:
+Sub-roots. Every reduction is a sub-root. All reductions of a kernel share one *reduction
+space* of O x R: a reduction turns R operand elements into each of its O results (the
+reduced dimensions may be any dimensions, in any layout). A *thread group* owns one result
+index ``o`` of that space and runs through its R elements; the pattern's outputs are the
+root group: outputs with O*R elements are written per (o, r) point, outputs with O elements
+once per group, and outputs of any other size are *packed* into the same kernel as
+independent grid-stride loops (kernel packing). A pattern without reductions gets the
+*loop schedule*: one grid-stride loop per distinct output size, one element per thread.
 
-* WarpComposition: one warp per row, several rows per block; the warp's lanes split the
-  columns and combine their partial values with a warp_reduce (xor butterfly), after which
-  every lane holds the row's value and its consumers read it from a register.
-* BlockComposition: one block per row; partial values are combined with a block_reduce
-  (butterfly per warp, shared memory across warps).
-* ThreadComposition: everything else passes through registers of the thread that computes
-  it; producers of several consumers (including expensive ones) are recomputed.
+Schedules of the thread groups (the paper's thread / warp / block schedules, plus tiles):
 
-Rule (until the latency-evaluator picks among enumerated schedules): rows longer than 1024
-columns use BlockComposition (a warp would otherwise loop more than 32 times per row and few
-rows would fill few SMs), with ~4 columns per thread; shorter rows use WarpComposition with 4
-warps per block (2 or 1 when rows is not a multiple of 4, so that no warp is idle).
+* thread: one thread per result, reducing its R elements serially (thread composition);
+  coalesced when the reduced dimensions are the major ones.
+* warp: one warp per result, lanes split R, combined with a warp_reduce (xor butterfly);
+  every lane holds the result afterwards (warp composition).
+* block: one block per result, combined with a block_reduce (butterfly per warp, shared
+  memory across warps) (block composition).
+* tile: a block owns ``width`` consecutive results (lanes, minor in the thread index so that
+  column reductions read coalesced rows) times ``depth`` threads splitting R; partial values
+  go through a shared-memory tile [depth][width] and each thread combines its column of the
+  tile in a fixed order (block composition; column reductions such as BatchNorm statistics
+  and bias gradients).
+
+`enumerate_schedules` lists the schedules and launch dimensions that fit the space; each is
+built, those failing the locality check (a consumer reads a reduction at an index its own
+group did not reduce: cross-block communication) are dropped, and the latency-evaluator
+(costmodel) picks the fastest. Every candidate stays in `ScheduledKernel.candidates` with its
+modeled time.
 
 Indices propagate from sub-roots to producers through per-op index maps (elementwise,
-broadcast, reshape, bitcast, transpose, slice, iota, constants), so every op is computed at a
-symbolic multi-dimensional index of the current thread. The locality requirement of warp and
-block composition is checked where a consumer reads a reduction: the index it reads must be
-the row its own thread group reduced, for every thread; otherwise the pattern would need
-cross-block communication and is rejected.
+broadcast, reshape, bitcast, transpose, copy, slice, reverse, pad, concatenate, dynamic-slice,
+dynamic-update-slice, gather, iota, constants), so every op is computed at a symbolic index of
+the current thread: producers of several consumers are recomputed (thread composition), with
+value CSE per scope (paper 4.5). Data-dependent indices (gather, dynamic-slice) and clamped
+positions (pad, concatenate) become `DynamicIndex` variables clamped into their operand.
 """
 from __future__ import annotations
 
@@ -33,108 +43,162 @@ import math
 import re
 from dataclasses import dataclass
 
+import networkx as nx
 import numpy as np
 
+from costmodel import KernelProfile, kernel_latency_us, load_device
+from costmodel.devices import Device
+
+from ..hlo.evaluator import parse_literal
 from ..hlo.ir import Shape
 from .flatten import CodegenError, FlatOp, Pattern
-from .kernel_ir import (IDENTITY, WARP, Accumulate, BlockReduce, Compute, Const, GlobalLoad,
-                        GlobalStore, If, IndexLet, IndexValue, Ix, Kernel, Loop, SharedArray,
-                        Value, Var, WarpReduce, Buffer, add, delinearize, div, ix, linearize, mod,
-                        row_major, scale)
+from .kernel_ir import (DTYPE_BYTES, WARP, Accumulate, Barrier, BlockReduce, Buffer, Compute,
+                        Const, ConstArray, ConstLoad, DynamicIndex, GlobalLoad, GlobalStore, If,
+                        IndexLet, IndexValue, Ix, Kernel, Loop, SharedArray, SharedLoad,
+                        SharedStore, Value, Var, WarpReduce, add, delinearize, div, ix,
+                        linearize, mod, register_estimate, row_major, scale, value_range)
+from .llvm_lowering import MATH_OPS
 
-DEFAULT_DEVICE = {"name": "h100", "max_threads_per_block": 1024}
+DEFAULT_DEVICE = {"name": "h100"}
 
-WARP_ROWS_MAX_COLS = 1024  # longer rows get a whole block (see module docstring)
-COLS_PER_THREAD = 4  # BlockComposition: columns per thread before the block grows
-WARPS_PER_BLOCK = 4  # WarpComposition: rows per block
-
-ELEMENTWISE = {"add", "subtract", "multiply", "divide", "maximum", "minimum", "negate", "abs",
-               "exponential", "log", "sqrt", "rsqrt", "tanh", "power", "compare", "select",
-               "convert", "and", "or", "not"}
-ARITH_DTYPES = {"f32", "s32", "pred"}  # dtypes ops compute in
-STORAGE_DTYPES = ARITH_DTYPES | {"f16", "bf16"}  # dtypes loads, stores and converts handle
+UNARY = {"abs", "negate", "exponential", "exponential-minus-one", "log", "log-plus-one", "sqrt",
+         "rsqrt", "cbrt", "tanh", "logistic", "sine", "cosine", "tan", "floor", "ceil",
+         "round-nearest-afz", "round-nearest-even", "sign", "not", "is-finite", "erf",
+         "popcnt", "convert", "bitcast-convert"}
+BINARY = {"add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum", "power",
+          "atan2", "and", "or", "xor", "compare", "shift-left", "shift-right-logical",
+          "shift-right-arithmetic"}
+TERNARY = {"select", "clamp"}
+ELEMENTWISE = UNARY | BINARY | TERNARY
+FLOAT_ONLY = MATH_OPS | {"sqrt", "rsqrt", "logistic", "is-finite", "floor", "ceil",
+                         "round-nearest-afz", "round-nearest-even"}
+INT_ONLY = {"popcnt", "xor", "shift-left", "shift-right-logical", "shift-right-arithmetic"}
+NARROW_FLOATS = {"f16", "bf16"}  # stored as such, computed in f32 and rounded, as XLA:GPU does
+DTYPES = {"f32", "s32", "s64", "pred"} | NARROW_FLOATS
 REDUCIBLE = {("f32", k) for k in ("add", "maximum", "minimum", "multiply")} | {
-    ("s32", "add"), ("s32", "multiply"), ("pred", "and"), ("pred", "or")}
-FLOAT_ONLY = {"divide", "exponential", "log", "sqrt", "rsqrt", "tanh", "power"}
+    (t, k) for t in ("s32", "s64") for k in ("add", "multiply", "maximum", "minimum")} | {
+    ("pred", "and"), ("pred", "or")}
+# Ops costing a special-function-unit instruction plus a polynomial (libdevice) on a GPU.
+SFU_OPS = MATH_OPS | {"sqrt", "rsqrt", "logistic", "divide"}
 
 
-@dataclass
-class Schedule:
-    scheme: str  # "warp_composition" or "block_composition" (thread groups per row)
-    rows: int
-    cols: int
-    rows_per_block: int
-    threads_per_row: int
-    why: str
-
-    @property
-    def grid(self) -> tuple[int, ...]:
-        return (self.rows // self.rows_per_block,)
-
-    @property
-    def block(self) -> tuple[int, ...]:
-        return (self.rows_per_block * self.threads_per_row,)
+def identity(kind: str, dtype: str) -> float | int | bool:
+    """The value a combiner leaves unchanged (partial results start here)."""
+    if dtype == "pred":
+        return kind == "and"
+    if dtype in ("s32", "s64"):
+        bits = 8 * DTYPE_BYTES[dtype] - 1
+        return {"add": 0, "multiply": 1, "maximum": -(1 << bits), "minimum": (1 << bits) - 1}[kind]
+    return {"add": 0.0, "multiply": 1.0, "maximum": -math.inf, "minimum": math.inf}[kind]
 
 
-def choose_schedule(rows: int, cols: int, device: dict) -> Schedule:
-    if cols > WARP_ROWS_MAX_COLS:
-        threads = -(-cols // COLS_PER_THREAD)
-        threads = min(device["max_threads_per_block"], -(-threads // WARP) * WARP)
-        return Schedule("block_composition", rows, cols, 1, threads,
-                        f"[{rows}]x[{cols}] rows longer than {WARP_ROWS_MAX_COLS}: "
-                        f"one block of {threads} threads per row")
-    per_block = next(w for w in (WARPS_PER_BLOCK, 2, 1) if rows % w == 0)
-    return Schedule("warp_composition", rows, cols, per_block, WARP,
-                    f"[{rows}]x[{cols}] rows of at most {WARP_ROWS_MAX_COLS}: one warp per row, "
-                    f"{per_block} rows per block")
+# ---------------------------------------------------------------------------------------------
+# Reduction space and schedules
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Space:
+    groups: int  # O: results of each reduction (1 for the loop schedule)
+    reduced: int  # R: operand elements per result (0: no reductions, loop schedule)
 
 
-def row_space(pattern: Pattern) -> tuple[int, int]:
-    """(rows, cols) shared by every reduction, or taken from the largest output if none."""
+def reduction_space(pattern: Pattern) -> Space:
     spaces = set()
     for op in pattern.ops:
         if op.opcode != "reduce":
             continue
-        operand = _operand_shape(pattern, op, 0)
-        reduced = set(op.dimensions)
-        if set(operand.minor_to_major[:len(reduced)]) != reduced:
-            raise CodegenError(f"reduce {op.name} over dimensions {sorted(reduced)} of "
-                               f"{operand.dims} is a column reduction (reduced dimensions are "
-                               f"not the most minor in the layout): no column schedule yet")
         if len(op.operands) != 2 or op.shape.is_tuple:
             raise CodegenError(f"reduce {op.name}: variadic reductions are not supported")
         if (op.shape.dtype, op.reducer) not in REDUCIBLE:
             raise CodegenError(f"reduce {op.name}: {op.reducer} over {op.shape.dtype} "
                                f"is not supported")
-        cols = math.prod(operand.dims[d] for d in reduced)
-        spaces.add((op.shape.num_elements, cols))
+        operand = pattern.op_map()[op.operands[0]].shape
+        spaces.add((op.shape.num_elements, operand.num_elements // max(op.shape.num_elements, 1)))
     if len(spaces) > 1:
-        raise CodegenError(f"reductions over different row spaces {sorted(spaces)}: "
-                           f"one kernel needs one rows x cols mapping")
-    if spaces:
-        rows, cols = spaces.pop()
-    else:
-        biggest = max((s for _, s in pattern.outputs), key=lambda s: s.num_elements)
-        cols = biggest.dims[biggest.minor_to_major[0]] if biggest.rank else 1
-        rows = biggest.num_elements // cols
-    for name, shape in pattern.outputs:
-        if shape.num_elements not in (rows, rows * cols):
-            raise CodegenError(f"output {name} has {shape.num_elements} elements; the kernel's "
-                               f"thread groups own rows of [{rows}]x[{cols}]")
-    return rows, cols
+        raise CodegenError(f"reductions over different spaces (results x reduced) "
+                           f"{sorted(spaces)}: one kernel needs one thread-group mapping")
+    if not spaces:
+        return Space(1, 0)
+    groups, reduced = spaces.pop()
+    return Space(groups, reduced)
 
 
-def _operand_shape(pattern: Pattern, op: FlatOp, i: int) -> Shape:
-    return pattern.op_map()[op.operands[i]].shape
+@dataclass(frozen=True)
+class Schedule:
+    kind: str  # loop, thread, warp, block, tile
+    space: Space
+    groups_per_block: int
+    threads_per_group: int
+    grid_blocks: int
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        return (self.grid_blocks,)
+
+    @property
+    def block(self) -> tuple[int, ...]:
+        return (self.groups_per_block * self.threads_per_group,)
+
+    @property
+    def scheme(self) -> str | None:
+        return {"warp": "warp_composition", "block": "block_composition",
+                "tile": "block_composition"}.get(self.kind)
+
+    @property
+    def why(self) -> str:
+        o, r, b = self.space.groups, self.space.reduced, self.block[0]
+        match self.kind:
+            case "loop":
+                return f"loop schedule: {self.grid[0]} blocks x {b} threads, grid-stride"
+            case "thread":
+                return f"[{o}]x[{r}] thread schedule: one thread per result, {b} per block"
+            case "warp":
+                return f"[{o}]x[{r}] warp schedule: one warp per result, " \
+                       f"{self.groups_per_block} per block"
+            case "block":
+                return f"[{o}]x[{r}] block schedule: one block of {b} threads per result"
+        return f"[{o}]x[{r}] tile schedule: {self.groups_per_block} results x " \
+               f"{self.threads_per_group} threads per block (shared-memory tile)"
 
 
-def _parse_scalar(op: FlatOp) -> float | int | bool:
-    if op.shape.dims:
-        raise CodegenError(f"constant {op.name}: non-scalar constants are not supported")
-    text = (op.literal or "").strip()
-    if op.shape.dtype == "pred":
-        return text == "true"
-    return int(text) if op.shape.dtype in ("s32",) else float(text)
+def _divisors_up_to(n: int, options: tuple[int, ...]) -> list[int]:
+    return [k for k in options if n % k == 0]
+
+
+def enumerate_schedules(space: Space, device: Device, sizes: list[int]) -> list[Schedule]:
+    """Schedules and launch dimensions for a space (paper 4.2: thread/warp/block per sub-root).
+
+    ``sizes``: element counts of the loops a loop schedule runs (its largest sets the grid).
+    """
+    max_threads = device.max_threads_per_block
+    if space.reduced == 0:
+        n = max(sizes)
+        out = []
+        for block in (128, 256, 512):
+            block = min(block, -(-n // WARP) * WARP)
+            grid = -(-n // block)
+            out.append(Schedule("loop", space, block, 1, grid))
+        return list(dict.fromkeys(out))
+    o, r = space.groups, space.reduced
+    out = [Schedule("thread", space, b, 1, -(-o // b)) for b in (64, 128, 256)
+           if b <= max(WARP, -(-o // WARP) * WARP)] or [Schedule("thread", space, WARP, 1, -(-o // WARP))]
+    out += [Schedule("warp", space, w, WARP, o // w) for w in _divisors_up_to(o, (1, 2, 4, 8))]
+    for t in (128, 256, 512, 1024):
+        if t <= max_threads and (t == 128 or t // 2 < r):
+            out.append(Schedule("block", space, 1, t, o))
+    for width in _divisors_up_to(o, (32, 16, 8)):
+        for depth in (8, 16, 32):
+            if width * depth <= max_threads and depth < 2 * r:
+                out.append(Schedule("tile", space, width, depth, o // width))
+    return list(dict.fromkeys(out))
+
+
+# ---------------------------------------------------------------------------------------------
+# Index maps and code emission
+# ---------------------------------------------------------------------------------------------
+def _scalar(op: FlatOp) -> float | int | bool:
+    value = parse_literal(op.literal or "", op.shape).reshape(-1)[0]
+    return bool(value) if op.shape.dtype == "pred" else (
+        int(value) if op.shape.dtype in ("s32", "s64") else float(value))
 
 
 def _slice_starts_strides(op: FlatOp) -> list[tuple[int, int]]:
@@ -142,22 +206,34 @@ def _slice_starts_strides(op: FlatOp) -> list[tuple[int, int]]:
     return [(int(a), int(s or 1)) for a, _, s in ranges]
 
 
+def _padding(op: FlatOp) -> list[tuple[int, int, int]]:
+    config = [tuple(int(v) for v in d.split("_")) for d in op.attrs.get("padding", "").split("x")
+              if d]
+    return [c if len(c) == 3 else (*c, 0) for c in config]
+
+
+def _int_list(op: FlatOp, key: str) -> tuple[int, ...]:
+    text = op.attrs.get(key, "{}")
+    return tuple(int(v) for v in re.findall(r"-?\d+", text))
+
+
 class _Emitter:
     """Emits ops at symbolic indices into nested scopes, with value CSE per scope (paper 4.5).
 
-    Scope 0 is the block level (once per thread); each column loop opens a deeper scope. A value
-    is placed in the outermost scope where everything it depends on is defined, so per-row work
-    (a reduction result times a constant) is hoisted out of the column loops.
+    Scope 0 is the thread level (once per thread); each loop opens a deeper scope. A value is
+    placed in the outermost scope where everything it depends on is defined, so per-group work
+    (a reduction result times a constant) is hoisted out of the loops.
     """
 
-    def __init__(self, pattern: Pattern, row: Var):
+    def __init__(self, pattern: Pattern, group: Var):
         self.pattern = pattern
         self.ops = pattern.op_map()
-        self.row = row
+        self.group = group
         self.scopes: list[list] = [[]]
         self.var_depth: dict[Var, int] = {}
         self.cache: dict[tuple, tuple[Value, int]] = {}
         self.reduced: dict[str, Value] = {}
+        self.constants: dict[str, ConstArray] = {}
         self.names = itertools.count()
 
     def fresh(self, dtype: str) -> Value:
@@ -178,6 +254,50 @@ class _Emitter:
     def place(self, stmt, depth: int) -> None:
         self.scopes[depth].append(stmt)
 
+    # -- small value builders --------------------------------------------------------------
+    def const(self, value, dtype: str) -> tuple[Value, int]:
+        key = ("#const", dtype, value)
+        if key not in self.cache:
+            dst = self.fresh(dtype)
+            self.place(Const(dst, value), 0)
+            self.cache[key] = (dst, 0)
+        return self.cache[key]
+
+    def op(self, code: str, dtype: str, *args: tuple[Value, int], attr: str | None = None):
+        key = ("#op", code, dtype, attr, tuple(a for a, _ in args))
+        if key not in self.cache:
+            dst, depth = self.fresh(dtype), max((d for _, d in args), default=0)
+            self.place(Compute(dst, code, [a for a, _ in args], attr), depth)
+            self.cache[key] = (dst, depth)
+        return self.cache[key]
+
+    def index_value(self, index: Ix) -> tuple[Value, int]:
+        key = ("#index", index)
+        if key not in self.cache:
+            dst, depth = self.fresh("s32"), self.index_depth(index)
+            self.place(IndexValue(dst, index), depth)
+            self.cache[key] = (dst, depth)
+        return self.cache[key]
+
+    def to_s32(self, v: tuple[Value, int]) -> tuple[Value, int]:
+        return v if v[0].dtype == "s32" else self.op("convert", "s32", v)
+
+    def dynamic(self, v: tuple[Value, int], extent: int) -> Ix:
+        """An index variable from an s32 value, clamped into 0 .. extent-1."""
+        key = ("#dyn", v[0], extent)
+        if key not in self.cache:
+            clamped, depth = self.op("clamp", "s32", self.const(0, "s32"), v,
+                                     self.const(extent - 1, "s32"))
+            var = Var(f"d{next(self.names)}", extent)
+            self.place(DynamicIndex(var, clamped), depth)
+            self.var_depth[var] = depth
+            self.cache[key] = (var, depth)
+        return ix(self.cache[key][0])
+
+    def compare(self, a, b, direction: str):
+        return self.op("compare", "pred", a, b, attr=direction)
+
+    # -- ops at an index -------------------------------------------------------------------
     def value(self, name: str, index: tuple[Ix, ...]) -> tuple[Value, int]:
         key = (name, index)
         if key not in self.cache:
@@ -186,7 +306,7 @@ class _Emitter:
 
     def _compute(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
         code, dtype = op.opcode, op.shape.dtype
-        if dtype not in STORAGE_DTYPES:
+        if dtype not in DTYPES:
             raise CodegenError(f"{code} {op.name}: element type {dtype} is not supported")
         operand = lambda i: self.ops[op.operands[i]]
         match code:
@@ -196,28 +316,21 @@ class _Emitter:
                 self.place(GlobalLoad(dst, op.parameter_number, offset), depth)
                 return dst, depth
             case "constant":
-                dst = self.fresh(dtype)
-                self.place(Const(dst, _parse_scalar(op)), 0)
-                return dst, 0
+                return self.constant(op, index)
             case "iota":
-                dim = int(op.attrs["iota_dimension"])
-                raw, depth = self.fresh("s32"), self.index_depth(index[dim])
-                self.place(IndexValue(raw, index[dim]), depth)
-                if dtype == "s32":
-                    return raw, depth
-                dst = self.fresh(dtype)
-                self.place(Compute(dst, "convert", [raw]), depth)
-                return dst, depth
+                raw = self.index_value(index[int(op.attrs["iota_dimension"])])
+                return raw if dtype == "s32" else self.convert(raw, dtype)
             case "broadcast":
                 return self.value(op.operands[0], tuple(index[d] for d in op.dimensions))
             case "reshape":
                 flat = linearize(index, row_major(op.shape))
                 return self.value(op.operands[0], delinearize(flat, row_major(operand(0).shape)))
             case "bitcast":
-                if operand(0).shape.dtype != dtype:
-                    raise CodegenError(f"bitcast {op.name} changes the element type")
-                return self.value(op.operands[0],
-                                  delinearize(linearize(index, op.shape), operand(0).shape))
+                source = self.value(op.operands[0],
+                                    delinearize(linearize(index, op.shape), operand(0).shape))
+                if operand(0).shape.dtype == dtype:
+                    return source
+                return self.bitcast_convert(op, operand(0).shape.dtype, source)
             case "copy":
                 return self.value(op.operands[0], index)
             case "transpose":
@@ -229,42 +342,194 @@ class _Emitter:
                 return self.value(op.operands[0], tuple(
                     add(scale(i, stride), start)
                     for i, (start, stride) in zip(index, _slice_starts_strides(op))))
+            case "reverse":
+                dims = set(op.dimensions)
+                return self.value(op.operands[0], tuple(
+                    add(n - 1, scale(i, -1)) if d in dims else i
+                    for d, (i, n) in enumerate(zip(index, op.shape.dims))))
+            case "pad":
+                return self.pad(op, index)
+            case "concatenate":
+                return self.concatenate(op, index)
+            case "dynamic-slice":
+                return self.dynamic_slice(op, index)
+            case "dynamic-update-slice":
+                return self.dynamic_update_slice(op, index)
+            case "gather":
+                return self.gather(op, index)
             case "reduce":
                 self.check_locality(op, index)
                 return self.reduced[op.name], 0
         if code not in ELEMENTWISE:
             raise CodegenError(f"{code} {op.name}: op not supported by the code generator")
-        if code != "convert" and dtype not in ARITH_DTYPES | {"pred"}:
-            raise CodegenError(f"{code} {op.name}: arithmetic in {dtype} is not supported "
-                               f"(only converts to/from f16/bf16)")
-        if code in FLOAT_ONLY and dtype != "f32":
-            raise CodegenError(f"{code} {op.name}: only f32 is supported")
-        args = [self.value(o, index) for o in op.operands]
-        if code != "convert" and any(a.dtype not in ARITH_DTYPES for a, _ in args):
-            raise CodegenError(f"{code} {op.name}: operands in f16/bf16 must be converted first")
-        dst, depth = self.fresh(dtype), max((d for _, d in args), default=0)
+        return self.elementwise(op, [self.value(o, index) for o in op.operands])
+
+    def elementwise(self, op: FlatOp, args: list[tuple[Value, int]]) -> tuple[Value, int]:
+        code, dtype = op.opcode, op.shape.dtype
         attr = op.attrs.get("direction") if code == "compare" else None
-        self.place(Compute(dst, code, [a for a, _ in args], attr), depth)
+        if code == "convert":
+            return self.convert(args[0], dtype)
+        if code == "bitcast-convert":
+            return self.bitcast_convert(op, args[0][0].dtype, args[0])
+        types = {a.dtype for a, _ in args[1:]} if code == "select" else {a.dtype for a, _ in args}
+        if code == "compare" and op.attrs.get("type") in ("TOTALORDER",):
+            raise CodegenError(f"compare {op.name}: total-order comparisons are not supported")
+        floats = bool(types & ({"f32"} | NARROW_FLOATS))
+        if code in FLOAT_ONLY and not floats:
+            raise CodegenError(f"{code} {op.name}: only floating-point {code} is supported")
+        if code in INT_ONLY and not types <= {"s32", "s64"}:
+            raise CodegenError(f"{code} {op.name}: only integer {code} is supported")
+        if code in ("and", "or", "not") and floats:
+            raise CodegenError(f"{code} {op.name}: logical op on floats")
+        if code == "power" and not floats:
+            raise CodegenError(f"power {op.name}: integer power is not supported")
+        if code == "select" or not types & NARROW_FLOATS:
+            return self.op(code, dtype, *args, attr=attr)
+        # f16/bf16 arithmetic: widen to f32, compute, round back once (XLA:GPU's upcast).
+        wide = [self.convert(a, "f32") if a[0].dtype in NARROW_FLOATS else a for a in args]
+        result = self.op(code, "pred" if dtype == "pred" else "f32", *wide, attr=attr)
+        return result if dtype == "pred" else self.convert(result, dtype)
+
+    def convert(self, v: tuple[Value, int], dtype: str) -> tuple[Value, int]:
+        return v if v[0].dtype == dtype else self.op("convert", dtype, v)
+
+    def bitcast_convert(self, op: FlatOp, source: str, v: tuple[Value, int]):
+        if DTYPE_BYTES[source] != DTYPE_BYTES[op.shape.dtype] or \
+                {source, op.shape.dtype} & (NARROW_FLOATS | {"pred"}):
+            raise CodegenError(f"{op.opcode} {op.name}: {source} -> {op.shape.dtype} bit "
+                               f"reinterpretation is not supported")
+        return self.op("bitcast-convert", op.shape.dtype, v)
+
+    def constant(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
+        dtype = op.shape.dtype
+        if not op.shape.dims:
+            value = _scalar(op)
+            if dtype in NARROW_FLOATS:  # exact: the literal is a value of its type
+                return self.convert(self.const(value, "f32"), dtype)
+            return self.const(value, dtype)
+        if op.name not in self.constants:
+            values = parse_literal(op.literal or "", op.shape)
+            physical = np.transpose(values, op.shape.minor_to_major[::-1]).reshape(-1)
+            self.constants[op.name] = ConstArray(f"const{len(self.constants)}", dtype, physical)
+        offset = linearize(index, op.shape)
+        dst, depth = self.fresh(dtype), self.index_depth(offset)
+        self.place(ConstLoad(dst, self.constants[op.name], offset), depth)
         return dst, depth
 
+    def in_range(self, position: tuple[Value, int], lo: int, hi: int):
+        """pred: lo <= position < hi (s32 values)."""
+        return self.op("and", "pred", self.compare(position, self.const(lo, "s32"), "GE"),
+                       self.compare(position, self.const(hi, "s32"), "LT"))
+
+    def all_of(self, preds: list) -> tuple[Value, int] | None:
+        result = None
+        for p in preds:
+            result = p if result is None else self.op("and", "pred", result, p)
+        return result
+
+    def pad(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
+        source_shape = self.ops[op.operands[0]].shape
+        source, valid = [], []
+        for i, n, (low, _, interior) in zip(index, source_shape.dims, _padding(op)):
+            position = add(i, -low)
+            lo, hi = value_range(position)
+            if interior == 0 and lo >= 0 and hi < n:
+                source.append(position)
+                continue
+            p = self.index_value(position)
+            if interior:
+                step = self.const(interior + 1, "s32")
+                valid.append(self.compare(self.op("remainder", "s32", p, step),
+                                          self.const(0, "s32"), "EQ"))
+                p = self.op("divide", "s32", p, step)
+                valid.append(self.compare(self.index_value(position), self.const(0, "s32"), "GE"))
+                valid.append(self.compare(p, self.const(n, "s32"), "LT"))
+            else:
+                valid.append(self.in_range(p, 0, n))
+            source.append(self.dynamic(p, n))
+        inner = self.value(op.operands[0], tuple(source))
+        if not valid:
+            return inner
+        return self.op("select", op.shape.dtype, self.all_of(valid), inner,
+                       self.value(op.operands[1], ()))
+
+    def concatenate(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
+        dim = op.dimensions[0]
+        offsets = list(itertools.accumulate(
+            (self.ops[o].shape.dims[dim] for o in op.operands), initial=0))
+        position = self.index_value(index[dim])
+        result = None
+        for k in reversed(range(len(op.operands))):
+            n = offsets[k + 1] - offsets[k]
+            local = add(index[dim], -offsets[k])
+            lo, hi = value_range(local)
+            local = local if 0 <= lo and hi < n else self.dynamic(
+                self.index_value(local), n)
+            piece = self.value(op.operands[k], index[:dim] + (local,) + index[dim + 1:])
+            result = piece if result is None else self.op(
+                "select", op.shape.dtype,
+                self.compare(position, self.const(offsets[k + 1], "s32"), "LT"), piece, result)
+        return result
+
+    def starts(self, op: FlatOp, first: int, source: Shape, sizes: tuple[int, ...]) -> list[Ix]:
+        """Clamped start per dim of a dynamic-slice/update (XLA clamps into the operand)."""
+        return [self.dynamic(self.to_s32(self.value(op.operands[first + d], ())), n - s + 1)
+                for d, (n, s) in enumerate(zip(source.dims, sizes))]
+
+    def dynamic_slice(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
+        source = self.ops[op.operands[0]].shape
+        starts = self.starts(op, 1, source, op.shape.dims)
+        return self.value(op.operands[0], tuple(add(s, i) for s, i in zip(starts, index)))
+
+    def dynamic_update_slice(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
+        update = self.ops[op.operands[1]].shape
+        starts = self.starts(op, 2, op.shape, update.dims)
+        local, inside = [], []
+        for i, s, n in zip(index, starts, update.dims):
+            p = self.op("subtract", "s32", self.index_value(i), self.index_value(s))
+            inside.append(self.in_range(p, 0, n))
+            local.append(self.dynamic(p, n))
+        return self.op("select", op.shape.dtype, self.all_of(inside),
+                       self.value(op.operands[1], tuple(local)),
+                       self.value(op.operands[0], index))
+
+    def gather(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
+        if _int_list(op, "operand_batching_dims"):
+            raise CodegenError(f"gather {op.name}: batching dims are not supported")
+        source, indices = (self.ops[o].shape for o in op.operands)
+        offset_dims, collapsed = _int_list(op, "offset_dims"), _int_list(op, "collapsed_slice_dims")
+        start_map, sizes = _int_list(op, "start_index_map"), _int_list(op, "slice_sizes")
+        vector_dim = int(op.attrs["index_vector_dim"])
+        batch = [index[d] for d in range(op.shape.rank) if d not in offset_dims]
+        operand_index: list[Ix] = [ix(0)] * source.rank
+        for k, d in enumerate(start_map):
+            at = batch[:vector_dim] + [ix(k)] + batch[vector_dim:] \
+                if vector_dim < indices.rank else batch
+            start = self.to_s32(self.value(op.operands[1], tuple(at)))
+            operand_index[d] = self.dynamic(start, source.dims[d] - sizes[d] + 1)
+        windowed = [d for d in range(source.rank) if d not in collapsed]
+        for d, out_dim in zip(windowed, offset_dims):
+            operand_index[d] = add(operand_index[d], index[out_dim])
+        return self.value(op.operands[0], tuple(operand_index))
+
     def check_locality(self, op: FlatOp, index: tuple[Ix, ...]) -> None:
-        """A reduction's value is only available at the row the current thread group reduced."""
+        """A reduction's value is only available at the result its thread group reduced."""
         if op.name not in self.reduced:
             raise CodegenError(f"reduction {op.name} is read before it is computed")
         read = linearize(index, op.shape)
-        if read == ix(self.row):
+        if read == ix(self.group):
             return
-        # Not syntactically the row: compare at every point of the index space (exact).
-        variables = sorted(read.vars() | {self.row}, key=lambda v: v.name)
+        # Not syntactically the group: compare at every point of the index space (exact).
+        variables = sorted(read.vars() | {self.group}, key=lambda v: v.name)
         points = math.prod(v.extent for v in variables)
-        if points <= 1 << 22:
+        if points <= 1 << 22 and not any(v.name.startswith("d") for v in variables):
             grids = np.meshgrid(*(np.arange(v.extent) for v in variables), indexing="ij")
             env = {v.name: g for v, g in zip(variables, grids)}
-            if np.array_equal(read.evaluate(env) + np.zeros_like(env[self.row.name]),
-                              env[self.row.name]):
+            if np.array_equal(read.evaluate(env) + np.zeros_like(env[self.group.name]),
+                              env[self.group.name]):
                 return
         raise CodegenError(f"reduction {op.name} is read at element {read} by the thread group "
-                           f"of row {self.row}: needs cross-block communication")
+                           f"of result {self.group}: needs cross-block communication")
 
 
 def _reduction_stages(pattern: Pattern) -> list[list[FlatOp]]:
@@ -291,96 +556,165 @@ def _independent(pattern: Pattern, names: list[str]) -> bool:
                for a, b in itertools.combinations(distinct, 2))
 
 
+def _reduce_operand_index(r: FlatOp, operand: Shape, group: Ix, point: Ix) -> tuple[Ix, ...]:
+    """The operand element that point ``point`` (0..R-1) of result ``group`` of r reads.
+
+    Kept dimensions come from the result's physical index, reduced ones from ``point`` taken
+    minor-first in the operand's layout (so consecutive points are consecutive in memory when
+    the reduced dimensions are the minor ones).
+    """
+    reduced = set(r.dimensions)
+    kept = [d for d in range(operand.rank) if d not in reduced]
+    index: list[Ix] = [ix(0)] * operand.rank
+    for d, i in zip(kept, delinearize(group, r.shape)):
+        index[d] = i
+    stride = 1
+    for d in operand.minor_to_major:
+        if d in reduced:
+            index[d] = mod(div(point, stride), operand.dims[d])
+            stride *= operand.dims[d]
+    return tuple(index)
+
+
+def _reshaped(index: tuple[Ix, ...], source: Shape, target: Shape) -> tuple[Ix, ...]:
+    """The index of `target` holding the same row-major position as `index` of `source`."""
+    return delinearize(linearize(index, row_major(source)), row_major(target))
+
+
 @dataclass
 class ScheduledKernel:
     kernel: Kernel
     schedule: Schedule
     schemes: list[str]
+    modeled_us: float
+    smem_bytes_no_reuse: int
+    candidates: list[tuple[str, float]]
 
 
-def schedule_pattern(pattern: Pattern, name: str, device: dict | None = None) -> ScheduledKernel:
-    device = {**DEFAULT_DEVICE, **(device or {})}
-    rows, cols = row_space(pattern)
-    sched = choose_schedule(rows, cols, device)
-    tid, bid = Var("tid", sched.block[0]), Var("bid", sched.grid[0])
-    row, col = Var("row", rows), Var("col", cols)
-    # The lane (warp scheme) or thread (block scheme) index within the row's thread group.
-    member = mod(tid, WARP) if sched.scheme == "warp_composition" else ix(tid)
-    em = _Emitter(pattern, row)
-    em.place(IndexLet(row, add(scale(bid, sched.rows_per_block), div(tid, WARP))
-                      if sched.scheme == "warp_composition" else ix(bid)), 0)
-
+def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, set[str]]:
+    """The kernel IR of `pattern` under one schedule; raises CodegenError (e.g. locality)."""
+    space = sched.space
+    threads = sched.block[0]
+    tid, bid = Var("tid", threads), Var("bid", sched.grid_blocks)
+    group = Var("o", max(space.groups, 1))
+    em = _Emitter(pattern, group)
     schemes = {"thread_composition"}
     shared: list[SharedArray] = []
-    for stage in _reduction_stages(pattern):
-        if len(stage) > 1 and _independent(pattern, [r.name for r in stage]):
-            schemes.add("kernel_packing")
-        em.open_loop(col)
-        accumulates = []
-        for r in stage:
-            operand = _operand_shape(pattern, r, 0)
-            index = _reduce_operand_index(r, operand, row, col)
-            value, _ = em.value(r.operands[0], index)
-            init = em.fresh(value.dtype)
-            em.place(Const(init, IDENTITY[r.reducer]), 0)
-            accumulates.append(Accumulate(em.fresh(value.dtype), r.reducer, init, value))
-        em.place(Loop(col, member, cols, sched.threads_per_row, em.close_loop(), accumulates), 0)
-        for r, acc in zip(stage, accumulates):
-            total = em.fresh(acc.dst.dtype)
-            if sched.scheme == "warp_composition":
-                em.place(WarpReduce(total, acc.dst, r.reducer), 0)
-                schemes.add("warp_composition")
-            else:
-                scratch = SharedArray(f"smem_{r.name.replace('/', '_')}", total.dtype, WARP)
-                shared.append(scratch)
-                em.place(BlockReduce(total, acc.dst, r.reducer, scratch), 0)
-                schemes.add("block_composition")
-            em.reduced[r.name] = _apply_init(em, pattern, r, total)
-
     buffers = [Buffer(n, s, False) for n, s in pattern.inputs] + \
               [Buffer(n, s, True) for n, s in pattern.outputs]
     first_output = len(pattern.inputs)
-    per_element = [(i, s, v) for i, ((_, s), v) in
-                   enumerate(zip(pattern.outputs, pattern.output_values))
-                   if s.num_elements == rows * cols]
-    per_row = [(i, s, v) for i, ((_, s), v) in
-               enumerate(zip(pattern.outputs, pattern.output_values))
-               if s.num_elements != rows * cols]
-    if len(per_element) > 1 and _independent(pattern, [v for _, _, v in per_element]):
+    outputs = list(enumerate(zip(pattern.outputs, pattern.output_values)))
+    o, r = space.groups, space.reduced
+    per_point = [(i, s, v) for i, ((_, s), v) in outputs if r and s.num_elements == o * r]
+    per_group = [(i, s, v) for i, ((_, s), v) in outputs
+                 if r and s.num_elements == o and s.num_elements != o * r]
+    packed = [(i, s, v) for i, ((_, s), v) in outputs
+              if not r or s.num_elements not in (o, o * r)]
+
+    guarded = None  # thread schedule: threads past the last result do nothing
+    if r:
+        lane = mod(tid, sched.groups_per_block) if sched.kind == "tile" else None
+        member = {"thread": ix(0), "warp": mod(tid, WARP), "block": ix(tid),
+                  "tile": div(tid, sched.groups_per_block)}[sched.kind]
+        first = add(scale(bid, sched.groups_per_block),
+                    {"thread": ix(tid), "warp": div(tid, WARP), "block": ix(0),
+                     "tile": lane}[sched.kind])
+        em.place(IndexLet(group, first), 0)
+        if sched.kind == "thread" and o % sched.groups_per_block:
+            guarded = first
+        point = Var("r", r)
+        stages = _reduction_stages(pattern)
+        for stage in stages:
+            if len(stage) > 1 and _independent(pattern, [x.name for x in stage]):
+                schemes.add("kernel_packing")
+            em.open_loop(point)
+            accumulates = []
+            for red in stage:
+                operand = pattern.op_map()[red.operands[0]].shape
+                value, _ = em.value(red.operands[0],
+                                    _reduce_operand_index(red, operand, ix(group), ix(point)))
+                init, _ = em.const(identity(red.reducer, value.dtype), value.dtype)
+                accumulates.append(Accumulate(em.fresh(value.dtype), red.reducer, init, value))
+            em.place(Loop(point, member, r, sched.threads_per_group, em.close_loop(),
+                          accumulates), 0)
+            for red, acc in zip(stage, accumulates):
+                total = _combine(em, sched, red, acc.dst, shared, tid, lane)
+                em.reduced[red.name] = _apply_init(em, pattern, red, total)
+            if sched.scheme:
+                schemes.add(sched.scheme)
+        ref = stages[0][0]
+        ref_shape = pattern.op_map()[ref.operands[0]].shape
+        if per_point:
+            em.open_loop(point)
+            at = _reduce_operand_index(ref, ref_shape, ix(group), ix(point))
+            for i, shape, value_name in per_point:
+                index = _reshaped(at, ref_shape, shape)
+                value, _ = em.value(value_name, index)
+                em.place(GlobalStore(first_output + i, linearize(index, shape), value), 1)
+            em.place(Loop(point, member, r, sched.threads_per_group, em.close_loop()), 0)
+        stores = []
+        for i, shape, value_name in per_group:
+            index = _reshaped(delinearize(ix(group), ref.shape), ref.shape, shape)
+            value, _ = em.value(value_name, index)
+            stores.append(GlobalStore(first_output + i, linearize(index, shape), value))
+        if stores and sched.kind == "thread":
+            em.scopes[0] += stores
+        elif stores:
+            em.place(If(member, ix(0), stores), 0)
+        if len(per_point) > 1 and _independent(pattern, [v for _, _, v in per_point]):
+            schemes.add("kernel_packing")
+    if guarded is not None:
+        em.scopes[0] = [em.scopes[0][0], If(guarded, ix(o), em.scopes[0][1:], "lt")]
+    # Packed loops: every thread of the grid strides over the elements of each output size.
+    by_size: dict[int, list] = {}
+    for out in packed:
+        by_size.setdefault(out[1].num_elements, []).append(out)
+    if len(by_size) > 1 or (r and by_size):
         schemes.add("kernel_packing")
-    if per_element:
-        em.open_loop(col)
-        for i, shape, value_name in per_element:
-            index = delinearize(add(scale(row, cols), col), shape)
+    for n, outs in by_size.items():
+        element = Var(f"e{n}", n)
+        em.open_loop(element)
+        at = delinearize(ix(element), outs[0][1])  # the first output is written coalesced
+        for i, shape, value_name in outs:
+            index = _reshaped(at, outs[0][1], shape)
             value, _ = em.value(value_name, index)
             em.place(GlobalStore(first_output + i, linearize(index, shape), value), 1)
-        em.place(Loop(col, member, cols, sched.threads_per_row, em.close_loop()), 0)
-    stores = []
-    for i, shape, value_name in per_row:
-        index = delinearize(ix(row), shape)
-        value, _ = em.value(value_name, index)
-        stores.append(GlobalStore(first_output + i, linearize(index, shape), value))
-    if stores:
-        em.place(If(member, ix(0), stores), 0)
-
-    kernel = Kernel(name, buffers, sched.grid, sched.block, shared, em.scopes[0], tid, bid)
-    order = ["kernel_packing", "thread_composition", "warp_composition", "block_composition"]
-    return ScheduledKernel(kernel, sched, [s for s in order if s in schemes])
+        em.place(Loop(element, add(scale(bid, threads), tid), n, threads * sched.grid_blocks,
+                      em.close_loop()), 0)
+        if len(outs) > 1 and _independent(pattern, [v for _, _, v in outs]):
+            schemes.add("kernel_packing")
+    kernel = Kernel(name, buffers, sched.grid, sched.block, shared, em.scopes[0], tid, bid,
+                    list(em.constants.values()))
+    return kernel, schemes
 
 
-def _reduce_operand_index(r: FlatOp, operand: Shape, row: Var, col: Var) -> tuple[Ix, ...]:
-    """The operand element that column `col` of row `row` of reduction r reads."""
-    reduced = set(r.dimensions)
-    kept = [d for d in range(operand.rank) if d not in reduced]
-    index: list[Ix] = [ix(0)] * operand.rank
-    for d, i in zip(kept, delinearize(ix(row), r.shape)):
-        index[d] = i
-    stride = 1
-    for d in operand.minor_to_major:  # reduced dims come first: they are the most minor
-        if d in reduced:
-            index[d] = mod(div(col, stride), operand.dims[d])
-            stride *= operand.dims[d]
-    return tuple(index)
+def _combine(em: _Emitter, sched: Schedule, red: FlatOp, partial: Value,
+             shared: list[SharedArray], tid: Var, lane: Ix | None) -> Value:
+    """Combine a group's partial values across its threads (warp, block or tile)."""
+    if sched.kind == "thread":
+        return partial
+    total = em.fresh(partial.dtype)
+    if sched.kind == "warp":
+        em.place(WarpReduce(total, partial, red.reducer), 0)
+        return total
+    tag = red.name.replace("/", "_").replace(".", "_")
+    if sched.kind == "block":
+        scratch = SharedArray(f"smem_{tag}", partial.dtype, WARP)
+        shared.append(scratch)
+        em.place(BlockReduce(total, partial, red.reducer, scratch), 0)
+        return total
+    # tile: [depth][width] partials; each thread combines its lane's column in row order.
+    tile = SharedArray(f"tile_{tag}", partial.dtype, sched.block[0])
+    shared.append(tile)
+    k = Var(f"k{next(em.names)}", sched.threads_per_group)
+    loaded = em.fresh(partial.dtype)
+    init, _ = em.const(identity(red.reducer, partial.dtype), partial.dtype)
+    em.place(SharedStore(tile, ix(tid), partial), 0)
+    em.place(Barrier(), 0)
+    em.place(Loop(k, ix(0), sched.threads_per_group, 1,
+                  [SharedLoad(loaded, tile, add(scale(k, sched.groups_per_block), lane))],
+                  [Accumulate(total, red.reducer, init, loaded)]), 0)
+    return total
 
 
 def _apply_init(em: _Emitter, pattern: Pattern, r: FlatOp, total: Value) -> Value:
@@ -388,10 +722,181 @@ def _apply_init(em: _Emitter, pattern: Pattern, r: FlatOp, total: Value) -> Valu
     init_op = pattern.op_map()[r.operands[1]]
     if init_op.opcode != "constant":
         raise CodegenError(f"reduce {r.name}: init value {init_op.name} is not a constant")
-    init = _parse_scalar(init_op)
-    if init == IDENTITY[r.reducer]:
+    init = _scalar(init_op)
+    if init == identity(r.reducer, total.dtype):
         return total
-    init_value, result = em.fresh(total.dtype), em.fresh(total.dtype)
-    em.place(Const(init_value, init), 0)
-    em.place(Compute(result, r.reducer, [total, init_value]), 0)
-    return result
+    value, _ = em.op(r.reducer, total.dtype, (total, 0), em.const(init, total.dtype))
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared-memory reuse (paper 4.4)
+# ---------------------------------------------------------------------------------------------
+def _touches(stmt, array: SharedArray) -> bool:
+    match stmt:
+        case SharedStore() | SharedLoad():
+            return stmt.array is array
+        case BlockReduce():
+            return stmt.scratch is array
+        case Loop() | If():
+            return any(_touches(s, array) for s in stmt.body)
+    return False
+
+
+def reuse_shared_memory(kernel: Kernel) -> int:
+    """Let shared arrays share buffers when one's last use dominates the other's first use.
+
+    The dominance tree is built over the kernel's top-level statements (networkx
+    immediate_dominators); an array takes over the buffer of an earlier array whose last use
+    dominates its first use, with a barrier between so that no thread still reads the old
+    contents. Returns the bytes without reuse; `kernel.shared` holds the reused buffers.
+    """
+    before = kernel.smem_bytes
+    if len(kernel.shared) < 2:
+        return before
+    body = kernel.body
+    graph = nx.DiGraph([(i, i + 1) for i in range(len(body))])
+    idom = nx.immediate_dominators(graph, 0)
+
+    def dominates(a: int, b: int) -> bool:
+        while b != a and idom[b] != b:
+            b = idom[b]
+        return a == b
+
+    spans = {a.name: [i for i, s in enumerate(body) if _touches(s, a)] for a in kernel.shared}
+    slots: list[tuple[SharedArray, int]] = []  # buffer, last statement using it
+    rename: dict[str, SharedArray] = {}
+    barriers: list[int] = []
+    for array in kernel.shared:
+        first, last = spans[array.name][0], spans[array.name][-1]
+        for k, (slot, busy_until) in enumerate(slots):
+            if slot.dtype == array.dtype and busy_until < first and dominates(busy_until, first):
+                slot.size = max(slot.size, array.size)
+                slots[k] = (slot, last)
+                rename[array.name] = slot
+                barriers.append(first)
+                break
+        else:
+            slot = SharedArray(array.name, array.dtype, array.size)
+            slots.append((slot, last))
+            rename[array.name] = slot
+    _rename_shared(body, rename)
+    for at in sorted(set(barriers), reverse=True):
+        body.insert(at, Barrier())
+    kernel.shared = [s for s, _ in slots]
+    return before
+
+
+def _rename_shared(body: list, rename: dict[str, SharedArray]) -> None:
+    for s in body:
+        if isinstance(s, (SharedStore, SharedLoad)):
+            s.array = rename[s.array.name]
+        elif isinstance(s, BlockReduce):
+            s.scratch = rename[s.scratch.name]
+        elif isinstance(s, (Loop, If)):
+            _rename_shared(s.body, rename)
+
+
+# ---------------------------------------------------------------------------------------------
+# Profile for the latency-evaluator and the choice among candidates
+# ---------------------------------------------------------------------------------------------
+def _instruction_class(stmt) -> dict[str, float]:
+    match stmt:
+        case Compute():
+            if stmt.op in SFU_OPS:  # one SFU op plus its polynomial/refinement (libdevice)
+                return {"sfu": 1, "fp32": 4}
+            floats = stmt.dst.dtype == "f32" or any(a.dtype == "f32" for a in stmt.args)
+            return {"fp32" if floats else "int": 1}
+        case IndexValue() | IndexLet():
+            return {"int": max(1, len(stmt.index.terms))}
+        case DynamicIndex():
+            return {"int": 1}
+        case GlobalLoad() | ConstLoad():
+            return {"ld_global": 1, "int": 2}
+        case GlobalStore():
+            return {"st_global": 1, "int": 2}
+        case SharedLoad():
+            return {"ld_shared": 1}
+        case SharedStore():
+            return {"st_shared": 1}
+        case WarpReduce():
+            return {"shfl": 5, "fp32": 5}
+        case BlockReduce():
+            return {"shfl": 10, "fp32": 12, "st_shared": 1, "ld_shared": 1, "barrier": 1}
+        case Barrier():
+            return {"barrier": 1}
+    return {}
+
+
+def instruction_counts(body: list, weight: float = 1.0, out: dict | None = None) -> dict:
+    """Instructions one thread executes, by costmodel op class, loops weighted by trip count."""
+    out = {} if out is None else out
+    for s in body:
+        if isinstance(s, Loop):
+            lo = value_range(s.start)[0]
+            trips = max(1, -(-(s.stop - lo) // s.step))
+            instruction_counts(s.body, weight * trips, out)
+            for a in s.accumulates:
+                cls = "fp32" if a.dst.dtype == "f32" else "int"
+                out[cls] = out.get(cls, 0) + weight * trips
+            out["int"] = out.get("int", 0) + 2 * weight * trips
+        elif isinstance(s, If):
+            instruction_counts(s.body, weight, out)
+        else:
+            for k, v in _instruction_class(s).items():
+                out[k] = out.get(k, 0) + v * weight
+    return out
+
+
+def kernel_profile(kernel: Kernel, read_bytes: int, write_bytes: int) -> KernelProfile:
+    return KernelProfile(grid_blocks=kernel.grid[0], threads_per_block=kernel.block[0],
+                         regs_per_thread=min(register_estimate(kernel), 255),
+                         smem_bytes=kernel.smem_bytes,
+                         instructions=instruction_counts(kernel.body),
+                         bytes_read=read_bytes, bytes_written=write_bytes)
+
+
+def resolve_device(device: dict | Device | None) -> Device:
+    if isinstance(device, Device):
+        return device
+    return load_device({**DEFAULT_DEVICE, **(device or {})}["name"])
+
+
+def schedule_pattern(pattern: Pattern, name: str, device: dict | Device | None = None
+                     ) -> ScheduledKernel:
+    """Build every enumerated schedule, drop those failing locality or the device's limits,
+    and keep the one the latency-evaluator models fastest."""
+    dev = resolve_device(device)
+    space = reduction_space(pattern)
+    read = sum(s.byte_size for _, s in pattern.inputs)
+    written = sum(s.byte_size for _, s in pattern.outputs)
+    built, refusals, candidates = [], [], []
+    for sched in enumerate_schedules(space, dev, [s.num_elements for _, s in pattern.outputs]):
+        try:
+            kernel, schemes = build_kernel(pattern, sched, name)
+        except CodegenError as e:
+            refusals.append((sched.why, str(e)))
+            continue
+        no_reuse = reuse_shared_memory(kernel)
+        if kernel.smem_bytes > dev.shared_memory_per_block:
+            refusals.append((sched.why, f"{kernel.smem_bytes} B shared memory exceeds "
+                                        f"{dev.shared_memory_per_block} B"))
+            continue
+        profile = kernel_profile(kernel, read, written)
+        try:
+            modeled = kernel_latency_us(profile, dev).total_us
+        except ValueError as e:  # cannot launch (occupancy 0)
+            refusals.append((sched.why, str(e)))
+            continue
+        description = f"{sched.why}; grid {kernel.grid[0]} x {kernel.block[0]}, " \
+                      f"~{profile.regs_per_thread} regs, {kernel.smem_bytes} B smem"
+        candidates.append((description, modeled))
+        built.append((modeled, len(built), sched, kernel, schemes, no_reuse))
+    if not built:
+        # Unsupported ops fail every schedule alike: the first reason speaks for all.
+        raise CodegenError(refusals[0][1])
+    modeled, _, sched, kernel, schemes, no_reuse = min(built, key=lambda b: b[:2])
+    order = ["kernel_packing", "thread_composition", "warp_composition", "block_composition"]
+    return ScheduledKernel(kernel, sched, [s for s in order if s in schemes], modeled, no_reuse,
+                           candidates + [(f"{why}; refused: {reason}", math.inf)
+                                         for why, reason in refusals])
