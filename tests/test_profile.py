@@ -1,0 +1,173 @@
+"""Kernel IR -> KernelProfile, the register model against ptxas, and XLA's kernels' profiles."""
+from __future__ import annotations
+
+import functools
+import glob
+import os
+from dataclasses import dataclass
+
+import pytest
+
+import costmodel
+from fusionstitching import codegen, pipeline
+from fusionstitching.codegen.kernel_ir import (Accumulate, BlockReduce, Buffer, Const, GlobalLoad,
+                                               GlobalStore, If, IndexLet, Kernel, Loop,
+                                               SharedArray, Value, Var, add, ix, mod, scale)
+from fusionstitching.codegen.profile import kernel_profile, modeled_kernel_us, register_model
+from fusionstitching.graph import build_graph
+from fusionstitching.graph.profile import xla_kernel_profile
+from fusionstitching.graph.traffic import pattern_traffic
+from fusionstitching.hlo.ir import Shape
+from fusionstitching.hlo.parser import parse_file, parse_module
+
+HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
+needs_ptxas = pytest.mark.skipif(codegen.find_ptxas() is None, reason="ptxas not installed")
+
+
+def _row_sum_kernel(threads: int, cols: int, start_of, step: int | None = None) -> Kernel:
+    """Threads sum a row of x[rows, cols] (``step`` apart) and one thread stores the sum."""
+    rows = 4
+    tid, bid, row, col = Var("tid", threads), Var("bid", rows), Var("row", rows), Var("col", cols)
+    x, total = Shape("f32", (rows, cols), (1, 0)), Shape("f32", (rows,), (0,))
+    loaded, zero, partial, summed = (Value(n, "f32") for n in ("x", "zero", "partial", "sum"))
+    scratch = SharedArray("scratch", "f32", 32)
+    body = [IndexLet(row, ix(bid)), Const(zero, 0.0),
+            Loop(col, start_of(tid), cols, step or threads,
+                 [GlobalLoad(loaded, 0, add(scale(row, cols), col))],
+                 [Accumulate(partial, "add", zero, loaded)]),
+            BlockReduce(summed, partial, "add", scratch),
+            If(ix(tid), ix(0), [GlobalStore(1, ix(row), summed)])]
+    return Kernel("row_sum", [Buffer("x", x, False), Buffer("sum", total, True)], (rows,),
+                  (threads,), [scratch], body, tid, bid)
+
+
+def _spec(kernel: Kernel) -> codegen.KernelSpec:
+    inputs = [(b.name, b.shape) for b in kernel.buffers if not b.is_output]
+    outputs = [(b.name, b.shape) for b in kernel.buffers if b.is_output]
+    return codegen.KernelSpec(
+        name=kernel.name, nodes=[], inputs=inputs, outputs=outputs, schemes=[],
+        grid=kernel.grid, block=kernel.block, smem_bytes=kernel.smem_bytes, kernel=kernel,
+        read_bytes=sum(s.byte_size for _, s in inputs),
+        write_bytes=sum(s.byte_size for _, s in outputs), regs_model=0, why="test")
+
+
+def test_instructions_follow_trip_counts_and_block_reduce():
+    # 2048 columns over 512 threads starting at tid: LLVM cannot bound tid tightly enough to
+    # unroll, so 4 iterations each wait for their load.
+    profile = kernel_profile(_spec(_row_sum_kernel(512, 2048, ix)))
+    counts = profile.instructions
+    assert counts["ld_global"] == 4 and "ld_global_overlapped" not in counts
+    assert counts["shfl"] == 10  # two butterflies of a block reduce
+    assert counts["barrier"] == 1 and counts["st_shared"] == 1 and counts["ld_shared"] == 1
+    assert counts["fp32"] == 4 + 10 + 1  # accumulate per iteration, butterfly combines, select
+    assert counts["st_global"] == 1
+    assert (profile.grid_blocks, profile.threads_per_block) == (4, 512)
+    assert profile.smem_bytes == 32 * 4
+    assert profile.bytes_read == 4 * 2048 * 4 and profile.bytes_written == 4 * 4
+
+
+def test_unrolled_loop_overlaps_its_loads():
+    # A lane start (tid % 32) with 8 iterations for every lane: LLVM unrolls it fully.
+    kernel = _row_sum_kernel(64, 256, lambda tid: mod(tid, 32), step=32)
+    counts = kernel_profile(_spec(kernel)).instructions
+    assert counts["ld_global"] == 1 and counts["ld_global_overlapped"] == 7
+
+
+def test_unknown_ir_nodes_are_counted_generically():
+    @dataclass
+    class Prefetch:  # a node type the profiler has never seen
+        buffer: int
+        offset: object
+
+    kernel = _row_sum_kernel(512, 2048, ix)
+    kernel.body.insert(1, Prefetch(0, ix(kernel.tid)))
+    spec = _spec(kernel)
+    profile = kernel_profile(spec)
+    assert profile.instructions["other"] == 1
+    assert register_model(spec) == register_model(_spec(_row_sum_kernel(512, 2048, ix)))
+    for target in costmodel.TARGETS:
+        assert modeled_kernel_us(spec, costmodel.load_device(target)) > 0
+
+
+def _stitched(paths: list[str]):
+    for path in paths:
+        result = pipeline.stitch_module(parse_file(path), pipeline.Options(ptxas=False))
+        yield from (k.spec for k in result.kernels)
+
+
+@functools.lru_cache(maxsize=None)
+def _one_capture_per_model() -> tuple:
+    """One capture per model and size (the other captures stitch the same kernels)."""
+    return tuple(_stitched(sorted(glob.glob(os.path.join(HLO, "*_jax_cpu.hlo")))))
+
+
+def _within(model: int, regs: int) -> bool:
+    return abs(model - regs) <= 0.25 * regs
+
+
+def _check_registers(specs, archs) -> None:
+    outcomes = [(spec.name, arch, register_model(spec), codegen.compile_nvptx(spec, arch).regs)
+                for spec in specs for arch in archs]
+    assert outcomes, "no stitched kernels in the corpus"
+    misses = [o for o in outcomes if not _within(o[2], o[3])]
+    assert len(misses) <= 0.1 * len(outcomes), f"model vs ptxas misses: {misses}"
+
+
+@needs_ptxas
+def test_register_model_within_25_percent_of_ptxas():
+    # The whole corpus on both architectures: the slow test below and bench_regs.py.
+    _check_registers(_one_capture_per_model(), ["sm_90"])
+
+
+@pytest.mark.slow
+@needs_ptxas
+def test_register_model_within_25_percent_of_ptxas_whole_corpus():
+    specs = list(_stitched(sorted(glob.glob(os.path.join(HLO, "*.hlo")))))
+    _check_registers(specs, ["sm_80", "sm_90"])
+
+
+COPY_HLO = """HloModule copy
+
+ENTRY e {
+  p = f32[4096,4096]{1,0} parameter(0)
+  ROOT n = f32[4096,4096]{1,0} negate(p)
+}
+"""
+
+
+@pytest.mark.parametrize("target", sorted(costmodel.TARGETS))
+def test_stitched_copy_is_bandwidth_plus_launch(target):
+    device = costmodel.load_device(target)
+    spec = codegen.generate(parse_module(COPY_HLO), ["n"], "copy")
+    floor = costmodel.kernel_cost(spec.read_bytes + spec.write_bytes, device)
+    modeled = modeled_kernel_us(spec, device)
+    assert modeled >= floor.total_us
+    assert modeled - floor.launch_us <= 1.10 * floor.memory_us
+
+
+@pytest.mark.parametrize("target", sorted(costmodel.TARGETS))
+def test_stitched_reductions_never_beat_their_bytes(target):
+    device = costmodel.load_device(target)
+    for spec in _one_capture_per_model():
+        floor = costmodel.kernel_cost(spec.read_bytes + spec.write_bytes, device).total_us
+        assert modeled_kernel_us(spec, device) >= floor, spec.name
+
+
+def test_xla_kernel_profiles_take_bytes_from_the_graph():
+    device = costmodel.load_device("h100")
+    graph = build_graph(parse_file(os.path.join(HLO, "layernorm_64x256_jax_a100_classic.hlo")))
+    nodes = [n for n in graph.kernel_nodes() if n.memory_intensive]
+    assert nodes
+    reductions = 0
+    for node in nodes:
+        profile = xla_kernel_profile(graph, node.name, device)
+        assert (profile.bytes_read, profile.bytes_written) == pattern_traffic(graph, [node.name])
+        assert profile.grid_blocks * profile.threads_per_block >= 1
+        if profile.instructions.get("shfl"):
+            reductions += 1
+            # one warp per row: 64 rows of LayerNorm
+            assert profile.grid_blocks * profile.threads_per_block == 64 * 32
+        breakdown = costmodel.kernel_latency_us(profile, device)
+        floor = costmodel.kernel_cost(profile.bytes_read + profile.bytes_written, device)
+        assert breakdown.total_us >= floor.total_us
+    assert reductions >= 1
