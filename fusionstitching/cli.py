@@ -1,4 +1,5 @@
-"""The ``fusionstitching`` command: ``replay`` HLO files or dump folders, ``demo``."""
+"""The ``fusionstitching`` command: ``replay`` HLO files or dump folders, ``demo``,
+``explain`` a fusion plan."""
 from __future__ import annotations
 
 import argparse
@@ -60,6 +61,40 @@ def demo(args: argparse.Namespace) -> int:
     return run(rows=args.rows, cols=args.cols, target=args.target)
 
 
+def explain(args: argparse.Namespace) -> int:
+    """Print the plan and why a node was or was not stitched; write the plan as DOT/SVG."""
+    import costmodel
+
+    from . import codegen
+    from .explain import explain_text, plan_dot, write_svg
+    from .explorer import explore
+    from .graph import build_graph
+    from .hlo.parser import parse_file
+
+    try:
+        module = parse_file(args.file)
+    except (HloParseError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    graph = build_graph(module)
+    plan = explore(graph, lambda nodes: codegen.can_stitch(module, nodes), args.explorer,
+                   costmodel.load_device(args.target))
+    try:
+        print(explain_text(graph, plan, args.node))
+    except KeyError as exc:
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 1
+    if args.dot or args.svg:
+        dot_path = args.dot or str(Path(args.svg).with_suffix(".dot"))
+        dot_text = plan_dot(graph, plan)
+        Path(dot_path).write_text(dot_text)
+        print(f"wrote {dot_path}")
+        if args.svg:
+            ok, message = write_svg(dot_text, args.svg)
+            print(message if ok else f"no SVG: {message}; the DOT file is {dot_path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     # The command works on this machine's CPU; without this, a jax with the CUDA plugin
     # installed prints a CUDA-not-found traceback before falling back to the CPU.
@@ -85,6 +120,17 @@ def main(argv: list[str] | None = None) -> int:
     dp.add_argument("--rows", type=int, default=256)
     dp.add_argument("--cols", type=int, default=1024)
     dp.set_defaults(run=demo)
+
+    ep = sub.add_parser("explain", help="the fusion plan of an HLO file, why each node was or "
+                                        "was not stitched, and a DOT/SVG picture of it")
+    ep.add_argument("file", help="optimized HLO text file")
+    ep.add_argument("--node", help="show every decision involving this node and its neighbours")
+    ep.add_argument("--dot", metavar="OUT", help="write the plan as Graphviz DOT")
+    ep.add_argument("--svg", metavar="OUT", help="write the plan as SVG (needs Graphviz's dot; "
+                                                 "the .dot file is written either way)")
+    ep.add_argument("--target", default="h100", help="GPU the cost model prices")
+    ep.add_argument("--explorer", default="beam", help="fusion strategy (beam, greedy)")
+    ep.set_defaults(run=explain)
 
     args = parser.parse_args(argv)
     return args.run(args)

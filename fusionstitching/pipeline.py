@@ -61,7 +61,8 @@ def stitch_module(module: Module, options: Options | None = None,
 
     graph = build_graph(module)
     t0 = time.perf_counter()
-    plan = explore(graph, lambda nodes: codegen.can_stitch(module, nodes), options.explorer)
+    plan = explore(graph, lambda nodes: codegen.can_stitch(module, nodes), options.explorer,
+                   device)
     times.explore = time.perf_counter() - t0
 
     kernels: list[StitchedKernel] = []

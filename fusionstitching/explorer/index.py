@@ -78,6 +78,13 @@ class GraphIndex:
                 self.produced[v[0]].append(v)
         self.bytes = {v: value_bytes(graph, v)
                       for v in set(self.value_users) | self.outputs}
+        # The same facts as flat tuples, for ``traffic``'s inner loops:
+        # reads: (producer, value, bytes); writes: (bytes, users, returned?, via shared?).
+        self._reads = {k: tuple((v[0], v, self.bytes[v]) for v in self.consumes[k])
+                       for k in self.kernels}
+        self._writes = {k: tuple((self.bytes[v], tuple(self.value_users.get(v, ())),
+                                  v in self.outputs, nodes[k].op_class == OpClass.REDUCTION)
+                                 for v in self.produced[k]) for k in self.kernels}
 
         # Per-kernel facts for the kernel profile.
         self.elements: dict[str, int] = {}  # the iteration space a kernel's threads cover
@@ -140,24 +147,27 @@ class GraphIndex:
         reduction produces crosses threads, so it goes through shared memory; every other
         value stays in the registers of the thread that computed it."""
         inside = pattern if isinstance(pattern, (set, frozenset)) else set(pattern)
-        read_values = {v for n in inside for v in self.consumes[n] if v[0] not in inside}
-        reads = sum(self.bytes[v] for v in read_values)
+        read_values: dict = {}
         writes = register = shared = 0
-        nodes = self.graph.nodes
         for n in inside:
-            for v in self.produced[n]:
-                users = self.value_users.get(v, ())
-                internal = sum(1 for u in users if u in inside)
-                escapes = v in self.outputs or internal < len(users)
-                size = self.bytes[v]
+            for producer, value, size in self._reads[n]:
+                if producer not in inside:
+                    read_values[value] = size
+            for size, users, returned, via_shared in self._writes[n]:
+                internal = 0
+                for u in users:
+                    if u in inside:
+                        internal += 1
+                escapes = returned or internal < len(users)
                 if escapes:
                     writes += size
                 if internal:
                     saved = size * internal + (0 if escapes else size)
-                    if nodes[n].op_class == OpClass.REDUCTION:
+                    if via_shared:
                         shared += saved
                     else:
                         register += saved
+        reads = sum(read_values.values())
         return reads, writes, register, shared
 
 
