@@ -86,6 +86,7 @@ class StitchedFunction:
                  static_argnums=None, static_argnames=None):
         from jax._src.api_util import fun_signature, infer_argnums_and_argnames
 
+        _exclude_self_from_metadata()
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.options = options
@@ -105,10 +106,15 @@ class StitchedFunction:
         self._compiled: dict = {}  # input signature -> Compiled
         self._lock = threading.Lock()
 
-    def reports(self) -> list[Report]:
-        """One Report per input signature compiled so far."""
+    def reports(self, wait_s: float = 0.0) -> list[Report]:
+        """One Report per input signature compiled so far; ``wait_s`` bounds how long to wait
+        for background builds still running (the report at exit waits, calls never do)."""
         with self._lock:
-            return [compiled.report() for compiled in self._compiled.values()]
+            compiled = list(self._compiled.values())
+        deadline = time.monotonic() + wait_s
+        for c in compiled:
+            c.wait_built(max(0.0, deadline - time.monotonic()))
+        return [c.report() for c in compiled]
 
     def __call__(self, *args, **kwargs):
         import jax
@@ -152,6 +158,15 @@ class StitchedFunction:
         return static_values, tree, tuple(shaped_abstractify(leaf) for leaf in leaves)
 
 
+@functools.cache
+def _exclude_self_from_metadata() -> None:
+    """Keep this file out of the stack traces in the HLO's metadata, as JAX does with its own
+    files: the metadata should point at the user's code only."""
+    from jax._src import source_info_util
+
+    source_info_util.register_exclusion(__file__)
+
+
 _dump_counter = itertools.count()
 
 
@@ -170,8 +185,9 @@ class Lowered:
         compiled = Compiled(xla_compiled, self.name, self.options, self.runtime)
         build = functools.partial(compiled._build, self.jax_lowered)
         if self.runtime.async_compile:
-            threading.Thread(target=build, name=f"fusionstitching-{self.name}",
-                             daemon=True).start()
+            compiled.builder = threading.Thread(target=build, daemon=True,
+                                                name=f"fusionstitching-{self.name}")
+            compiled.builder.start()
         else:
             build()
         return compiled
@@ -190,6 +206,7 @@ class Compiled:
         self.executor = Executor(xla_compiled, name, verify=runtime.verify, keep=runtime.keep,
                                  info=RuntimeInfo(mode="async" if runtime.async_compile
                                                   else "sync"))
+        self.builder: threading.Thread | None = None  # the background build (async_compile)
         self.dump_prefix = None
         if runtime.dump_to:
             self.dump_prefix = os.path.join(runtime.dump_to, f"{name}.{next(_dump_counter)}")
@@ -199,6 +216,13 @@ class Compiled:
         """The jax Compiled running the rewritten module (None until built or if none)."""
         built = self.executor.built
         return built.stitched if built else None
+
+    def wait_built(self, timeout_s: float | None = None) -> bool:
+        """Wait for a background build (never needed for calls); True when none is running."""
+        if self.builder is not None:
+            self.builder.join(timeout_s)
+            return not self.builder.is_alive()
+        return True
 
     def as_text(self) -> str:
         """The HLO XLA executes for the next call (our kernels are ``fusionstitching...``

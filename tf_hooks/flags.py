@@ -22,6 +22,7 @@ import logging
 import os
 import shlex
 import threading
+import time
 from dataclasses import dataclass
 
 log = logging.getLogger("fusionstitching")
@@ -102,12 +103,13 @@ def from_environment(environ=None) -> Flags:
     return flags
 
 
+EXIT_WAIT_S = 120.0
 _lock = threading.Lock()
 _functions: list = []  # every function the hooks compiled, in creation order
 
 
 def track(function) -> None:
-    """Remember a stitched function (anything with ``reports()``) for the exit report."""
+    """Remember a stitched function (anything with ``reports(wait_s)``) for the exit report."""
     with _lock:
         _functions.append(function)
 
@@ -119,7 +121,11 @@ def write_reports(path: str) -> None:
 
     with _lock:
         functions = list(_functions)
-    reports = [r.to_json() for f in functions for r in f.reports()]
+    # Builds still running (--async) are waited for, within bounds: the job is over, and a
+    # report of a half-built function would say nothing.
+    deadline = time.monotonic() + EXIT_WAIT_S
+    reports = [r.to_json() for f in functions
+               for r in f.reports(wait_s=max(0.0, deadline - time.monotonic()))]
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:

@@ -4,6 +4,12 @@
       --host (kernel cache)--> native kernels --ffi--> FFI targets
       --rewrite--> HLO with custom calls --XLA compile--> executable --swap--> jax Compiled
 
+With a cache directory, the first build of a module also stores its *plan* (kernel keys,
+rewritten HLO, Reports) under a fingerprint of XLA's optimized HLO and the options; another
+process compiling the same function then skips parsing, exploring and code generation and
+only loads object code and runs XLA's compile (its Report shows zero explore/codegen time
+and ``cache.plan == "hit"``).
+
 A kernel whose host build or FFI registration fails is left to XLA (a ``host`` / ``ffi``
 fallback) and the plan is recounted without it, so the Report's ``fs`` numbers describe the
 kernels that are really in the executable. A failure of a whole-module step raises
@@ -12,13 +18,14 @@ kernels that are really in the executable. A failure of a whole-module step rais
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import time
 from dataclasses import dataclass
 
 from .. import pipeline
-from ..report import Fallback, Report
+from ..report import Fallback, KernelReport, PlanSummary, Report, Times, Verify
 from . import cache as kernel_cache
 
 log = logging.getLogger("fusionstitching")
@@ -47,40 +54,50 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
                    dump_prefix: str | None = None) -> Built:
     from ..hlo.parser import parse_module
     from ..hlo.printer import print_module
-    from . import ffi, rewrite, xla
+    from . import rewrite
 
     started = time.perf_counter()
     optimized = xla_compiled.as_text()
     if dump_prefix:
         _write(dump_prefix + ".xla.hlo.txt", optimized)
+    stats = kernel_cache.CacheStats(cache_dir)
+    cache = kernel_cache.KernelCache(cache_dir)
+    plan_key = kernel_cache.fingerprint("plan", optimized, options.target, options.explorer)
+    cached = cache.lookup(plan_key, stats)
+    if cached is not None:
+        try:
+            return _from_cached_plan(json.loads(cached[1]), cache, stats, jax_lowered,
+                                     xla_compiled, started, dump_prefix)
+        except (kernel_cache.CorruptEntry, KeyError, TypeError, ValueError) as exc:
+            stats.corrupt.append(f"{plan_key[:16]}: {reason(exc)}")  # rebuilt below
+
     module = _stage("parse", parse_module, optimized, source="<jax>")
     parse_seconds = time.perf_counter() - started
     _check_signature(module, xla_compiled)
     result = _stage("pipeline", pipeline.stitch_module, module, options,
                     parse_seconds=parse_seconds)
     fallbacks = result.report.fallbacks  # codegen/ptxas fallbacks are already in here
+    before_host = len(fallbacks)
 
-    stats = kernel_cache.CacheStats(cache_dir)
-    cache = kernel_cache.KernelCache(cache_dir)
-    kernels, targets = [], []
+    kernels, targets, cached_kernels = [], [], []
     for kernel in result.kernels:
         nodes = list(kernel.pattern.nodes)
         try:
-            host = kernel.host or kernel_cache.compile_host_cached(kernel.spec, cache, stats)
+            host, key = kernel_cache.compile_host_cached(kernel.spec, cache, stats)
         except Exception as exc:
             _leave_to_xla(fallbacks, "host", nodes, kernel.spec.name, reason(exc))
             continue
         try:
-            targets.append(ffi.register_kernel(kernel.spec.name, host.address,
-                                               len(kernel.spec.inputs),
-                                               len(kernel.spec.outputs), owner=host))
+            targets.append(_register(kernel.spec.name, host, len(kernel.spec.inputs),
+                                     len(kernel.spec.outputs)))
         except Exception as exc:
             _leave_to_xla(fallbacks, "ffi", nodes, kernel.spec.name, reason(exc))
             continue
         kernels.append(kernel)
-    for note in stats.corrupt:
-        log.warning("fusionstitching: corrupt kernel cache entry rebuilt: %s", note)
-        fallbacks.append(Fallback("cache", [], f"corrupt entry rebuilt: {note}"))
+        cached_kernels.append({"name": kernel.spec.name, "symbol": kernel.spec.kernel.name,
+                               "key": key, "inputs": len(kernel.spec.inputs),
+                               "outputs": len(kernel.spec.outputs)})
+    _note_corrupt_entries(stats, fallbacks)
 
     stitched_report = _recount(result, kernels, options)
     xla_report = _recount(result, [], options)
@@ -88,12 +105,90 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     if kernels:
         rewritten = _stage("rewrite", rewrite.rewrite_module, module, kernels, targets)
         text = print_module(rewritten)
-        if dump_prefix:
-            _write(dump_prefix + ".rewritten.hlo.txt", text)
-        executable = _stage("xla-compile", xla.compile_hlo, text)
-        stitched = _stage("swap", xla.swap_executable, jax_lowered, xla_compiled, executable)
+        stitched = _compile(text, jax_lowered, xla_compiled, dump_prefix)
+    if cache_dir and len(fallbacks) == before_host:  # a failed host build is not remembered
+        plan = {"kernels": cached_kernels, "xla_report": xla_report.to_json(),
+                "stitched_report": stitched_report.to_json(),
+                "hlo": _placeholders(text, targets) if text else None}
+        cache.store(plan_key, json.dumps(plan).encode(), kind="plan")
     stitched_report.times_s.total = time.perf_counter() - started
     return Built(stitched, stitched_report, xla_report, stats, text)
+
+
+def _from_cached_plan(plan: dict, cache, stats, jax_lowered, xla_compiled, started: float,
+                      dump_prefix: str | None) -> Built:
+    """Everything the first build decided (plan, kernels, rewritten HLO, Reports), without
+    parsing, exploring or generating code: load each kernel's object code, register it, put
+    this process's target names into the HLO, compile."""
+    targets = []
+    for k in plan["kernels"]:
+        entry = cache.lookup(k["key"], stats)
+        if entry is None:
+            raise kernel_cache.CorruptEntry(f"kernel {k['name']} of the plan is not cached")
+        t0 = time.perf_counter()
+        host = kernel_cache.load_object(None, k["symbol"], entry[1])
+        stats.load_s += time.perf_counter() - t0
+        stats.hits += 1
+        targets.append(_register(k["name"], host, k["inputs"], k["outputs"]))
+    stats.plan = "hit"
+    times = Times()  # nothing was parsed, explored or generated in this process
+    fallbacks: list[Fallback] = []
+    reports = [_report_from_json(plan[which], times, fallbacks)
+               for which in ("stitched_report", "xla_report")]
+    fallbacks += reports[0].fallbacks
+    for report in reports:
+        report.fallbacks = fallbacks
+    _note_corrupt_entries(stats, fallbacks)
+    text = plan["hlo"]
+    stitched = None
+    if text is not None:
+        for i, target in enumerate(targets):
+            text = text.replace(_placeholder(i), target)
+        stitched = _compile(text, jax_lowered, xla_compiled, dump_prefix)
+    times.total = time.perf_counter() - started
+    return Built(stitched, reports[0], reports[1], stats, text)
+
+
+def _register(name: str, host, num_inputs: int, num_outputs: int) -> str:
+    from . import ffi
+
+    return ffi.register_kernel(name, host.address, num_inputs, num_outputs, owner=host)
+
+
+def _compile(text: str, jax_lowered, xla_compiled, dump_prefix: str | None):
+    from . import xla
+
+    if dump_prefix:
+        _write(dump_prefix + ".rewritten.hlo.txt", text)
+    executable = _stage("xla-compile", xla.compile_hlo, text)
+    return _stage("swap", xla.swap_executable, jax_lowered, xla_compiled, executable)
+
+
+def _placeholder(i: int) -> str:
+    return f"@fusionstitching_target_{i}@"
+
+
+def _placeholders(text: str, targets: list[str]) -> str:
+    """The HLO with this process's FFI target names (they contain kernel addresses) replaced
+    by placeholders; target names are unique, so plain replacement is exact."""
+    for i, target in enumerate(targets):
+        text = text.replace(f'"{target}"', f'"{_placeholder(i)}"')
+    return text
+
+
+def _note_corrupt_entries(stats, fallbacks: list) -> None:
+    for note in stats.corrupt:
+        log.warning("fusionstitching: corrupt kernel cache entry rebuilt: %s", note)
+        fallbacks.append(Fallback("cache", [], f"corrupt entry rebuilt: {note}"))
+
+
+def _report_from_json(data: dict, times: Times, fallbacks: list) -> Report:
+    return Report(
+        module=data["module"], target=data["target"], xla=PlanSummary(**data["xla"]),
+        fs=PlanSummary(**data["fs"]), compulsory_bytes=data["compulsory_bytes"],
+        verify=Verify(**data["verify"]), times_s=times,
+        kernels=[KernelReport(**k) for k in data["kernels"]],
+        fallbacks=[Fallback(**f) for f in data["fallbacks"]])
 
 
 def _stage(stage: str, fn, *args, **kwargs):

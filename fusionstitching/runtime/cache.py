@@ -5,11 +5,14 @@ time, and every process of a data-parallel training job compiles the same kernel
 object code LLVM emits for a kernel is stored under a fingerprint and loaded by the next
 process with MCJIT's ``add_object_file`` (milliseconds).
 
+Plans (runtime/build.py) are entries of the same format keyed by XLA's optimized HLO: they
+name their kernels by key, so a process that finds the plan loads everything it needs.
+
 - Key: sha256 of the kernel's LLVM IR text (it spells out the whole kernel: shapes, layouts,
-  schedule), the target triple and CPU the object was built for, and the compiler versions
+  schedule), the target triple, CPU and CPU features the object was built for, and the compiler versions
   (this package and llvmlite, i.e. the LLVM inside it) plus the entry format.
 - Entry: ``<dir>/<key[:2]>/<key>.kernel`` = one line of JSON (symbol, payload size and sha256,
-  what was fingerprinted) followed by the raw object bytes. No pickle: a cache directory may
+  what was fingerprinted) followed by the raw payload (object bytes, or a plan's JSON). No pickle: a cache directory may
   be shared or tampered with, and reading an entry never executes anything but the object code
   it names under the key the reader computed itself.
 - Concurrency: entries are written to a temporary file in the same directory and published
@@ -25,7 +28,6 @@ import hashlib
 import json
 import os
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -57,6 +59,7 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     corrupt: list[str] = field(default_factory=list)  # keys rebuilt, with the reason
+    plan: str = "miss"  # "hit": plan, kernels and rewritten HLO all came from the cache
     compile_s: float = 0.0  # LLVM time spent on misses
     load_s: float = 0.0  # time spent loading hits
 
@@ -70,21 +73,18 @@ def _package_version() -> str:
         return "source"
 
 
-_machine_lock = threading.Lock()
-_machine = None
-
-
 def host_machine():
-    """The target machine host kernels are built for: the process's triple, generic CPU
-    (as codegen.compile_host), position-independent so the object loads anywhere."""
-    global _machine
-    with _machine_lock:
-        if _machine is None:
-            llvm.initialize_native_target()
-            llvm.initialize_native_asmprinter()
-            _machine = llvm.Target.from_default_triple().create_target_machine(
-                opt=3, reloc="pic", jit=True)
-        return _machine
+    """A target machine for host kernels: this CPU and its features (as codegen.compile_host:
+    F16C for f16, AVX), position-independent so the object loads at any address. A new one
+    each time: an MCJIT engine takes ownership of its machine and destroys it with itself."""
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    return llvm.Target.from_default_triple().create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=_host_features(), opt=3, reloc="pic", jit=True)
+
+
+def _host_features() -> str:
+    return llvm.get_host_cpu_features().flatten()
 
 
 def host_ir(spec) -> str:
@@ -95,17 +95,21 @@ def host_ir(spec) -> str:
     return str(module)
 
 
-def fingerprint(llvm_ir: str) -> str:
+def fingerprint(*parts: str) -> str:
+    """sha256 of ``parts`` (e.g. a kernel's LLVM IR) with the target and compiler versions."""
     h = hashlib.sha256()
-    for part in (FORMAT, llvm.get_process_triple(), "cpu=generic", _package_version(),
-                 llvmlite.__version__, llvm_ir):
+    # The CPU and its features are part of the key: a cache directory shared by machines of
+    # different CPUs must not hand one the other's instructions.
+    for part in (FORMAT, llvm.get_process_triple(), llvm.get_host_cpu_name(), _host_features(),
+                 _package_version(), llvmlite.__version__, *parts):
         h.update(str(part).encode())
         h.update(b"\0")
     return h.hexdigest()
 
 
 class KernelCache:
-    """Object code of host kernels in ``directory`` (None: no cache, always compile)."""
+    """Entries in ``directory`` (None: no cache, always compile): host kernels' object code,
+    and plans (runtime/build.py) that name their kernels by key."""
 
     def __init__(self, directory: str | None):
         self.directory = directory
@@ -131,12 +135,24 @@ class KernelCache:
             raise CorruptEntry("entry was written under another key")
         if len(payload) != header.get("size") or \
                 hashlib.sha256(payload).hexdigest() != header.get("sha256"):
-            raise CorruptEntry("object code does not match its size/checksum")
+            raise CorruptEntry("payload does not match its size/checksum")
         return header, payload
 
-    def store(self, key: str, symbol: str, payload: bytes) -> None:
-        header = {"format": FORMAT, "key": key, "symbol": symbol, "size": len(payload),
-                  "sha256": hashlib.sha256(payload).hexdigest(),
+    def lookup(self, key: str, stats: CacheStats) -> tuple[dict, bytes] | None:
+        """``load`` for callers that rebuild on any problem: a corrupt or unreadable entry
+        is noted in ``stats`` and reads as absent (it is overwritten by the rebuild)."""
+        if self.directory is None:
+            return None
+        try:
+            return self.load(key)
+        except (CorruptEntry, OSError) as exc:
+            stats.corrupt.append(f"{key[:16]}: {exc}")
+            return None
+
+    def store(self, key: str, payload: bytes, **about) -> None:
+        """Publish ``payload`` under ``key``; ``about`` goes into the header (JSON values)."""
+        header = {"format": FORMAT, "key": key, "size": len(payload),
+                  "sha256": hashlib.sha256(payload).hexdigest(), **about,
                   "llvmlite": llvmlite.__version__, "package": _package_version(),
                   "triple": llvm.get_process_triple(), "created": time.time()}
         directory = os.path.dirname(self.path(key))
@@ -151,31 +167,31 @@ class KernelCache:
             raise
 
 
-def compile_host_cached(spec, cache: KernelCache, stats: CacheStats) -> HostKernel:
+def compile_host_cached(spec, cache: KernelCache, stats: CacheStats) -> tuple[HostKernel, str]:
     """``codegen.compile_host(spec)`` through the cache: load the object code when an intact
-    entry exists, else compile (same IR, same optimization) and store it."""
+    entry exists, else compile (same IR, same optimization) and store it. Returns the kernel
+    and its cache key."""
     text = host_ir(spec)
     symbol = spec.kernel.name
-    key = fingerprint(text)
-    if cache.directory is not None:
-        t0 = time.perf_counter()
+    key = fingerprint("kernel", text)
+    t0 = time.perf_counter()
+    entry = cache.lookup(key, stats)
+    if entry is not None:
         try:
-            entry = cache.load(key)
-        except (CorruptEntry, OSError) as exc:
+            kernel = load_object(spec, symbol, entry[1], text)
+        except CorruptEntry as exc:
             stats.corrupt.append(f"{key[:16]}: {exc}")
-            entry = None
-        if entry is not None:
-            kernel = _load_object(spec, text, symbol, entry[1])
+        else:
             stats.hits += 1
             stats.load_s += time.perf_counter() - t0
-            return kernel
+            return kernel, key
     t0 = time.perf_counter()
     payload = _emit_object(text)
     stats.misses += 1
     stats.compile_s += time.perf_counter() - t0
     if cache.directory is not None:
-        cache.store(key, symbol, payload)
-    return _load_object(spec, text, symbol, payload)
+        cache.store(key, payload, kind="kernel", symbol=symbol)
+    return load_object(spec, symbol, payload, text), key
 
 
 def _emit_object(text: str) -> bytes:
@@ -187,7 +203,8 @@ def _emit_object(text: str) -> bytes:
     return machine.emit_object(parsed)
 
 
-def _load_object(spec, text: str, symbol: str, payload: bytes) -> HostKernel:
+def load_object(spec, symbol: str, payload: bytes, text: str = "") -> HostKernel:
+    """Native code from object bytes (the kernel's LLVM IR text is kept for reference)."""
     engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), host_machine())
     engine.add_object_file(llvm.ObjectFileRef.from_data(payload))
     engine.finalize_object()

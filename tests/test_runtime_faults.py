@@ -1,0 +1,198 @@
+"""Fault injection in every runtime stage: each run completes with XLA's results and a
+``fallbacks`` entry naming the stage; plus static/donated arguments and the executor's
+choice between XLA's and the stitched executable."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from fusionstitching.jit import jit  # noqa: E402
+from fusionstitching.runtime import build, cache, executor, ffi, xla  # noqa: E402
+
+
+def layernorm(x, g, b):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + 1e-5) * g + b
+
+
+def args(rows=16, cols=128):
+    rng = np.random.default_rng(3)
+    return [rng.standard_normal((rows, cols)).astype(np.float32),
+            rng.standard_normal(cols).astype(np.float32),
+            rng.standard_normal(cols).astype(np.float32)]
+
+
+def expected(*a):
+    return np.asarray(jax.jit(layernorm)(*a))
+
+
+def run_twice(fn, a):
+    """Two calls: the first decides (runs XLA's and the candidate), the second runs the kept one."""
+    first, second = np.asarray(fn(*a)), np.asarray(fn(*a))
+    return first, second
+
+
+def stages(report):
+    return [f.stage for f in report.fallbacks]
+
+
+def test_kernel_that_fails_to_build(monkeypatch, caplog):
+    def broken(text):
+        raise RuntimeError("LLVM ran out of luck")
+
+    monkeypatch.setattr(cache, "_emit_object", broken)
+    fn, a = jit(layernorm, cache_dir=None, keep="stitched"), args()
+    with caplog.at_level("WARNING", logger="fusionstitching"):
+        results = run_twice(fn, a)
+    for got in results:
+        np.testing.assert_array_equal(got, expected(*a))
+    (report,) = fn.reports()
+    assert stages(report) == ["host"] and "LLVM ran out of luck" in report.fallbacks[0].reason
+    assert report.runtime["kept"] == "xla" and report.fs.patterns == 0
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1
+
+
+def test_ptxas_error(monkeypatch):
+    from fusionstitching import codegen
+
+    def broken(spec, arch="sm_90"):
+        raise RuntimeError("ptxas fatal: Unresolved extern function '__nv_nothing'")
+
+    monkeypatch.setattr(codegen, "compile_nvptx", broken)
+    fn, a = jit(layernorm, cache_dir=None, ptxas=True, keep="stitched"), args()
+    for got in run_twice(fn, a):
+        np.testing.assert_array_equal(got, expected(*a))
+    (report,) = fn.reports()
+    assert stages(report) == ["ptxas"] and "Unresolved extern" in report.fallbacks[0].reason
+    assert report.runtime["kept"] == "xla"
+    assert 'custom_call_target="fusionstitching' not in fn.lower(*a).compile().as_text()
+
+
+def test_ffi_registration_failure(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("XLA refused the target")
+
+    monkeypatch.setattr(ffi, "register_kernel", broken)
+    fn, a = jit(layernorm, cache_dir=None), args()
+    for got in run_twice(fn, a):
+        np.testing.assert_array_equal(got, expected(*a))
+    (report,) = fn.reports()
+    assert stages(report) == ["ffi"] and "refused" in report.fallbacks[0].reason
+
+
+def test_wrong_result_kernel_is_caught_by_verify(monkeypatch, caplog):
+    real_ir = cache.host_ir
+
+    def wrong_ir(spec):  # the means divide by 64 instead of 128 (the row length)
+        return real_ir(spec).replace("0x3f80000000000000", "0x3f90000000000000")
+
+    monkeypatch.setattr(cache, "host_ir", wrong_ir)
+    fn, a = jit(layernorm, cache_dir=None, verify=True, keep="stitched"), args()
+    with caplog.at_level("WARNING", logger="fusionstitching"):
+        for got in run_twice(fn, a):
+            np.testing.assert_array_equal(got, expected(*a))
+    (report,) = fn.reports()
+    assert stages(report) == ["verify"] and "differ" in report.fallbacks[0].reason
+    assert report.verify.ran and not report.verify.ok and report.verify.max_abs_err > 1e-3
+    assert report.runtime["state"] == "fallback" and report.runtime["kept"] == "xla"
+    assert report.fs.mem_kernels == report.xla.mem_kernels  # the stitched kernels never run
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1
+
+
+def test_verify_passes_for_a_correct_kernel():
+    fn, a = jit(layernorm, cache_dir=None, verify=True, keep="stitched"), args()
+    first, second = run_twice(fn, a)
+    np.testing.assert_array_equal(first, expected(*a))  # the deciding call answers with XLA's
+    np.testing.assert_allclose(second, expected(*a), rtol=1e-5, atol=1e-5)
+    (report,) = fn.reports()
+    assert report.verify.ran and report.verify.ok and not report.fallbacks
+    assert report.runtime["kept"] == "stitched" and report.runtime["swapped_at_call"] == 2
+    assert report.fs.mem_kernels < report.xla.mem_kernels
+
+
+def test_runtime_error_in_the_stitched_executable(monkeypatch):
+    real_swap = xla.swap_executable
+
+    def failing_swap(lowered, compiled, executable):
+        stitched = real_swap(lowered, compiled, executable)
+
+        def run(*args, **kwargs):
+            raise jax.errors.JaxRuntimeError("INTERNAL: injected kernel fault")
+
+        run.as_text = stitched.as_text
+        return run
+
+    monkeypatch.setattr(xla, "swap_executable", failing_swap)
+    fn, a = jit(layernorm, cache_dir=None, keep="stitched"), args()
+    for got in run_twice(fn, a):
+        np.testing.assert_array_equal(got, expected(*a))
+    (report,) = fn.reports()
+    assert stages(report) == ["execute"] and "injected kernel fault" in report.fallbacks[0].reason
+
+
+def test_whole_module_failure_names_the_stage(monkeypatch):
+    from fusionstitching.runtime import rewrite
+
+    def broken(*args, **kwargs):
+        raise rewrite.RewriteError("tuple-shaped copy x: StableHLO has no copy")
+
+    monkeypatch.setattr(rewrite, "rewrite_module", broken)
+    fn, a = jit(layernorm, cache_dir=None), args()
+    for got in run_twice(fn, a):
+        np.testing.assert_array_equal(got, expected(*a))
+    (report,) = fn.reports()
+    assert stages(report) == ["rewrite"] and "StableHLO has no copy" in report.fallbacks[0].reason
+
+
+def test_keep_fastest_times_both_and_reports_it():
+    fn, a = jit(layernorm, cache_dir=None), args()
+    run_twice(fn, a)
+    (report,) = fn.reports()
+    runtime = report.runtime
+    assert runtime["state"] == "settled" and runtime["kept"] in ("xla", "stitched")
+    assert runtime["xla_us"] > 0 and runtime["stitched_us"] > 0
+    faster = "stitched" if runtime["stitched_us"] < runtime["xla_us"] else "xla"
+    assert runtime["kept"] == faster
+    assert (report.fs.mem_kernels < report.xla.mem_kernels) == (faster == "stitched")
+    assert report.to_json()["runtime"]["kept"] == faster
+
+
+def test_static_and_donated_arguments():
+    def scaled(x, g, b, scale, *, shift):
+        return layernorm(x, g, b) * scale + shift
+
+    fn = jit(scaled, static_argnums=3, static_argnames="shift", donate_argnums=0,
+             cache_dir=None, keep="stitched")
+    a = args()
+    for scale, shift in ((2.0, 1.0), (3.0, 1.0), (2.0, 1.0)):
+        want = np.asarray(jax.jit(scaled, static_argnums=3, static_argnames="shift")(
+            *a, scale, shift=shift))
+        np.testing.assert_allclose(np.asarray(fn(*[jnp.asarray(x) for x in a], scale,
+                                                 shift=shift)), want, rtol=1e-5, atol=1e-5)
+    assert len(fn.reports()) == 2  # one per static value, the third call reused the first
+    assert 'custom_call_target="fusionstitching' in fn.lower(*a, 2.0, shift=1.0).compile().as_text()
+
+
+def test_called_inside_another_trace_inlines_like_jax_jit():
+    fn, a = jit(layernorm, cache_dir=None), args()
+    grad = jax.jit(jax.grad(lambda x: fn(x, a[1], a[2]).sum()))(a[0])
+    want = jax.grad(lambda x: layernorm(x, a[1], a[2]).sum())(a[0])
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(want), rtol=1e-4, atol=1e-4)
+    assert fn.reports() == []  # nothing compiled by us: jax traced through it
+
+
+def test_keep_must_be_known():
+    with pytest.raises(ValueError, match="keep"):
+        executor.Executor(xla=None, name="f", keep="slowest")
+
+
+def test_build_error_carries_the_stage():
+    error = build.BuildError("xla-compile", "INVALID_ARGUMENT: bad layout")
+    assert (error.stage, error.reason) == ("xla-compile", "INVALID_ARGUMENT: bad layout")
