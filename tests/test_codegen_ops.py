@@ -312,11 +312,12 @@ def model_args(name):
                                    np.abs(f32(64, 32)), np.float32(1e-3), np.float32(3)))}[name]
 
 
-def check_against_jax(module, fn, args) -> None:
+def check_against_jax(module, fn, args, fast: bool = False):
+    """fast: the CPU-scheduled, vectorized host kernel instead of the GPU schedule."""
     nodes = [i.name for i in module.entry.instructions if i.opcode not in TRIVIAL]
     spec = generate(module, nodes, fn.__name__)
     number = {p.name: p.parameter_number for p in module.entry.parameters}
-    got = compile_host(spec)(*[args[number[n]] for n, _ in spec.inputs])
+    got = compile_host(spec, fast)(*[args[number[n]] for n, _ in spec.inputs])
     expected = jax.tree_util.tree_leaves(jax.jit(fn)(*args))
     root = module.entry.root
     order = list(root.operands) if root.opcode == "tuple" else \
@@ -328,10 +329,11 @@ def check_against_jax(module, fn, args) -> None:
     return spec
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["gpu_schedule", "host_schedule"])
 @pytest.mark.parametrize("name", ["batchnorm", "xent", "adam"])
-def test_model_pattern_is_one_kernel_equal_to_jax(name):
+def test_model_pattern_is_one_kernel_equal_to_jax(name, fast):
     fn, args = model_args(name)
-    check_against_jax(parse_module(jax_hlo(fn, *args, target="cpu")), fn, args)
+    check_against_jax(parse_module(jax_hlo(fn, *args, target="cpu")), fn, args, fast)
 
 
 @pytest.mark.parametrize("name", ["batchnorm", "xent"])

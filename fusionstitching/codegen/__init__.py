@@ -15,7 +15,7 @@ from .flatten import CodegenError, flatten
 from .host import HostKernel, compile_host
 from .kernel_ir import Kernel, register_estimate
 from .nvptx import NvptxKernel, compile_nvptx, find_ptxas
-from .schedule import schedule_pattern
+from .schedule import build_kernel, host_schedule, schedule_pattern
 
 __all__ = ["CodegenError", "HostKernel", "KernelSpec", "NvptxKernel", "can_stitch",
            "compile_host", "compile_nvptx", "find_ptxas", "generate"]
@@ -46,6 +46,9 @@ class KernelSpec:
     smem_bytes_no_reuse: int = 0  # shared memory before dominance-tree reuse (paper 4.4)
     # Every enumerated schedule with its modeled time (inf: refused, with the reason).
     candidates: list[tuple[str, float]] = field(default_factory=list)
+    # The same pattern scheduled for CPU speed (compile_host(spec, fast=True)): one thread per
+    # block, serial loops; same buffers and ABI as `kernel`.
+    host_kernel: Kernel | None = None
 
     def __str__(self) -> str:
         return str(self.kernel)
@@ -67,7 +70,8 @@ def generate(module: Module, nodes: list[str], name: str, device: dict | None = 
         write_bytes=sum(s.byte_size for _, s in pattern.outputs),
         regs_model=register_estimate(kernel), why=scheduled.schedule.why,
         modeled_us=scheduled.modeled_us, smem_bytes_no_reuse=scheduled.smem_bytes_no_reuse,
-        candidates=scheduled.candidates)
+        candidates=scheduled.candidates,
+        host_kernel=build_kernel(pattern, host_schedule(pattern), name)[0])
 
 
 def can_stitch(module: Module, nodes: list[str]) -> tuple[bool, str]:

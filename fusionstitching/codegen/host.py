@@ -174,17 +174,22 @@ def _host_machine():
         opt=3, jit=True)
 
 
-def compile_host(spec) -> HostKernel:
+def compile_host(spec, fast: bool = False) -> HostKernel:
+    """The spec's kernel as native code. By default the GPU schedule itself (``spec.kernel``,
+    emulated thread by thread: what verification checks); ``fast=True`` compiles
+    ``spec.host_kernel``, the same pattern scheduled for the CPU, with LLVM's loop unrolling
+    and vectorization (the runtime's choice when the host kernel competes with XLA:CPU)."""
+    kernel = spec.host_kernel if fast else spec.kernel
     module = ir.Module(name=spec.name)
     module.triple = llvm.get_process_triple()
-    HostLowering(spec.kernel, module).build()
+    HostLowering(kernel, module).build()
     text = str(module)
     machine = _host_machine()
     parsed = llvm.parse_assembly(text)
     parsed.verify()
-    # Host kernels exist to be checked, not to be fast: unrolling and vectorizing the
-    # emulated thread and lane loops would double the compile time.
-    optimize(parsed, machine, unroll_and_vectorize=False)
+    # Emulated GPU schedules exist to be checked: unrolling and vectorizing their thread and
+    # lane loops would double the compile time for nothing.
+    optimize(parsed, machine, unroll_and_vectorize=fast)
     engine = llvm.create_mcjit_compiler(parsed, machine)
     engine.finalize_object()
-    return HostKernel(spec, text, engine.get_function_address(spec.kernel.name), engine)
+    return HostKernel(spec, text, engine.get_function_address(kernel.name), engine)

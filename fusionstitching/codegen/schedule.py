@@ -856,6 +856,15 @@ def kernel_profile(kernel: Kernel, read_bytes: int, write_bytes: int) -> KernelP
                          bytes_read=read_bytes, bytes_written=write_bytes)
 
 
+def host_schedule(pattern: Pattern) -> Schedule:
+    """The schedule a CPU runs fastest: one thread per block, so every loop is a plain serial
+    loop (vectorizable) and per-group or per-kernel values are computed once, not per element."""
+    space = reduction_space(pattern)
+    if space.reduced == 0:
+        return Schedule("loop", space, 1, 1, 1)
+    return Schedule("thread", space, 1, 1, space.groups)
+
+
 def resolve_device(device: dict | Device | None) -> Device:
     if isinstance(device, Device):
         return device
