@@ -15,8 +15,10 @@ import numpy as np
 import costmodel
 
 from . import codegen
+from .codegen.profile import modeled_kernel_us, register_model
 from .explorer import FusionPlan, Pattern, explore
 from .graph import OpClass, OpGraph, build_graph
+from .graph.profile import xla_kernel_profile
 from .graph.traffic import memory_intensive_regions, pattern_traffic, plan_bytes
 from .hlo.ir import Computation, Instruction, Module, Shape
 from .report import Fallback, KernelReport, PlanSummary, Report, Times, Verify
@@ -124,26 +126,37 @@ def _make_report(result: StitchResult, options: Options, device, times: Times) -
     fs_patterns = [k.pattern.nodes for k in result.kernels] + [
         [n] for n in mem_nodes if n not in stitched]
 
-    def summary(patterns, with_patterns=False):
+    # Both plans priced by the same latency-evaluator (modeled): XLA's kernels from the graph,
+    # stitched kernels from their kernel IR.
+    def xla_us(node: str) -> float:
+        return costmodel.kernel_latency_us(xla_kernel_profile(graph, node, device),
+                                           device).total_us
+
+    stitched_us = [modeled_kernel_us(k.spec, device) for k in result.kernels]
+    xla_times = [xla_us(n) for n in mem_nodes]
+    fs_times = stitched_us + [xla_us(n) for n in mem_nodes if n not in stitched]
+
+    def summary(patterns, kernel_us, with_patterns=False):
         kernel_bytes = [sum(pattern_traffic(graph, p)) for p in patterns]
         return PlanSummary(
             kernels=len(patterns) + opaque, mem_kernels=len(patterns), bytes=sum(kernel_bytes),
-            modeled_us=round(costmodel.plan_time_us(kernel_bytes, device), 3),
+            modeled_us=round(sum(kernel_us), 3),
             patterns=len(result.kernels) if with_patterns else None)
 
     kernels = []
-    for k in result.kernels:
+    for k, modeled_us in zip(result.kernels, stitched_us):
         spec, nv = k.spec, k.nvptx
         kbytes = sum(pattern_traffic(graph, k.pattern.nodes))
         kernels.append(KernelReport(
             name=spec.name, nodes=list(spec.nodes), schemes=list(spec.schemes),
             grid=list(spec.grid), block=list(spec.block), smem_bytes=spec.smem_bytes,
-            regs=nv.regs if nv else None, regs_model=spec.regs_model,
+            regs=nv.regs if nv else None, regs_model=register_model(spec),
             spills=nv.spills if nv else None, bytes=kbytes,
-            modeled_us=round(costmodel.kernel_cost(kbytes, device).total_us, 3)))
+            modeled_us=round(modeled_us, 3)))
     return Report(
         module=result.module.name, target=options.target,
-        xla=summary(xla_patterns), fs=summary(fs_patterns, with_patterns=True),
+        xla=summary(xla_patterns, xla_times),
+        fs=summary(fs_patterns, fs_times, with_patterns=True),
         compulsory_bytes=plan_bytes(graph, memory_intensive_regions(graph)),
         times_s=times, kernels=kernels, fallbacks=result.fallbacks)
 
