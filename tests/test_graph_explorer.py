@@ -110,3 +110,28 @@ def test_baseline_cuts_an_unbuildable_region_greedily():
     plan = connected_region_plan(graph, at_most_two)
     assert [p.nodes for p in plan.patterns] == [["sum", "center"], ["sq", "rs"]]
     assert any(not d.ok and d.reason == "too many reductions" for d in plan.decisions)
+
+
+def test_a_bitcast_between_pattern_kernels_is_not_a_cycle():
+    module = parse_module("""
+HloModule m
+
+%f_neg (p: f32[4,8]) -> f32[4,8] {
+  %p = f32[4,8]{1,0} parameter(0)
+  ROOT %n = f32[4,8]{1,0} negate(%p)
+}
+
+%f_abs (p: f32[32]) -> f32[32] {
+  %p = f32[32]{0} parameter(0)
+  ROOT %a = f32[32]{0} abs(%p)
+}
+
+ENTRY %main (x: f32[4,8]) -> f32[32] {
+  %x = f32[4,8]{1,0} parameter(0)
+  %neg = f32[4,8]{1,0} fusion(%x), kind=kLoop, calls=%f_neg
+  %flat = f32[32]{0} bitcast(%neg)
+  ROOT %abs = f32[32]{0} fusion(%flat), kind=kLoop, calls=%f_abs
+}
+""")
+    graph = build_graph(module)
+    assert not creates_cycle(graph, ["neg", "abs"])
