@@ -77,7 +77,7 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     result = _stage("pipeline", pipeline.stitch_module, module, options,
                     parse_seconds=parse_seconds)
     fallbacks = result.report.fallbacks  # codegen/ptxas fallbacks are already in here
-    before_host = len(fallbacks)
+    before_host = len(fallbacks)  # a plan with failed host builds is not remembered
 
     kernels, targets, cached_kernels = [], [], []
     for kernel in result.kernels:
@@ -97,7 +97,6 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
         cached_kernels.append({"name": kernel.spec.name, "symbol": kernel.spec.kernel.name,
                                "key": key, "inputs": len(kernel.spec.inputs),
                                "outputs": len(kernel.spec.outputs)})
-    _note_corrupt_entries(stats, fallbacks)
 
     stitched_report = _recount(result, kernels, options)
     xla_report = _recount(result, [], options)
@@ -106,11 +105,12 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
         rewritten = _stage("rewrite", rewrite.rewrite_module, module, kernels, targets)
         text = print_module(rewritten)
         stitched = _compile(text, jax_lowered, xla_compiled, dump_prefix)
-    if cache_dir and len(fallbacks) == before_host:  # a failed host build is not remembered
+    if cache_dir and len(fallbacks) == before_host:
         plan = {"kernels": cached_kernels, "xla_report": xla_report.to_json(),
                 "stitched_report": stitched_report.to_json(),
                 "hlo": _placeholders(text, targets) if text else None}
         cache.store(plan_key, json.dumps(plan).encode(), kind="plan")
+    _note_corrupt_entries(stats, fallbacks)  # this process's notes, not part of the plan
     stitched_report.times_s.total = time.perf_counter() - started
     return Built(stitched, stitched_report, xla_report, stats, text)
 

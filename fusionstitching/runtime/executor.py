@@ -130,8 +130,9 @@ class Executor:
             self.fail("execute", [], reason(exc))
             return expected
         if self.verify:
-            ok, max_abs, max_rel = pipeline.compare(jax.device_get(expected),
-                                                    jax.device_get(got), self.rtol, self.atol)
+            leaves = lambda tree: jax.tree_util.tree_leaves(jax.device_get(tree))
+            ok, max_abs, max_rel = pipeline.compare(leaves(expected), leaves(got), self.rtol,
+                                                    self.atol)
             self.checked = Verify(ran=True, ok=ok, max_abs_err=max_abs, max_rel_err=max_rel,
                                   against=["xla (same call)"])
             if not ok:

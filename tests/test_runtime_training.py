@@ -1,0 +1,99 @@
+"""The issue's training loop (MLP with LayerNorm, GELU, softmax cross-entropy; SGD) under
+jax.jit, fusionstitching.jit, FUSIONSTITCHING=1 and async compilation: same losses, our
+custom calls in the HLO XLA runs, fewer kernels than XLA's plan. The FUSIONSTITCHING=1 run
+is marked slow (a child process importing jax and compiling the step: ~15 s here); the
+async test reuses the first test's kernel cache (plan hit), so its build takes ~1 s."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from benchmarks import bench_training_loop as loop  # noqa: E402
+from fusionstitching.graph import build_graph  # noqa: E402
+from fusionstitching.hlo.parser import parse_module  # noqa: E402
+
+SIZES = loop.Sizes(batch=32, features=64, hidden=128, classes=32)
+STEPS = 10
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Loss tolerance: stitched reductions add in another order than XLA:CPU's (float32).
+RTOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("kernel-cache"))
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return loop.train(jax.jit(loop.train_step, static_argnums=3), SIZES, STEPS)["losses"]
+
+
+def kernels(hlo_text: str) -> int:
+    return len(build_graph(parse_module(hlo_text)).kernel_nodes())
+
+
+def test_fusionstitching_jit_same_losses_fewer_kernels(cache_dir, reference):
+    step = loop.stitched_step(keep="stitched", verify=True, cache_dir=cache_dir)
+    result = loop.train(step, SIZES, STEPS)
+    np.testing.assert_allclose(result["losses"], reference, rtol=RTOL)
+    (report,) = step.reports()
+    assert report.verify.ran and report.verify.ok and not report.fallbacks
+    assert report.runtime["kept"] == "stitched" and report.fs.patterns >= 3
+
+    params = jax.tree_util.tree_map(np.asarray, loop.init_params(SIZES))
+    x, onehot = loop.batches(SIZES, 1)[0]
+    ours = step.lower(params, x, onehot, SIZES.lr).compile().as_text()
+    xla = jax.jit(loop.train_step, static_argnums=3).lower(params, x, onehot,
+                                                          SIZES.lr).compile().as_text()
+    assert ours.count('custom_call_target="fusionstitching') == report.fs.patterns
+    assert kernels(ours) < kernels(xla)
+
+
+@pytest.mark.slow
+def test_fusionstitching_env_var_same_losses(cache_dir, reference):
+    from test_hook import WITH_PTH
+
+    result = loop.run_with_hook(SIZES, STEPS, f"--keep=stitched --cache_dir={cache_dir}",
+                                python=[sys.executable, *WITH_PTH])
+    np.testing.assert_allclose(result["losses"], reference, rtol=RTOL)
+    (report,) = result["reports"]
+    assert report["runtime"]["kept"] == "stitched" and not report["fallbacks"]
+    assert report["fs"]["mem_kernels"] < report["xla"]["mem_kernels"]
+
+
+def test_async_swap_during_the_loop(cache_dir):
+    step = loop.stitched_step(async_compile=True, verify=True, keep="stitched",
+                              cache_dir=cache_dir)
+    params = jax.tree_util.tree_map(np.asarray, loop.init_params(SIZES))
+    data = loop.batches(SIZES, 400)
+    losses, states = [], []
+    for x, onehot in data:
+        params, loss = step(params, x, onehot, SIZES.lr)
+        losses.append(float(loss))
+        (compiled,) = step._compiled.values()
+        states.append((compiled.executor.info.state, compiled.builder.is_alive()))
+        if states[-1][0] != "building" and len(states) >= states.index(states[-1]) + 3:
+            break
+        time.sleep(0.2)  # a training step's worth of time: the build runs meanwhile
+    # The first call returned while the compiler was still at work: no call waited for it.
+    assert states[0] == ("building", True)
+    (report,) = step.reports()
+    runtime = report.runtime
+    assert runtime["mode"] == "async" and runtime["state"] == "settled", runtime
+    assert runtime["kept"] == "stitched" and report.verify.ran and report.verify.ok
+    assert 1 < runtime["swapped_at_call"] <= len(losses) - 1  # stitched steps ran in the loop
+    plain = jax.jit(loop.train_step, static_argnums=3)
+    params = jax.tree_util.tree_map(np.asarray, loop.init_params(SIZES))
+    want = []
+    for x, onehot in data[:len(losses)]:
+        params, loss = plain(params, x, onehot, SIZES.lr)
+        want.append(float(loss))
+    np.testing.assert_allclose(losses, want, rtol=RTOL)
