@@ -70,7 +70,7 @@ def stitch_module(module: Module, options: Options | None = None,
     kernels: list[StitchedKernel] = []
     for index, pattern in enumerate(plan.patterns):
         name = f"fusionstitching_{_c_name(module.name)[:40]}_{index}"
-        kernel = _build_kernel(module, pattern, name, options, device, times, fallbacks)
+        kernel = _build_kernel(graph, pattern, name, options, device, times, fallbacks)
         if kernel is not None:
             kernels.append(kernel)
 
@@ -88,16 +88,32 @@ def _c_name(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)
 
 
-def _build_kernel(module, pattern, name, options, device, times, fallbacks):
+def _build_kernel(graph, pattern, name, options, device, times, fallbacks):
     t0 = time.perf_counter()
     try:
-        spec = codegen.generate(module, pattern.nodes, name)
-        host = codegen.compile_host(spec) if options.verify or options.host else None
+        spec = codegen.generate(graph.module, pattern.nodes, name, {"name": options.target})
     except Exception as exc:  # any codegen failure leaves the pattern to XLA
         times.codegen += time.perf_counter() - t0
         fallbacks.append(Fallback("codegen", list(pattern.nodes), _reason(exc)))
         return None
-    times.codegen += time.perf_counter() - t0
+    # No negative optimization: a stitched kernel modeled slower than the XLA kernels it
+    # replaces is not used.
+    stitched_us = modeled_kernel_us(spec, device)
+    xla_us = sum(_xla_kernel_us(graph, n, device) for n in pattern.nodes
+                 if graph.nodes[n].is_kernel)
+    if stitched_us >= xla_us:
+        times.codegen += time.perf_counter() - t0
+        fallbacks.append(Fallback("cost", list(pattern.nodes), (
+            f"stitched kernel modeled at {stitched_us:.2f} us is not faster than XLA's "
+            f"kernels at {xla_us:.2f} us (modeled, {options.target})")))
+        return None
+    try:
+        host = codegen.compile_host(spec) if options.verify or options.host else None
+    except Exception as exc:
+        fallbacks.append(Fallback("host", list(pattern.nodes), _reason(exc)))
+        return None
+    finally:
+        times.codegen += time.perf_counter() - t0
     kernel = StitchedKernel(pattern, spec, host=host)
     if options.ptxas:
         t0 = time.perf_counter()
@@ -115,6 +131,11 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _xla_kernel_us(graph: OpGraph, node: str, device) -> float:
+    """Modeled time of one of XLA's own kernels, by the same latency-evaluator."""
+    return costmodel.kernel_latency_us(xla_kernel_profile(graph, node, device), device).total_us
+
+
 def _make_report(result: StitchResult, options: Options, device, times: Times) -> Report:
     graph = result.graph
     kernel_nodes = graph.kernel_nodes()
@@ -128,13 +149,10 @@ def _make_report(result: StitchResult, options: Options, device, times: Times) -
 
     # Both plans priced by the same latency-evaluator (modeled): XLA's kernels from the graph,
     # stitched kernels from their kernel IR.
-    def xla_us(node: str) -> float:
-        return costmodel.kernel_latency_us(xla_kernel_profile(graph, node, device),
-                                           device).total_us
-
     stitched_us = [modeled_kernel_us(k.spec, device) for k in result.kernels]
-    xla_times = [xla_us(n) for n in mem_nodes]
-    fs_times = stitched_us + [xla_us(n) for n in mem_nodes if n not in stitched]
+    xla_times = [_xla_kernel_us(graph, n, device) for n in mem_nodes]
+    fs_times = stitched_us + [_xla_kernel_us(graph, n, device) for n in mem_nodes
+                              if n not in stitched]
 
     def summary(patterns, kernel_us, with_patterns=False):
         kernel_bytes = [sum(pattern_traffic(graph, p)) for p in patterns]
@@ -295,6 +313,8 @@ def emit(result: StitchResult, directory: str) -> None:
         base = os.path.join(directory, k.spec.name)
         with open(base + ".kir", "w") as f:
             f.write(str(k.spec.kernel) + "\n")
+            f.write("".join(f"# candidate {us:9.2f} us (modeled)  {what}\n"
+                            for what, us in k.spec.candidates))
         if k.nvptx is not None:
             with open(base + ".ll", "w") as f:
                 f.write(k.nvptx.llvm_ir)
