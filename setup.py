@@ -2,6 +2,7 @@ import os
 
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
+from setuptools.command.develop import develop
 
 # Started by Python at every start-up: it does nothing unless FUSIONSTITCHING is set (tf_hooks).
 HOOK_PTH = os.path.join("tf_hooks", "site", "fusionstitching_hook.pth")
@@ -17,6 +18,15 @@ class BuildPyWithHook(build_py):
         root = self.get_finalized_command("install").install_lib if self.editable_mode \
             else self.build_lib
         self.copy_file(HOOK_PTH, os.path.join(root, os.path.basename(HOOK_PTH)))
+
+
+class DevelopWithHook(develop):
+    """The same for legacy editable installs (``setup.py develop``: what pip runs for
+    ``pip install -e`` without build isolation)."""
+
+    def run(self):
+        super().run()
+        self.copy_file(HOOK_PTH, os.path.join(self.install_dir, os.path.basename(HOOK_PTH)))
 
 
 setup(
@@ -49,5 +59,5 @@ setup(
                  "jax-cuda12-pjrt>=0.10,<0.11", "nvidia-cuda-nvcc-cu12>=12.4"],
     },
     entry_points={"console_scripts": ["fusionstitching=fusionstitching.cli:main"]},
-    cmdclass={"build_py": BuildPyWithHook},
+    cmdclass={"build_py": BuildPyWithHook, "develop": DevelopWithHook},
 )
