@@ -284,6 +284,40 @@ def test_rewrite_multi_output_pattern():
     check_against_evaluator(OPTIMIZED, print_module(module), small_args())
 
 
+def test_rewrite_multi_output_pattern_with_a_scalar_output():
+    """A kernel returning (f32[], f32[8,4]) (e.g. a loss and a gradient) is a tuple-shaped
+    custom call XLA's parser accepts (no ``{}`` layout on the scalar)."""
+    text = """HloModule scalar_out
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+%fused_total (p0: f32[8,4]) -> f32[] {
+  %p0 = f32[8,4]{1,0} parameter(0)
+  %zero = f32[] constant(0)
+  ROOT %total = f32[] reduce(%p0, %zero), dimensions={0,1}, to_apply=%add
+}
+ENTRY %main (a: f32[8,4], b: f32[8,4]) -> (f32[], f32[8,4]) {
+  %a = f32[8,4]{1,0} parameter(0)
+  %b = f32[8,4]{1,0} parameter(1)
+  %total = f32[] fusion(%a), kind=kLoop, calls=%fused_total
+  %prod = f32[8,4]{1,0} multiply(%a, %b)
+  ROOT %out = (f32[], f32[8,4]{1,0}) tuple(%total, %prod)
+}
+"""
+    matrix, scalar = parse_shape("f32[8,4]{1,0}"), parse_shape("f32[]")
+    kernel = SimpleNamespace(pattern=SimpleNamespace(nodes=["total", "prod"]),
+                             spec=SimpleNamespace(name="fusionstitching_scalar_0",
+                                                  inputs=[("a", matrix), ("b", matrix)],
+                                                  outputs=[("total", scalar), ("prod", matrix)]))
+    address = elementwise_kernel("rw_scalar", 1, [("fadd", 0, 1), ("fmul", 0, 1)])
+    target = ffi.register_kernel(kernel.spec.name, address, 2, 2)
+    rewritten = print_module(rewrite.rewrite_module(parse_module(text), [kernel], [target]))
+    assert "(f32[], f32[8,4]{1,0}) custom-call" in rewritten
+    assert target in xla.executable_text(xla.compile_hlo(rewritten))
+
+
 def test_rewrite_rejects_pattern_value_missing_from_outputs():
     kernel = stitched(["sum", "diff"], "fusionstitching_small_2", ["a", "b"], ["diff"])
     with pytest.raises(rewrite.RewriteError, match="sum"):

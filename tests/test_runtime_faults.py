@@ -149,6 +149,9 @@ def test_whole_module_failure_names_the_stage(monkeypatch):
         np.testing.assert_array_equal(got, expected(*a))
     (report,) = fn.reports()
     assert stages(report) == ["rewrite"] and "StableHLO has no copy" in report.fallbacks[0].reason
+    assert report.fallbacks[0].nodes  # the patterns that were left to XLA
+    assert report.fs.patterns == 0 and report.fs.mem_kernels == report.xla.mem_kernels > 0
+    assert report.runtime["kept"] == "xla" and "rewrite" in report.runtime["why"]
 
 
 def test_keep_fastest_times_both_and_reports_it():

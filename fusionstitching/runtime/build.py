@@ -102,9 +102,14 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     xla_report = _recount(result, [], options)
     stitched, text = None, None
     if kernels:
-        rewritten = _stage("rewrite", rewrite.rewrite_module, module, kernels, targets)
-        text = print_module(rewritten)
-        stitched = _compile(text, jax_lowered, xla_compiled, dump_prefix)
+        try:
+            text = print_module(_stage("rewrite", rewrite.rewrite_module, module, kernels,
+                                       targets))
+            stitched = _compile(text, jax_lowered, xla_compiled, dump_prefix)
+        except BuildError as exc:  # the plan stands; XLA's own executable runs it
+            nodes = [n for k in kernels for n in k.pattern.nodes]
+            _leave_to_xla(fallbacks, exc.stage, nodes, f"module {module.name}", exc.reason)
+            stitched_report = xla_report
     if cache_dir and len(fallbacks) == before_host:
         plan = {"kernels": cached_kernels, "xla_report": xla_report.to_json(),
                 "stitched_report": stitched_report.to_json(),

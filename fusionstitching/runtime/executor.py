@@ -79,7 +79,9 @@ class Executor:
         self.info.stitched_plan = {"kernels": plan.kernels, "mem_kernels": plan.mem_kernels,
                                    "patterns": plan.patterns or 0}
         if built.stitched is None:
-            self._settle_on_xla("nothing was stitched")
+            failed = self.fallbacks[-1] if self.fallbacks else None
+            self._settle_on_xla(f"{failed.stage}: {failed.reason}" if failed
+                                else "nothing was stitched")
             return
         self.info.state = "pending"
         self.candidate = built.stitched  # last: the next call may pick it up at once

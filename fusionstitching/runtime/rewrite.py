@@ -154,8 +154,9 @@ def _rebuilt_tuples(outputs) -> list[Instruction]:
 
 
 def _with_layout(shape: Shape) -> Shape:
-    """The shape with its layout spelled out: the kernel's buffers are in this physical order."""
-    return dataclasses.replace(shape, layout=shape.minor_to_major)
+    """The shape with its layout spelled out: the kernel's buffers are in this physical order.
+    Scalars have no layout to spell (XLA's parser rejects ``f32[]{}`` inside a tuple)."""
+    return dataclasses.replace(shape, layout=shape.minor_to_major if shape.rank else None)
 
 
 def _live(instructions: list[Instruction], root: str) -> list[Instruction]:
