@@ -1,0 +1,616 @@
+"""Run TF's XLA-compiled functions with stitched kernels, in a process started with
+FUSIONSTITCHING=1.
+
+What is intercepted: every call of a ``tf.function(jit_compile=True)``, whichever way it was
+made (``@tf.function``, methods, Keras's ``train_function`` when the model is compiled with
+``jit_compile=True``). ``install`` wraps ``Function.__call__`` of TF's polymorphic function
+class once, so ``isinstance`` checks, ``get_concrete_function`` and everything else about
+the function stay TF's own.
+
+Per concrete function (one input signature), the first call builds a ``TfCompiled``:
+
+1. TF's pre-optimization HLO (``experimental_get_compiler_ir(...)(stage="hlo")``): the
+   function's flat inputs, then its captured resource variables, as parameters; its flat
+   outputs, then the updated values of the variables it writes, as the result tuple (the
+   header's ``input_output_alias`` says which variable each of those is);
+2. that module becomes a jax function (``HloFunction``: a jax primitive whose lowering is
+   the module converted to StableHLO), so ``jax.jit(...).lower().compile()`` gives XLA's
+   optimized module and a ``jax.stages.Compiled`` of TF's program (the reference);
+3. ``runtime.build.build_stitched`` stitches, compiles and swaps exactly as for JAX.
+
+Calls run TF's own function until the stitched executable is built (at once, or on a
+background thread with ``--async``); on the next call the stitched executable runs on the
+same inputs *before* TF's call (TF's call writes the variables), its outputs and variable
+updates are compared with TF's (always: a training step that drifts is worse than a slow
+one), and both executables are timed on those inputs unless ``--keep=stitched``. From then
+on a call reads the variables, runs the stitched executable on tensors shared through
+DLPack (no copies on the CPU) and assigns the updated values back to the variables, so the
+training state is TF's as if TF had run the step.
+
+A call made while another tf.function is being traced (Keras: ``one_step_on_data`` inside
+``multi_step_on_iterator``) puts a ``tf.py_function`` into that graph that does the same.
+Functions that cannot be handled run as TF would, with one warning naming the reason and a
+``fallbacks`` entry in the report: calls under a gradient tape that watches the inputs
+(differentiated from outside), calls inside another XLA cluster, inputs without static
+shapes, resource or variant inputs that are not captured variables, a module whose
+parameters or results do not match the function, and any failure of the build or of a
+stitched call.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from . import flags as flag_parsing
+
+log = logging.getLogger("fusionstitching")
+
+# -- installation ---------------------------------------------------------------------------
+
+
+def install(flags: flag_parsing.Flags) -> None:
+    """Wrap ``Function.__call__`` of TF's tf.function class (once)."""
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+    cls = polymorphic_function.Function
+    if hasattr(cls.__call__, "fusionstitching_original"):
+        return
+    original = cls.__call__
+    hook = Hook(flags, original)
+
+    @functools.wraps(original)
+    def __call__(function, *args, **kwargs):
+        if not function._jit_compile or function._run_functions_eagerly:
+            return original(function, *args, **kwargs)
+        return hook.call(function, args, kwargs)
+
+    __call__.fusionstitching_original = original
+    cls.__call__ = __call__
+
+
+def uninstall() -> None:
+    """Put TF's own ``Function.__call__`` back (tests; a process normally keeps the hook)."""
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+    cls = polymorphic_function.Function
+    original = getattr(cls.__call__, "fusionstitching_original", None)
+    if original is not None:
+        cls.__call__ = original
+
+
+def install_when_imported(flags: flag_parsing.Flags) -> None:
+    from .jax_hook import _AfterImport
+
+    if "tensorflow" in sys.modules:
+        install(flags)
+    else:
+        sys.meta_path.insert(0, _AfterImport("tensorflow", lambda: install(flags)))
+
+
+# -- per call -------------------------------------------------------------------------------
+
+
+class Unsupported(Exception):
+    """The function runs as TF would; the message says why."""
+
+
+class Hook:
+    """Routes each call of a jit-compiled tf.function to its concrete function's
+    ``TfCompiled`` (one per concrete function, created on its first call)."""
+
+    def __init__(self, flags: flag_parsing.Flags, original):
+        self.flags = flags
+        self.original = original
+        self._compiled: dict = {}  # id(concrete function) -> (concrete function, TfCompiled)
+        self._lock = threading.Lock()
+        self._reported_functions: set = set()
+
+    def call(self, function, args, kwargs):
+        from tensorflow.python.eager import record
+        from tensorflow.python.ops import control_flow_util
+        from tensorflow.python.framework import ops
+
+        if control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()):
+            return self.original(function, *args, **kwargs)  # XLA compiles it with its caller
+        try:
+            concrete = function.get_concrete_function(*args, **kwargs)
+        except Exception:  # first call creating variables, etc.: TF's own path says why
+            return self.original(function, *args, **kwargs)
+        compiled = self._compiled_for(function, concrete, args, kwargs)
+        if compiled.unsupported:
+            return self.original(function, *args, **kwargs)
+        flat = concrete.function_type.unpack_inputs(concrete.function_type.bind(*args, **kwargs))
+        if record.could_possibly_record():
+            from tensorflow.python.eager.polymorphic_function import gradients_util
+
+            if gradients_util.PossibleTapeGradientTypes(
+                    list(flat) + list(concrete.captured_inputs)) != \
+                    gradients_util.POSSIBLE_GRADIENT_TYPES_NONE:
+                compiled.note_tf_call("differentiated from outside (a gradient tape watches "
+                                      "its inputs or variables)")
+                return self.original(function, *args, **kwargs)
+        from tensorflow.python.eager import context
+
+        if context.executing_eagerly():
+            return concrete.function_type.pack_output(compiled(flat))
+        return concrete.function_type.pack_output(compiled.in_graph(flat))
+
+    def _compiled_for(self, function, concrete, args, kwargs) -> "TfCompiled":
+        with self._lock:
+            entry = self._compiled.get(id(concrete))
+            if entry is not None and entry[0] is concrete:
+                return entry[1]
+            compiled = TfCompiled(function, concrete, self.flags)
+            self._compiled[id(concrete)] = (concrete, compiled)
+            flag_parsing.track(compiled)
+        compiled.start(args, kwargs)
+        return compiled
+
+
+# -- TF's module as a jax function ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Signature:
+    """How TF's HLO module maps onto the concrete function."""
+
+    num_inputs: int  # flat tensor inputs (the rest of the parameters are captured variables)
+    variables: tuple  # (handle, tf dtype) per captured variable, in parameter order
+    num_outputs: int  # the function's flat outputs (the rest of the results are updates)
+    updates: tuple  # per update result: index into ``variables`` of the variable it writes
+
+
+_ALIAS = re.compile(r"\{(\d+)\}:\s*\((\d+),\s*\{\},\s*(?:may|must)-alias\)")
+
+
+def split_alias(hlo_text: str) -> tuple[str, dict[int, int]]:
+    """(module text without ``input_output_alias``, {result index: parameter index}).
+
+    The alias is TF's contract with its own executor (it donates the variables' buffers);
+    the modules compiled here never donate: the buffers are TF's tensors."""
+    head, newline, rest = hlo_text.partition("\n")
+    start = head.find("input_output_alias={")
+    if start < 0:
+        return hlo_text, {}
+    depth, end = 0, start + len("input_output_alias=")
+    for end in range(end, len(head)):
+        depth += {"{": 1, "}": -1}.get(head[end], 0)
+        if depth == 0:
+            break
+    alias = {int(out): int(param) for out, param in _ALIAS.findall(head[start:end + 1])}
+    before, after = head[:start], head[end + 1:]
+    head = before + after[2:] if after.startswith(", ") else before.rstrip(", ") + after
+    return head + newline + rest, alias
+
+
+def signature(concrete, module, alias: dict[int, int]) -> Signature:
+    """Check that the module's parameters and results are the function's, as TF's XLA
+    compiler lays them out; ``Unsupported`` says where they are not."""
+    import tensorflow as tf
+
+    inputs = list(concrete.inputs)
+    captured = list(concrete.captured_inputs)
+    num_inputs = len(inputs) - len(captured)
+    params = module.entry.parameters
+    if len(params) != len(inputs):
+        raise Unsupported(f"the HLO module has {len(params)} parameters for "
+                          f"{len(inputs)} inputs (compile-time constant arguments?)")
+    for i, tensor in enumerate(inputs[:num_inputs]):
+        if tensor.dtype in (tf.resource, tf.variant):
+            raise Unsupported(f"input {i} is a {tensor.dtype.name} (a variable or dataset "
+                              "passed as an argument); only captured variables are handled")
+        if not tensor.shape.is_fully_defined():
+            raise Unsupported(f"input {i} has the dynamic shape {tensor.shape} (one "
+                              "executable per shape would be needed)")
+    variables = []
+    for tensor, handle in zip(inputs[num_inputs:], captured):
+        if tensor.dtype != tf.resource:
+            raise Unsupported(f"captured input {tensor.name} is a {tensor.dtype.name}, not a "
+                              "variable")
+        shape = params[len(variables) + num_inputs].shape
+        variables.append((handle, tf.as_dtype(_numpy_dtype(shape.dtype))))
+    results = module.entry.root.shape
+    num_results = len(results.tuple_shapes) if results.is_tuple else 1
+    num_outputs = len(concrete.outputs)
+    if any(t.dtype in (tf.resource, tf.variant) for t in concrete.outputs):
+        raise Unsupported("the function returns a resource or variant")
+    updates = []
+    for index in range(num_outputs, num_results):
+        param = alias.get(index)
+        if param is None or param < num_inputs:
+            raise Unsupported(f"result {index} is neither an output nor a variable update")
+        updates.append(param - num_inputs)
+    if any(out >= num_results or out < num_outputs for out in alias):
+        raise Unsupported("an output of the function aliases a parameter")
+    return Signature(num_inputs, tuple(variables), num_outputs, tuple(updates))
+
+
+def _numpy_dtype(hlo_dtype: str):
+    from fusionstitching.hlo.ir import NUMPY_DTYPES
+
+    return NUMPY_DTYPES[hlo_dtype]
+
+
+@functools.cache
+def _hlo_primitive():
+    """A jax primitive that runs a StableHLO module (params ``module``: its bytecode,
+    ``out_avals``): lowered by merging the module into the caller and calling its main."""
+    from jax._src import dispatch
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import func
+    from jax.extend.core import Primitive
+
+    primitive = Primitive("fusionstitching_tf_module")
+    primitive.multiple_results = True
+    primitive.def_impl(functools.partial(dispatch.apply_primitive, primitive))
+    primitive.def_abstract_eval(lambda *avals, module, out_avals: out_avals)
+
+    def lowering(ctx, *args, module, out_avals):
+        callee = mlir.merge_mlir_modules(ctx.module_context.module, "tf_module",
+                                         ir.Module.parse(module),
+                                         dst_symtab=ctx.module_context.symbol_table)
+        types = [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out]
+        return func.CallOp(types, ir.FlatSymbolRefAttr.get(callee), list(args)).results
+
+    mlir.register_lowering(primitive, lowering)
+    return primitive
+
+
+def hlo_function(hlo_text: str, module):
+    """(jax function of the flat parameters returning the flat results, parameter avals).
+
+    jax runs with 64-bit types here: TF's int64 values (Keras's iteration counter) must keep
+    their type through the module."""
+    import jax
+    from jax._src.lib import xla_client as xc
+
+    from fusionstitching.capture import _route_around_copies
+
+    jax.config.update("jax_enable_x64", True)
+    proto = xc.hlo.hlo_module_from_text(_route_around_copies(hlo_text))
+    stablehlo = xc._xla.mlir.hlo_to_stablehlo(proto.as_serialized_hlo_module_proto())
+    root = module.entry.root.shape
+    out_avals = tuple(jax.core.ShapedArray(s.dims, _numpy_dtype(s.dtype))
+                      for s in (root.tuple_shapes if root.is_tuple else (root,)))
+    in_avals = [jax.ShapeDtypeStruct(p.shape.dims, _numpy_dtype(p.shape.dtype))
+                for p in module.entry.parameters]
+    primitive = _hlo_primitive()
+
+    def run(*params):
+        return primitive.bind(*params, module=stablehlo, out_avals=out_avals)
+
+    return run, in_avals
+
+
+# -- one concrete function ------------------------------------------------------------------
+
+_dump_counter = itertools.count()
+
+
+class TfCompiled:
+    """One concrete function of a jit-compiled tf.function: its build and which executable
+    runs its calls."""
+
+    def __init__(self, function, concrete, flags: flag_parsing.Flags):
+        from fusionstitching import pipeline
+        from fusionstitching.runtime.cache import default_dir
+        from fusionstitching.runtime.executor import RuntimeInfo
+
+        self.function, self.concrete, self.flags = function, concrete, flags
+        self.name = concrete.name.decode() if isinstance(concrete.name, bytes) \
+            else str(concrete.name)
+        self.options = pipeline.Options(target=flags.target, ptxas=False)
+        self.cache_dir = flags.cache_dir if flags.cache_dir is not None else default_dir()
+        self.info = RuntimeInfo(mode="async" if flags.async_compile else "sync")
+        self.fallbacks: list = []
+        self.unsupported: str | None = None
+        self.signature: Signature | None = None
+        self.built = None  # runtime.build.Built
+        self.reference = None  # jax Compiled of TF's module (XLA:CPU through jaxlib)
+        self.active = None  # None: TF's own function; else the stitched jax Compiled
+        self.candidate = None
+        self.checked = None  # report.Verify of the deciding call
+        self.builder: threading.Thread | None = None
+        self._deciding = threading.Lock()
+        self._noted: set = set()
+        self.dump_prefix = None
+        if flags.dump_to:
+            self.dump_prefix = os.path.join(flags.dump_to, f"{_file_name(self.name)}."
+                                                           f"{next(_dump_counter)}")
+
+    # -- build ------------------------------------------------------------------------
+    def start(self, args, kwargs) -> None:
+        """Take TF's HLO now (it needs this call's argument specs), build at once or on a
+        background thread."""
+        try:
+            hlo_text = self._tf_hlo(args, kwargs)
+        except Unsupported as exc:
+            self._unsupported("signature", str(exc))
+            return
+        except Exception as exc:
+            self._unsupported("tf-hlo", f"{type(exc).__name__}: {_first_line(exc)}")
+            return
+        if self.flags.async_compile:
+            self.builder = threading.Thread(target=self._build, args=(hlo_text,), daemon=True,
+                                            name=f"fusionstitching-{self.name}")
+            self.builder.start()
+        else:
+            self._build(hlo_text)
+
+    def _tf_hlo(self, args, kwargs) -> str:
+        import tensorflow as tf
+
+        def example(value):
+            """Zeros standing for a symbolic tensor (TF's HLO depends on shapes only)."""
+            if not isinstance(value, tf.Tensor):
+                return value
+            if not value.shape.is_fully_defined():
+                raise Unsupported(f"an input has the dynamic shape {value.shape}")
+            return tf.zeros(value.shape, value.dtype)
+
+        with tf.init_scope():
+            if not tf.executing_eagerly():
+                raise Unsupported("TF 1 graph mode")
+            if any(isinstance(v, tf.Tensor) and not hasattr(v, "numpy")
+                   for v in tf.nest.flatten((args, kwargs))):
+                args, kwargs = tf.nest.map_structure(example, (args, kwargs))
+            return self.function.experimental_get_compiler_ir(*args, **kwargs)(stage="hlo")
+
+    def _build(self, hlo_text: str) -> None:
+        import jax
+
+        from fusionstitching.hlo.parser import parse_module
+        from fusionstitching.runtime.build import BuildError, build_stitched
+
+        started = time.perf_counter()
+        try:
+            text, alias = split_alias(hlo_text)
+            module = parse_module(text, source=f"<tf {self.name}>")
+            self.signature = signature(self.concrete, module, alias)
+            run, in_avals = hlo_function(text, module)
+            lowered = jax.jit(run, keep_unused=True).lower(*in_avals)
+            self.reference = lowered.compile()
+            if self.dump_prefix:
+                self._dump(hlo_text, self.reference.as_text())
+            built = build_stitched(lowered, self.reference, self.options, self.cache_dir,
+                                   self.dump_prefix)
+        except Unsupported as exc:
+            self._unsupported("signature", str(exc))
+            return
+        except BuildError as exc:
+            self._fail(exc.stage, exc.reason)
+            return
+        except Exception as exc:  # never fail the user's job: TF's own function runs
+            self._fail("runtime", f"{type(exc).__name__}: {_first_line(exc)}")
+            return
+        finally:
+            self.info.build_s = round(time.perf_counter() - started, 3)
+        self.built = built
+        self.fallbacks.extend(built.stitched_report.fallbacks)
+        plan = built.stitched_report.fs
+        self.info.stitched_plan = {"kernels": plan.kernels, "mem_kernels": plan.mem_kernels,
+                                   "patterns": plan.patterns or 0}
+        if built.stitched is None:
+            self.info.state, self.info.why = "settled", "nothing was stitched"
+        else:
+            self.info.state = "pending"
+            self.candidate = built.stitched  # last: the next call may pick it up
+        self._dump_report()
+
+    def _dump(self, tf_hlo: str, optimized: str) -> None:
+        """The modules ``fusionstitching replay`` reads back: TF's module before
+        optimization, XLA:CPU's optimized module, and XLA:GPU's for the target when the
+        deviceless compiler is there (replay picks ``*after_optimizations.txt``)."""
+        from fusionstitching.capture import CaptureError, hlo_for_gpu
+
+        os.makedirs(self.flags.dump_to, exist_ok=True)
+        _write(self.dump_prefix + ".tf.before_optimizations.txt", tf_hlo)
+        _write(self.dump_prefix + ".cpu.after_optimizations.txt", optimized)
+        try:
+            gpu = hlo_for_gpu(tf_hlo, target=self.flags.target)
+        except (CaptureError, ValueError, RuntimeError) as exc:
+            log.info("fusionstitching: %s: no XLA:GPU plan dumped: %s", self.name,
+                     _first_line(exc))
+        else:
+            _write(f"{self.dump_prefix}.{self.flags.target}.after_optimizations.txt", gpu)
+
+    # -- outcomes ---------------------------------------------------------------------
+    def _unsupported(self, stage: str, why: str) -> None:
+        from fusionstitching.report import Fallback
+
+        log.warning("fusionstitching: %s runs as TF (%s): %s", self.name, stage, why)
+        self.unsupported = why
+        self.fallbacks.append(Fallback(stage, [], why))
+        self.info.state, self.info.kept, self.info.why = "fallback", "tf", f"{stage}: {why}"
+
+    def _fail(self, stage: str, why: str) -> None:
+        """The stitched executable is dropped for good; TF's own function runs."""
+        from fusionstitching.report import Fallback
+
+        log.warning("fusionstitching: %s runs on TF's own XLA executable (%s): %s",
+                    self.name, stage, why)
+        self.fallbacks.append(Fallback(stage, [], why))
+        self.candidate = self.active = None
+        self.info.state, self.info.kept, self.info.why = "fallback", "tf", f"{stage}: {why}"
+
+    def note_tf_call(self, why: str) -> None:
+        """One call ran as TF (the function is otherwise handled): say so once per reason."""
+        from fusionstitching.report import Fallback
+
+        if why not in self._noted:
+            self._noted.add(why)
+            log.warning("fusionstitching: %s: a call runs as TF: %s", self.name, why)
+            self.fallbacks.append(Fallback("call", [], why))
+
+    # -- calls ------------------------------------------------------------------------
+    def __call__(self, flat: list) -> list:
+        """Flat outputs of one eager call (``flat``: the function's flat tensor inputs)."""
+        self.info.calls += 1
+        if self.candidate is not None and self._deciding.acquire(blocking=False):
+            try:
+                if self.candidate is not None:
+                    return self._decide(self.candidate, flat)
+            finally:
+                self._deciding.release()
+        active = self.active
+        if active is None:
+            return self._tf(flat)
+        try:
+            return self._stitched(active, flat)
+        except Exception as exc:  # our kernels or the transfer failed: TF answers
+            self._fail("execute", f"{type(exc).__name__}: {_first_line(exc)}")
+            return self._tf(flat)
+
+    def in_graph(self, flat: list) -> list:
+        """The call inside another function's graph: a ``tf.py_function`` that runs
+        ``self`` on the eager values each time that graph runs."""
+        import tensorflow as tf
+
+        outputs = self.concrete.outputs
+        results = tf.py_function(lambda *values: self(list(values)), list(flat),
+                                 [t.dtype for t in outputs], name="fusionstitching_call")
+        for result, output in zip(results, outputs):
+            result.set_shape(output.shape)
+        return list(results)
+
+    def _tf(self, flat: list) -> list:
+        return list(self.concrete._inference_function.call_flat(
+            *flat, *self.concrete.captured_inputs))
+
+    def _params(self, flat: list) -> list:
+        """Every parameter of the module as a jax array sharing the tensor's buffer."""
+        import tensorflow as tf
+
+        values = list(flat) + [tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)
+                               for handle, dtype in self.signature.variables]
+        return [_to_jax(v) for v in values]
+
+    def _write_back(self, results) -> list:
+        """Assign the updated variables; return the function's flat outputs as tensors."""
+        import tensorflow as tf
+
+        sig = self.signature
+        tensors = [_to_tf(r) for r in results]
+        for var, value in zip(sig.updates, tensors[sig.num_outputs:]):
+            tf.raw_ops.AssignVariableOp(resource=sig.variables[var][0], value=value)
+        return tensors[:sig.num_outputs]
+
+    def _stitched(self, executable, flat: list) -> list:
+        return self._write_back(executable(*self._params(flat)))
+
+    def _decide(self, candidate, flat: list) -> list:
+        """Run the candidate, then TF (whose call is this call's result and writes the
+        variables), compare everything, time both executables, keep one."""
+        import jax
+        import tensorflow as tf
+
+        from fusionstitching import pipeline
+        from fusionstitching.report import Verify
+        from fusionstitching.runtime.executor import _best_times
+
+        params = self._params(flat)
+        try:
+            got = jax.device_get(candidate(*params))
+        except Exception as exc:
+            self._fail("execute", f"{type(exc).__name__}: {_first_line(exc)}")
+            return self._tf(flat)
+        outputs = self._tf(flat)
+        sig = self.signature
+        expected = [o.numpy() for o in outputs] + [
+            tf.raw_ops.ReadVariableOp(resource=sig.variables[v][0],
+                                      dtype=sig.variables[v][1]).numpy() for v in sig.updates]
+        ok, max_abs, max_rel = pipeline.compare(expected, got, 1e-5, 1e-5)
+        self.checked = Verify(ran=True, ok=ok, max_abs_err=max_abs, max_rel_err=max_rel,
+                              against=["tensorflow (same call, outputs and variables)"])
+        if not ok:
+            self._fail("verify", f"outputs or variable updates differ from TF's on call "
+                                 f"{self.info.calls} (max abs err {max_abs:.3g}, max rel err "
+                                 f"{max_rel:.3g})")
+            return outputs
+        kept = "stitched"
+        if self.flags.keep == "fastest":
+            xla_s, stitched_s = _best_times(self.reference, candidate, params, {})
+            self.info.xla_us = round(xla_s * 1e6, 1)
+            self.info.stitched_us = round(stitched_s * 1e6, 1)
+            if stitched_s >= xla_s:
+                kept = "tf"
+            self.info.why = (f"measured on call {self.info.calls}: stitched "
+                             f"{self.info.stitched_us} us vs XLA {self.info.xla_us} us "
+                             "(TF's module compiled by jaxlib)")
+        else:
+            self.info.why = "keep='stitched'"
+        self.info.state, self.info.kept = "settled", kept
+        if kept == "stitched":
+            self.info.swapped_at_call = self.info.calls + 1
+            self.active = candidate
+        self.candidate = None
+        return outputs
+
+    # -- report -----------------------------------------------------------------------
+    def reports(self, wait_s: float = 0.0) -> list:
+        if self.builder is not None:
+            self.builder.join(wait_s)
+        return [self.report()]
+
+    def report(self):
+        from fusionstitching.jit import JitReport, _fallback_report
+
+        built = self.built
+        if built is None:
+            base, cache = _fallback_report(self.name, self.options, self.fallbacks), None
+        else:
+            base = built.stitched_report if self.active is not None or \
+                self.candidate is not None else built.xla_report
+            cache = dataclasses.asdict(built.cache)
+        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)
+                  if f.name in {g.name for g in dataclasses.fields(JitReport)}}
+        fields["module"] = self.name
+        fields["fallbacks"] = list(self.fallbacks)
+        if self.checked is not None:
+            fields["verify"] = self.checked
+        fields.update(runtime=dataclasses.asdict(self.info), cache=cache)
+        return JitReport(**fields)
+
+    def _dump_report(self) -> None:
+        if self.dump_prefix:
+            import json
+
+            _write(self.dump_prefix + ".report.json",
+                   json.dumps(self.report().to_json(), indent=1))
+
+
+def _to_jax(tensor):
+    """A jax array over the tensor's buffer (DLPack; jax copies only misaligned buffers)."""
+    import jax
+
+    return jax.dlpack.from_dlpack(tensor)
+
+
+def _to_tf(array):
+    import tensorflow as tf
+
+    return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _file_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:80]
+
+
+def _write(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
