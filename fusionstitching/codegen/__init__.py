@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ..hlo.ir import Module, Shape
 from .flatten import CodegenError, flatten
 from .host import HostKernel, compile_host
-from .kernel_ir import Kernel, register_estimate
+from .kernel_ir import Kernel
 from .nvptx import NvptxKernel, compile_nvptx, find_ptxas
 from .schedule import build_kernel, host_schedule, schedule_pattern
 
@@ -59,19 +59,23 @@ def generate(module: Module, nodes: list[str], name: str, device: dict | None = 
 
     ``device``: {"name": "h100"|"a100"|...} (default h100), the GPU whose latency-evaluator
     chooses among the enumerated schedules."""
+    from .profile import register_model  # profile.py imports KernelSpec from here
+
     pattern = flatten(module, nodes)
     scheduled = schedule_pattern(pattern, name, device)
     kernel = scheduled.kernel
-    return KernelSpec(
+    spec = KernelSpec(
         name=name, nodes=list(nodes), inputs=pattern.inputs, outputs=pattern.outputs,
         schemes=scheduled.schemes, grid=kernel.grid, block=kernel.block,
         smem_bytes=kernel.smem_bytes, kernel=kernel,
         read_bytes=sum(s.byte_size for _, s in pattern.inputs),
         write_bytes=sum(s.byte_size for _, s in pattern.outputs),
-        regs_model=register_estimate(kernel), why=scheduled.schedule.why,
+        regs_model=0, why=scheduled.schedule.why,
         modeled_us=scheduled.modeled_us, smem_bytes_no_reuse=scheduled.smem_bytes_no_reuse,
         candidates=scheduled.candidates,
         host_kernel=build_kernel(pattern, host_schedule(pattern), name)[0])
+    spec.regs_model = register_model(spec)
+    return spec
 
 
 def can_stitch(module: Module, nodes: list[str]) -> tuple[bool, str]:

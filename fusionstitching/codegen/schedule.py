@@ -38,28 +38,35 @@ positions (pad, concatenate) become `DynamicIndex` variables clamped into their 
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import networkx as nx
 import numpy as np
 
-from costmodel import KernelProfile, kernel_latency_us, load_device
+from costmodel import kernel_latency_us, load_device
 from costmodel.devices import Device
 
 from ..hlo.evaluator import parse_literal
 from ..hlo.ir import Shape
 from .flatten import CodegenError, FlatOp, Pattern
+from .kernel_ir import strides as _element_strides
 from .kernel_ir import (DTYPE_BYTES, WARP, Accumulate, Barrier, BlockReduce, Buffer, Compute,
                         Const, ConstArray, ConstLoad, DynamicIndex, GlobalLoad, GlobalStore, If,
                         IndexLet, IndexValue, Ix, Kernel, Loop, SharedArray, SharedLoad,
                         SharedStore, Value, Var, WarpReduce, add, delinearize, div, ix,
-                        linearize, mod, register_estimate, row_major, scale, value_range)
+                        linearize, mod, row_major, scale, value_range)
 from .llvm_lowering import MATH_OPS
 
 DEFAULT_DEVICE = {"name": "h100"}
+VECTOR = 4  # f32 elements in a 128-bit global access
+# Unrolled stages keep each cached producer's points in registers: at most this many per thread
+# (16 f32 per value keeps LayerNorm's x, its centered copy and the output under 64 registers).
+MAX_CACHED_POINTS = 16
 
 UNARY = {"abs", "negate", "exponential", "exponential-minus-one", "log", "log-plus-one", "sqrt",
          "rsqrt", "cbrt", "tanh", "logistic", "sine", "cosine", "tan", "floor", "ceil",
@@ -129,6 +136,11 @@ class Schedule:
     groups_per_block: int
     threads_per_group: int
     grid_blocks: int
+    # Consecutive elements a thread takes at each step (4: 128-bit global loads and stores).
+    vector: int = 1
+    # Producer caching: every reduction stage is unrolled, so the values one stage computes at
+    # this thread's points stay in registers for the later stages (no re-read, no recompute).
+    cached: bool = False
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -145,6 +157,12 @@ class Schedule:
 
     @property
     def why(self) -> str:
+        return self._layout + (f", {self.vector} consecutive elements per step" if
+                               self.vector > 1 else "") + \
+            (", stages unrolled (producers cached in registers)" if self.cached else "")
+
+    @property
+    def _layout(self) -> str:
         o, r, b = self.space.groups, self.space.reduced, self.block[0]
         match self.kind:
             case "loop":
@@ -159,24 +177,34 @@ class Schedule:
         return f"[{o}]x[{r}] tile schedule: {self.groups_per_block} results x " \
                f"{self.threads_per_group} threads per block (shared-memory tile)"
 
+    @property
+    def points_per_thread(self) -> int:
+        return -(-self.space.reduced // self.threads_per_group)
+
 
 def _divisors_up_to(n: int, options: tuple[int, ...]) -> list[int]:
     return [k for k in options if n % k == 0]
 
 
-def enumerate_schedules(space: Space, device: Device, sizes: list[int]) -> list[Schedule]:
+def enumerate_schedules(space: Space, device: Device, sizes: list[int],
+                        reuse: bool = False) -> list[Schedule]:
     """Schedules and launch dimensions for a space (paper 4.2: thread/warp/block per sub-root).
 
     ``sizes``: element counts of the loops a loop schedule runs (its largest sets the grid).
+    ``reuse``: a later stage (or the per-element outputs) reads values an earlier reduction
+    stage computed, so unrolled stages that keep them in registers are worth enumerating.
     """
     max_threads = device.max_threads_per_block
     if space.reduced == 0:
         n = max(sizes)
         out = []
-        for block in (128, 256, 512):
-            block = min(block, -(-n // WARP) * WARP)
-            grid = -(-n // block)
-            out.append(Schedule("loop", space, block, 1, grid))
+        vectors = (1, VECTOR) if all(size % VECTOR == 0 for size in sizes) else (1,)
+        # Several steps per thread amortize per-thread work outside the loop (scalar
+        # prologues such as Adam's bias corrections, which XLA computes in kernels of their own).
+        for block, vector, steps in itertools.product((128, 256, 512), vectors, (1, 4, 16)):
+            block = min(block, -(-n // (WARP * vector)) * WARP)
+            grid = -(-n // (block * vector * steps))
+            out.append(Schedule("loop", space, block, 1, grid, vector))
         return list(dict.fromkeys(out))
     o, r = space.groups, space.reduced
     out = [Schedule("thread", space, b, 1, -(-o // b)) for b in (64, 128, 256)
@@ -185,6 +213,17 @@ def enumerate_schedules(space: Space, device: Device, sizes: list[int]) -> list[
     for t in (128, 256, 512, 1024):
         if t <= max_threads and (t == 128 or t // 2 < r):
             out.append(Schedule("block", space, 1, t, o))
+    variants = []
+    for s in out:
+        vectors = (1, VECTOR) if s.kind in ("warp", "block") and r % VECTOR == 0 \
+            and r // VECTOR >= s.threads_per_group else (1,)
+        for vector in vectors:
+            chunks = r // vector
+            variants.append(dataclasses.replace(s, vector=vector))
+            if reuse and chunks % s.threads_per_group == 0 and \
+                    s.points_per_thread <= MAX_CACHED_POINTS:
+                variants.append(dataclasses.replace(s, vector=vector, cached=True))
+    out = variants
     for width in _divisors_up_to(o, (32, 16, 8)):
         for depth in (8, 16, 32):
             if width * depth <= max_threads and depth < 2 * r:
@@ -591,6 +630,52 @@ class ScheduledKernel:
     candidates: list[tuple[str, float]]
 
 
+@dataclass(frozen=True)
+class Points:
+    """The points 0..count-1 a thread visits: chunks of ``vector`` consecutive points, chunk
+    ``member`` first and every ``step``-th after it; a loop, or unrolled into straight-line
+    code (then the values computed at the points stay at thread level, cached for later
+    stages by the emitter)."""
+
+    member: Ix
+    count: int
+    step: int
+    vector: int = 1
+    unrolled: bool = False
+    name: str = "r"
+
+
+def _over_points(em: _Emitter, points: Points, visit, reducers: list[str]) -> list[Value]:
+    """Calls ``visit(point)`` at each of the thread's points; ``visit`` returns one value per
+    reducer, combined in point order into the thread's partial results (starting from the
+    identity), which are returned."""
+    chunks = points.count // points.vector
+    if points.unrolled:
+        partials = None
+        for k in range(chunks // points.step):
+            chunk = add(points.member, k * points.step)
+            for j in range(points.vector):
+                values = visit(add(scale(chunk, points.vector), j))
+                partials = values if partials is None else [
+                    em.op(kind, value[0].dtype, partial, value)
+                    for kind, partial, value in zip(reducers, partials, values)]
+        return [v for v, _ in partials or []]
+    chunk = Var(points.name, chunks)
+    em.open_loop(chunk)
+    per_chunk = None
+    for j in range(points.vector):
+        values = visit(add(scale(chunk, points.vector), j))
+        per_chunk = values if per_chunk is None else [
+            em.op(kind, value[0].dtype, partial, value)
+            for kind, partial, value in zip(reducers, per_chunk, values)]
+    accumulates = []
+    for kind, (value, _) in zip(reducers, per_chunk or []):
+        init, _ = em.const(identity(kind, value.dtype), value.dtype)
+        accumulates.append(Accumulate(em.fresh(value.dtype), kind, init, value))
+    em.place(Loop(chunk, points.member, chunks, points.step, em.close_loop(), accumulates), 0)
+    return [a.dst for a in accumulates]
+
+
 def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, set[str]]:
     """The kernel IR of `pattern` under one schedule; raises CodegenError (e.g. locality)."""
     space = sched.space
@@ -622,36 +707,35 @@ def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, 
         em.place(IndexLet(group, first), 0)
         if sched.kind == "thread" and o % sched.groups_per_block:
             guarded = first
-        point = Var("r", r)
         stages = _reduction_stages(pattern)
         for stage in stages:
             if len(stage) > 1 and _independent(pattern, [x.name for x in stage]):
                 schemes.add("kernel_packing")
-            em.open_loop(point)
-            accumulates = []
-            for red in stage:
-                operand = pattern.op_map()[red.operands[0]].shape
-                value, _ = em.value(red.operands[0],
-                                    _reduce_operand_index(red, operand, ix(group), ix(point)))
-                init, _ = em.const(identity(red.reducer, value.dtype), value.dtype)
-                accumulates.append(Accumulate(em.fresh(value.dtype), red.reducer, init, value))
-            em.place(Loop(point, member, r, sched.threads_per_group, em.close_loop(),
-                          accumulates), 0)
-            for red, acc in zip(stage, accumulates):
-                total = _combine(em, sched, red, acc.dst, shared, tid, lane)
+            operands = [(red, pattern.op_map()[red.operands[0]].shape) for red in stage]
+            partials = _over_points(
+                em, Points(member, r, sched.threads_per_group, sched.vector, sched.cached),
+                lambda point: [em.value(red.operands[0],
+                                        _reduce_operand_index(red, shape, ix(group), point))
+                               for red, shape in operands],
+                [red.reducer for red in stage])
+            for red, partial in zip(stage, partials):
+                total = _combine(em, sched, red, partial, shared, tid, lane)
                 em.reduced[red.name] = _apply_init(em, pattern, red, total)
             if sched.scheme:
                 schemes.add(sched.scheme)
         ref = stages[0][0]
         ref_shape = pattern.op_map()[ref.operands[0]].shape
         if per_point:
-            em.open_loop(point)
-            at = _reduce_operand_index(ref, ref_shape, ix(group), ix(point))
-            for i, shape, value_name in per_point:
-                index = _reshaped(at, ref_shape, shape)
-                value, _ = em.value(value_name, index)
-                em.place(GlobalStore(first_output + i, linearize(index, shape), value), 1)
-            em.place(Loop(point, member, r, sched.threads_per_group, em.close_loop()), 0)
+            def store_point(point: Ix) -> list:
+                at = _reduce_operand_index(ref, ref_shape, ix(group), point)
+                for i, shape, value_name in per_point:
+                    index = _reshaped(at, ref_shape, shape)
+                    value, _ = em.value(value_name, index)
+                    em.place(GlobalStore(first_output + i, linearize(index, shape), value),
+                             len(em.scopes) - 1)
+                return []
+            _over_points(em, Points(member, r, sched.threads_per_group, sched.vector,
+                                    sched.cached), store_point, [])
         stores = []
         for i, shape, value_name in per_group:
             index = _reshaped(delinearize(ix(group), ref.shape), ref.shape, shape)
@@ -672,15 +756,17 @@ def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, 
     if len(by_size) > 1 or (r and by_size):
         schemes.add("kernel_packing")
     for n, outs in by_size.items():
-        element = Var(f"e{n}", n)
-        em.open_loop(element)
-        at = delinearize(ix(element), outs[0][1])  # the first output is written coalesced
-        for i, shape, value_name in outs:
-            index = _reshaped(at, outs[0][1], shape)
-            value, _ = em.value(value_name, index)
-            em.place(GlobalStore(first_output + i, linearize(index, shape), value), 1)
-        em.place(Loop(element, add(scale(bid, threads), tid), n, threads * sched.grid_blocks,
-                      em.close_loop()), 0)
+        def store_element(element: Ix, outs=outs) -> list:
+            at = delinearize(element, outs[0][1])  # the first output is written coalesced
+            for i, shape, value_name in outs:
+                index = _reshaped(at, outs[0][1], shape)
+                value, _ = em.value(value_name, index)
+                em.place(GlobalStore(first_output + i, linearize(index, shape), value),
+                         len(em.scopes) - 1)
+            return []
+        vector = sched.vector if n % sched.vector == 0 else 1
+        _over_points(em, Points(add(scale(bid, threads), tid), n, threads * sched.grid_blocks,
+                                vector, False, f"e{n}"), store_element, [])
         if len(outs) > 1 and _independent(pattern, [v for _, _, v in outs]):
             schemes.add("kernel_packing")
     kernel = Kernel(name, buffers, sched.grid, sched.block, shared, em.scopes[0], tid, bid,
@@ -703,17 +789,26 @@ def _combine(em: _Emitter, sched: Schedule, red: FlatOp, partial: Value,
         shared.append(scratch)
         em.place(BlockReduce(total, partial, red.reducer, scratch), 0)
         return total
-    # tile: [depth][width] partials; each thread combines its lane's column in row order.
+    # tile: [depth][width] partials, combined by halving the depth (a tree: log2(depth)
+    # steps with a barrier each; a serial combine of the column by every thread was fully
+    # unrolled by LLVM and held all its loads in registers).
+    depth, width = sched.threads_per_group, sched.groups_per_block
+    member = div(tid, width)
     tile = SharedArray(f"tile_{tag}", partial.dtype, sched.block[0])
     shared.append(tile)
-    k = Var(f"k{next(em.names)}", sched.threads_per_group)
-    loaded = em.fresh(partial.dtype)
-    init, _ = em.const(identity(red.reducer, partial.dtype), partial.dtype)
     em.place(SharedStore(tile, ix(tid), partial), 0)
     em.place(Barrier(), 0)
-    em.place(Loop(k, ix(0), sched.threads_per_group, 1,
-                  [SharedLoad(loaded, tile, add(scale(k, sched.groups_per_block), lane))],
-                  [Accumulate(total, red.reducer, init, loaded)]), 0)
+    half = depth // 2
+    while half:
+        mine, other, combined = (em.fresh(partial.dtype) for _ in range(3))
+        em.place(If(member, ix(half), [
+            SharedLoad(mine, tile, ix(tid)),
+            SharedLoad(other, tile, add(tid, half * width)),
+            Compute(combined, red.reducer, [mine, other]),
+            SharedStore(tile, ix(tid), combined)], "lt"), 0)
+        em.place(Barrier(), 0)
+        half //= 2
+    em.place(SharedLoad(total, tile, lane), 0)
     return total
 
 
@@ -798,64 +893,8 @@ def _rename_shared(body: list, rename: dict[str, SharedArray]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Profile for the latency-evaluator and the choice among candidates
+# The choice among candidates
 # ---------------------------------------------------------------------------------------------
-def _instruction_class(stmt) -> dict[str, float]:
-    match stmt:
-        case Compute():
-            if stmt.op in SFU_OPS:  # one SFU op plus its polynomial/refinement (libdevice)
-                return {"sfu": 1, "fp32": 4}
-            floats = stmt.dst.dtype == "f32" or any(a.dtype == "f32" for a in stmt.args)
-            return {"fp32" if floats else "int": 1}
-        case IndexValue() | IndexLet():
-            return {"int": max(1, len(stmt.index.terms))}
-        case DynamicIndex():
-            return {"int": 1}
-        case GlobalLoad() | ConstLoad():
-            return {"ld_global": 1, "int": 2}
-        case GlobalStore():
-            return {"st_global": 1, "int": 2}
-        case SharedLoad():
-            return {"ld_shared": 1}
-        case SharedStore():
-            return {"st_shared": 1}
-        case WarpReduce():
-            return {"shfl": 5, "fp32": 5}
-        case BlockReduce():
-            return {"shfl": 10, "fp32": 12, "st_shared": 1, "ld_shared": 1, "barrier": 1}
-        case Barrier():
-            return {"barrier": 1}
-    return {}
-
-
-def instruction_counts(body: list, weight: float = 1.0, out: dict | None = None) -> dict:
-    """Instructions one thread executes, by costmodel op class, loops weighted by trip count."""
-    out = {} if out is None else out
-    for s in body:
-        if isinstance(s, Loop):
-            lo = value_range(s.start)[0]
-            trips = max(1, -(-(s.stop - lo) // s.step))
-            instruction_counts(s.body, weight * trips, out)
-            for a in s.accumulates:
-                cls = "fp32" if a.dst.dtype == "f32" else "int"
-                out[cls] = out.get(cls, 0) + weight * trips
-            out["int"] = out.get("int", 0) + 2 * weight * trips
-        elif isinstance(s, If):
-            instruction_counts(s.body, weight, out)
-        else:
-            for k, v in _instruction_class(s).items():
-                out[k] = out.get(k, 0) + v * weight
-    return out
-
-
-def kernel_profile(kernel: Kernel, read_bytes: int, write_bytes: int) -> KernelProfile:
-    return KernelProfile(grid_blocks=kernel.grid[0], threads_per_block=kernel.block[0],
-                         regs_per_thread=min(register_estimate(kernel), 255),
-                         smem_bytes=kernel.smem_bytes,
-                         instructions=instruction_counts(kernel.body),
-                         bytes_read=read_bytes, bytes_written=write_bytes)
-
-
 def host_schedule(pattern: Pattern) -> Schedule:
     """The schedule a CPU runs fastest: one thread per block, so every loop is a plain serial
     loop (vectorizable) and per-group or per-kernel values are computed once, not per element."""
@@ -871,16 +910,45 @@ def resolve_device(device: dict | Device | None) -> Device:
     return load_device({**DEFAULT_DEVICE, **(device or {})}["name"])
 
 
+def _strided_points(pattern: Pattern) -> int:
+    """Element distance in memory between consecutive points of the first reduction (0 when
+    they are adjacent: the reduced dimensions include the operand's minor one)."""
+    ops = pattern.op_map()
+    first = next((op for op in pattern.ops if op.opcode == "reduce"), None)
+    if first is None:
+        return 0
+    operand = ops[first.operands[0]].shape
+    if not operand.rank or operand.minor_to_major[0] in first.dimensions:
+        return 0
+    strides = {d: s for d, s in zip(range(operand.rank), _element_strides(operand))}
+    return min(strides[d] for d in first.dimensions)
+
+
 def schedule_pattern(pattern: Pattern, name: str, device: dict | Device | None = None
                      ) -> ScheduledKernel:
     """Build every enumerated schedule, drop those failing locality or the device's limits,
-    and keep the one the latency-evaluator models fastest."""
+    and keep the one the latency-evaluator models fastest.
+
+    Candidates are priced by codegen/profile.py, the same model the pipeline prices the chosen
+    kernel with (and XLA's kernels against), so the choice and the report agree."""
+    from .profile import kernel_profile  # profile.py imports KernelSpec from this package
+
     dev = resolve_device(device)
     space = reduction_space(pattern)
     read = sum(s.byte_size for _, s in pattern.inputs)
     written = sum(s.byte_size for _, s in pattern.outputs)
     built, refusals, candidates = [], [], []
-    for sched in enumerate_schedules(space, dev, [s.num_elements for _, s in pattern.outputs]):
+    reuse = space.reduced > 0 and (len(_reduction_stages(pattern)) > 1 or any(
+        s.num_elements == space.groups * space.reduced for _, s in pattern.outputs))
+    strided = _strided_points(pattern)
+    for sched in enumerate_schedules(space, dev, [s.num_elements for _, s in pattern.outputs],
+                                     reuse):
+        if strided and sched.kind in ("warp", "block"):
+            # The latency-evaluator does not price uncoalesced access; thread and tile
+            # schedules read these reductions coalesced (consecutive results in lanes).
+            refusals.append((sched.why, f"lanes would read points {strided} elements apart "
+                                        f"(uncoalesced)"))
+            continue
         try:
             kernel, schemes = build_kernel(pattern, sched, name)
         except CodegenError as e:
@@ -891,7 +959,10 @@ def schedule_pattern(pattern: Pattern, name: str, device: dict | Device | None =
             refusals.append((sched.why, f"{kernel.smem_bytes} B shared memory exceeds "
                                         f"{dev.shared_memory_per_block} B"))
             continue
-        profile = kernel_profile(kernel, read, written)
+        # What kernel_profile reads of a KernelSpec, for a kernel that is not one yet.
+        profile = kernel_profile(SimpleNamespace(
+            kernel=kernel, grid=kernel.grid, block=kernel.block, smem_bytes=kernel.smem_bytes,
+            read_bytes=read, write_bytes=written))
         try:
             modeled = kernel_latency_us(profile, dev).total_us
         except ValueError as e:  # cannot launch (occupancy 0)
