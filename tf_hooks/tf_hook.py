@@ -366,9 +366,8 @@ class TfCompiled:
             return self.function.experimental_get_compiler_ir(*args, **kwargs)(stage="hlo")
 
     def _build(self, hlo_text: str) -> None:
-        import jax
-
         from fusionstitching.hlo.parser import parse_module
+        from fusionstitching.jit import original_jax_jit
         from fusionstitching.runtime.build import BuildError, build_stitched
 
         started = time.perf_counter()
@@ -377,7 +376,8 @@ class TfCompiled:
             module = parse_module(text, source=f"<tf {self.name}>")
             self.signature = signature(self.concrete, module, alias)
             run, in_avals = hlo_function(text, module)
-            lowered = jax.jit(run, keep_unused=True).lower(*in_avals)
+            # jax's own jit also when the jax hook has replaced jax.jit (FUSIONSTITCHING=1)
+            lowered = original_jax_jit()(run, keep_unused=True).lower(*in_avals)
             self.reference = lowered.compile()
             if self.dump_prefix:
                 self._dump(hlo_text, self.reference.as_text())

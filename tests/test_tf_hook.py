@@ -1,0 +1,170 @@
+"""FUSIONSTITCHING=1 in unchanged TF scripts (benchmarks/tf_scripts/): same losses, weights
+and outputs as TF with the stitched kernels running, one warning and TF's result for a
+function that cannot be handled, and the module-to-function mapping (input_output_alias).
+
+The scripts run in child processes with the hook enabled the way the start-up .pth does
+after ``pip install -e .``; here a ``sitecustomize.py`` in a temporary directory makes the
+same call (``tf_hooks.enable_from_environment`` + the TF hook), so the test does not depend
+on the package being installed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from tf_hooks.tf_hook import split_alias
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(REPO, "benchmarks", "tf_scripts")
+
+SITECUSTOMIZE = textwrap.dedent("""
+    from tf_hooks import flags, jax_hook, tf_hook
+    if flags.enabled():
+        parsed = flags.from_environment()
+        jax_hook.install_when_imported(parsed)
+        tf_hook.install_when_imported(parsed)
+""")
+
+
+def run(script: str, tmp_path, *args: str, flags: str | None = None, out: str = "out"):
+    """Start ``script`` (a child process); ``flags``: FUSIONSTITCHING_FLAGS with the hook on,
+    None: plain TF. Returns (process, report path, output path)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSIONSTITCHING")}
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    report = tmp_path / f"{out}.report.json"
+    output = tmp_path / f"{out}.{'npy' if 'bert' in script else 'npz'}"
+    env.update(PYTHONPATH=os.pathsep.join([str(site), REPO]), OUT=str(output),
+               TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu")
+    if flags is not None:
+        env.update(FUSIONSTITCHING="1", FUSIONSTITCHING_FLAGS=f"{flags} --report={report} "
+                                                              f"--cache_dir={tmp_path / 'cache'}")
+    process = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, script), *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env)
+    return process, report, output
+
+
+def finish(started) -> tuple[dict, str]:
+    process = started[0]
+    stdout, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr[-3000:]
+    return json.loads(stdout.strip().splitlines()[-1]), stderr
+
+
+def compare_runs(script: str, tmp_path, steps: str, flags: str):
+    """Plain TF and the hook side by side (two child processes at once)."""
+    plain = run(script, tmp_path, steps, out="tf")
+    hooked = run(script, tmp_path, steps, flags=flags, out="fs")
+    (expected, _), (got, stderr) = finish(plain), finish(hooked)
+    return expected, got, stderr, plain[2], hooked[2], json.loads(hooked[1].read_text())
+
+
+def assert_stitched_ran(report: dict, stderr: str) -> None:
+    runtime = report["runtime"]
+    assert runtime["kept"] == "stitched" and runtime["swapped_at_call"] == 2, \
+        (runtime, report["fallbacks"], stderr[-2000:])
+    assert report["verify"]["ran"] and report["verify"]["ok"], report["verify"]
+    assert 0 < report["fs"]["mem_kernels"] < report["xla"]["mem_kernels"]
+    assert report["fs"]["patterns"] > 0
+
+
+def test_split_alias_reads_tfs_variable_updates_and_removes_them():
+    header = ("HloModule a_inference_step_375__.6, input_output_alias={ {1}: (2, {}, "
+              "may-alias), {2}: (3, {}, may-alias), {3}: (5, {}, may-alias) }, "
+              "entry_computation_layout={(f32[4]{0})->f32[4]{0}}\nENTRY ...")
+    text, alias = split_alias(header)
+    assert alias == {1: 2, 2: 3, 3: 5}
+    assert text == ("HloModule a_inference_step_375__.6, "
+                    "entry_computation_layout={(f32[4]{0})->f32[4]{0}}\nENTRY ...")
+    assert split_alias("HloModule m\nENTRY ...") == ("HloModule m\nENTRY ...", {})
+
+
+def test_adam_step_parameters_and_updates_map_to_its_variables():
+    tf = pytest.importorskip("tensorflow")
+    from fusionstitching.hlo.parser import parse_module
+    from tf_hooks.tf_hook import signature
+
+    w = tf.Variable(tf.ones([8, 4]), name="w")
+    b = tf.Variable(tf.zeros([4]), name="b")
+    optimizer = tf.keras.optimizers.Adam(1e-2)
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.nn.softmax(x @ w + b) ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, [w, b]), [w, b]))
+        return loss
+
+    x = tf.ones([16, 8])
+    step(x)
+    concrete = step.get_concrete_function(x)
+    text, alias = split_alias(step.experimental_get_compiler_ir(x)(stage="hlo"))
+    sig = signature(concrete, parse_module(text), alias)
+    assert sig.num_inputs == 1 and sig.num_outputs == 1
+    handles = [h for h, _ in sig.variables]
+    by_handle = {id(v.handle): v for v in concrete.variables}
+    names = [by_handle[id(h)].name for h in handles]
+    written = sorted(names[i] for i in sig.updates)
+    # Adam writes w, b, both moments of each and its iteration count; it only reads its
+    # learning rate.
+    assert written == sorted(n for n in names if "learning_rate" not in n)
+    assert any("learning_rate" in n for n in names)
+    assert dict(zip(names, (d.name for _, d in sig.variables)))["adam/iteration:0"] == "int64"
+
+
+@pytest.mark.slow  # 40-90 s: TF start-up, TF's compile and 6 host kernels on 2 shared cores
+def test_custom_training_loop_with_adam_same_losses_and_weights(tmp_path):
+    expected, got, stderr, plain_out, hooked_out, reports = compare_runs(
+        "custom_loop.py", tmp_path, "3", "--keep=stitched")
+    np.testing.assert_allclose(got["losses"], expected["losses"], rtol=1e-5)
+    plain, hooked = np.load(plain_out), np.load(hooked_out)
+    assert sorted(plain) == sorted(hooked)
+    for name in plain:
+        np.testing.assert_allclose(hooked[name], plain[name], rtol=1e-5, atol=1e-6)
+    (report,) = reports
+    assert report["schema"] == "fusionstitching.report/1"
+    assert_stitched_ran(report, stderr)
+
+
+def test_unhandled_function_runs_as_tf_and_says_why(tmp_path):
+    expected, got, stderr, _, _, reports = compare_runs("dynamic_shapes.py", tmp_path, "",
+                                                        "")
+    assert got == expected
+    reason = "input 0 has the dynamic shape (None, 16)"
+    assert stderr.count(reason) == 1, stderr[-2000:]
+    (report,) = reports
+    assert report["runtime"]["kept"] == "tf"
+    assert [f["stage"] for f in report["fallbacks"]] == ["signature"]
+    assert reason in report["fallbacks"][0]["reason"]
+
+
+@pytest.mark.slow  # ~60 s: 7 host kernels built on a shared 2-core machine
+def test_bert_like_encoder_inference_equals_tf(tmp_path):
+    _, _, stderr, plain_out, hooked_out, reports = compare_runs(
+        "bert_inference.py", tmp_path, "3", "--keep=stitched")
+    np.testing.assert_allclose(np.load(hooked_out), np.load(plain_out), rtol=1e-4, atol=2e-5)
+    (report,) = reports
+    assert_stitched_ran(report, stderr)
+
+
+@pytest.mark.slow  # ~2-3 min: the encoder's train step has ~18 stitched patterns to build
+@pytest.mark.parametrize("steps", ["3", "20"])
+def test_keras_encoder_fit_same_losses_and_weights(tmp_path, steps):
+    expected, got, stderr, plain_out, hooked_out, reports = compare_runs(
+        "keras_encoder.py", tmp_path, steps, "--keep=stitched")
+    assert len(got["losses"]) == int(steps)
+    np.testing.assert_allclose(got["losses"], expected["losses"], rtol=1e-5)
+    plain, hooked = np.load(plain_out), np.load(hooked_out)
+    for name in plain:
+        np.testing.assert_allclose(hooked[name], plain[name], rtol=1e-5, atol=1e-6)
+    (report,) = reports
+    assert "one_step_on_data" in report["module"]
+    assert_stitched_ran(report, stderr)
