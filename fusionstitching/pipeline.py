@@ -75,7 +75,7 @@ def stitch_module(module: Module, options: Options | None = None,
             kernels.append(kernel)
 
     result = StitchResult(module, graph, plan, kernels, report=None, fallbacks=fallbacks)
-    result.report = _make_report(result, options, device, times)
+    result.report = make_report(result, options, device, times)
     if options.verify:
         result.report.verify = verify(result, seed=options.seed)
     if options.emit_dir:
@@ -136,7 +136,8 @@ def _xla_kernel_us(graph: OpGraph, node: str, device) -> float:
     return costmodel.kernel_latency_us(xla_kernel_profile(graph, node, device), device).total_us
 
 
-def _make_report(result: StitchResult, options: Options, device, times: Times) -> Report:
+def make_report(result: StitchResult, options: Options, device, times: Times) -> Report:
+    """The Report of a plan: XLA's plan and the stitched plan counted and priced alike."""
     graph = result.graph
     kernel_nodes = graph.kernel_nodes()
     mem_nodes = [n.name for n in kernel_nodes if n.memory_intensive]

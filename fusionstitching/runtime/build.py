@@ -214,7 +214,7 @@ def _recount(result, kernels: list, options: pipeline.Options) -> Report:
     import costmodel
 
     recounted = dataclasses.replace(result, kernels=kernels)
-    return pipeline._make_report(recounted, options, costmodel.load_device(options.target),
+    return pipeline.make_report(recounted, options, costmodel.load_device(options.target),
                                  result.report.times_s)
 
 
