@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from . import flags as flag_parsing
 
 log = logging.getLogger("fusionstitching")
+_hook: "Hook | None" = None  # the installed hook
 
 # -- installation ---------------------------------------------------------------------------
 
@@ -64,7 +65,8 @@ def install(flags: flag_parsing.Flags) -> None:
     if hasattr(cls.__call__, "fusionstitching_original"):
         return
     original = cls.__call__
-    hook = Hook(flags, original)
+    global _hook
+    hook = _hook = Hook(flags, original)
 
     @functools.wraps(original)
     def __call__(function, *args, **kwargs):
@@ -84,6 +86,12 @@ def uninstall() -> None:
     original = getattr(cls.__call__, "fusionstitching_original", None)
     if original is not None:
         cls.__call__ = original
+
+
+def last_compiled(function) -> "TfCompiled | None":
+    """The most recent ``TfCompiled`` of a tf.function under the installed hook."""
+    found = [c for _, c in _hook._compiled.values() if c.function is function] if _hook else []
+    return found[-1] if found else None
 
 
 def install_when_imported(flags: flag_parsing.Flags) -> None:
