@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 
 from ..hlo.ir import Module, Shape
 from .flatten import CodegenError, flatten
-from .host import HostKernel, compile_host
-from .kernel_ir import Kernel
+from .host import HostKernel, Traffic, compile_host, count_traffic
+from .kernel_ir import Kernel, global_traffic
 from .nvptx import NvptxKernel, compile_nvptx, find_ptxas
 from .schedule import build_kernel, host_schedule, schedule_pattern
 
-__all__ = ["CodegenError", "HostKernel", "KernelSpec", "NvptxKernel", "can_stitch",
-           "compile_host", "compile_nvptx", "find_ptxas", "generate"]
+__all__ = ["CodegenError", "HostKernel", "KernelSpec", "NvptxKernel", "Traffic", "can_stitch",
+           "compile_host", "compile_nvptx", "count_traffic", "find_ptxas", "generate"]
 
 
 @dataclass
@@ -49,6 +49,9 @@ class KernelSpec:
     # The same pattern scheduled for CPU speed (compile_host(spec, fast=True)): one thread per
     # block, serial loops; same buffers and ABI as `kernel`.
     host_kernel: Kernel | None = None
+    # Bytes of every global load the kernel executes (all threads): above read_bytes when it
+    # re-reads inputs (a stage without producer caching, a recomputed producer).
+    raw_read_bytes: int = 0
 
     def __str__(self) -> str:
         return str(self.kernel)
@@ -75,6 +78,7 @@ def generate(module: Module, nodes: list[str], name: str, device: dict | None = 
         candidates=scheduled.candidates,
         host_kernel=build_kernel(pattern, host_schedule(pattern), name)[0])
     spec.regs_model = register_model(spec)
+    spec.raw_read_bytes = global_traffic(kernel)[0]
     return spec
 
 

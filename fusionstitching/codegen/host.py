@@ -18,9 +18,10 @@ import numpy as np
 from llvmlite import ir
 
 from ..hlo.ir import Shape
-from .kernel_ir import WARP, Barrier, ConstArray, DynamicIndex, IndexLet, Kernel, SharedArray, \
-    Value, WarpReduce, defined_values, expand_block_reduce, used_values
-from .llvm_lowering import F32, I32, PTR, STORAGE_TYPES, VALUE_TYPES, ThreadLowering, optimize
+from .kernel_ir import DTYPE_BYTES, WARP, Barrier, ConstArray, DynamicIndex, IndexLet, Ix, \
+    Kernel, SharedArray, Value, WarpReduce, defined_values, expand_block_reduce, used_values
+from .llvm_lowering import F32, I8, I32, I64, PTR, STORAGE_TYPES, VALUE_TYPES, ThreadLowering, \
+    optimize
 
 # LLVM intrinsics where the host target lowers them, else the C library's float functions
 # (the JIT resolves them in this process, which has libm loaded).
@@ -31,15 +32,32 @@ _MATH = {"exponential": "llvm.exp.f32", "log": "llvm.log.f32", "tanh": "llvm.tan
 
 
 class HostLowering(ThreadLowering):
-    def __init__(self, kernel: Kernel, module: ir.Module):
+    """``instrument``: the ``buffers`` argument continues with one byte array per buffer (an
+    element's byte is set when it is accessed) and an i64[2] of raw load and store bytes."""
+
+    def __init__(self, kernel: Kernel, module: ir.Module, instrument: bool = False):
         function = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), kernel.name)
         super().__init__(kernel, module, function)
         self.shared = {a.name: self.alloca(STORAGE_TYPES[a.dtype], a.size) for a in kernel.shared}
         self.constants = {c.name: self.constant_global(c) for c in kernel.constants}
-        self.buffers = [self.builder.load(self.builder.gep(
+        count = 2 * len(kernel.buffers) + 1 if instrument else len(kernel.buffers)
+        pointers = [self.builder.load(self.builder.gep(
             function.args[0], [ir.Constant(I32, i)], source_etype=PTR), typ=PTR)
-            for i in range(len(kernel.buffers))]
+            for i in range(count)]
+        self.buffers = pointers[:len(kernel.buffers)]
+        self.marks = pointers[len(kernel.buffers):-1] if instrument else None
+        self.counters = pointers[-1] if instrument else None
         self.arrays: dict[Value, ir.Value] = {}  # per-thread arrays of values crossing phases
+
+    vector_align = 4  # x86 vector loads need no alignment; numpy guarantees only the element's
+
+    def global_access(self, buffer: int, offset: Ix, dtype: str, store: bool) -> None:
+        if self.marks is None:
+            return
+        b = self.builder
+        counter = b.gep(self.counters, [ir.Constant(I32, int(store))], source_etype=I64)
+        b.store(b.add(b.load(counter, typ=I64), ir.Constant(I64, DTYPE_BYTES[dtype])), counter)
+        b.store(ir.Constant(I8, 1), self.element_pointer(self.marks[buffer], "pred", offset))
 
     def buffer_pointer(self, i: int) -> ir.Value:
         return self.buffers[i]
@@ -179,10 +197,13 @@ def compile_host(spec, fast: bool = False) -> HostKernel:
     emulated thread by thread: what verification checks); ``fast=True`` compiles
     ``spec.host_kernel``, the same pattern scheduled for the CPU, with LLVM's loop unrolling
     and vectorization (the runtime's choice when the host kernel competes with XLA:CPU)."""
-    kernel = spec.host_kernel if fast else spec.kernel
+    return _compile(spec, spec.host_kernel if fast else spec.kernel, fast)
+
+
+def _compile(spec, kernel: Kernel, fast: bool, instrument: bool = False) -> HostKernel:
     module = ir.Module(name=spec.name)
     module.triple = llvm.get_process_triple()
-    HostLowering(kernel, module).build()
+    HostLowering(kernel, module, instrument).build()
     text = str(module)
     machine = _host_machine()
     parsed = llvm.parse_assembly(text)
@@ -193,3 +214,30 @@ def compile_host(spec, fast: bool = False) -> HostKernel:
     engine = llvm.create_mcjit_compiler(parsed, machine)
     engine.finalize_object()
     return HostKernel(spec, text, engine.get_function_address(kernel.name), engine)
+
+
+@dataclass
+class Traffic:
+    """Global memory a kernel run touched, counted by the instrumented host build."""
+
+    read_bytes: int  # distinct input bytes loaded
+    write_bytes: int  # distinct output bytes stored
+    raw_read_bytes: int  # bytes of every load executed (re-reads included)
+    raw_write_bytes: int
+
+
+def count_traffic(spec, *inputs: np.ndarray) -> Traffic:
+    """Runs the GPU schedule (``spec.kernel``, emulated) instrumented at every global access."""
+    kernel = spec.kernel
+    host = _compile(spec, kernel, fast=False, instrument=True)
+    ins = [to_physical(x, s) for x, (_, s) in zip(inputs, spec.inputs)]
+    outs = [np.empty(s.num_elements, s.numpy_dtype) for _, s in spec.outputs]
+    marks = [np.zeros(max(b.shape.num_elements, 1), np.uint8) for b in kernel.buffers]
+    counters = np.zeros(2, np.int64)
+    arrays = ins + outs + marks + [counters]
+    pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(host.address)(pointers)
+    touched = [int(m.sum()) * DTYPE_BYTES[b.shape.dtype] for m, b in zip(marks, kernel.buffers)]
+    first_output = len(spec.inputs)
+    return Traffic(sum(touched[:first_output]), sum(touched[first_output:]),
+                   int(counters[0]), int(counters[1]))

@@ -515,3 +515,58 @@ def used_values(stmt) -> list[Value]:
         case If():
             return [v for s in stmt.body for v in used_values(s)]
     return []
+
+
+def global_traffic(kernel: Kernel) -> tuple[int, int]:
+    """Bytes of every global load and store the kernel executes, over all its threads.
+
+    Thread indices are evaluated for the whole grid at once (numpy); a loop multiplies its
+    body by each thread's trip count, and is expanded into one instance per iteration only
+    when its body branches on the loop variable or nests another loop. Conditions and loop
+    bounds are index expressions of tid, bid and loop variables, never of data.
+    """
+    threads, blocks = kernel.block[0], kernel.grid[0]
+    env = {kernel.tid.name: np.tile(np.arange(threads), blocks),
+           kernel.bid.name: np.repeat(np.arange(blocks), threads)}
+    totals = [0, 0]
+
+    def walk(body: list, env: dict[str, np.ndarray], weight: np.ndarray) -> None:
+        for s in body:
+            match s:
+                case IndexLet():
+                    env = {**env, s.var.name: s.index.evaluate(env) + np.zeros_like(weight)}
+                case GlobalLoad():
+                    totals[0] += int(weight.sum()) * DTYPE_BYTES[s.dst.dtype]
+                case GlobalStore():
+                    totals[1] += int(weight.sum()) * DTYPE_BYTES[s.value.dtype]
+                case If():
+                    lhs, rhs = s.lhs.evaluate(env), s.rhs.evaluate(env)
+                    taken = (lhs == rhs) if s.cmp == "eq" else (lhs < rhs)
+                    taken = taken + np.zeros_like(weight, dtype=bool)
+                    walk(s.body, {k: v[taken] for k, v in env.items()}, weight[taken])
+                case Loop():
+                    start = s.start.evaluate(env) + np.zeros_like(weight)
+                    trips = np.maximum(0, -(-(s.stop - start) // s.step))
+                    if not _branches_on(s.body, s.var):
+                        walk(s.body, env, weight * trips)
+                        continue
+                    inner = {k: np.repeat(v, trips) for k, v in env.items()}
+                    first = np.repeat(np.cumsum(trips) - trips, trips)
+                    iteration = np.arange(int(trips.sum())) - first
+                    inner[s.var.name] = np.repeat(start, trips) + s.step * iteration
+                    walk(s.body, inner, np.repeat(weight, trips))
+
+    walk(kernel.body, env, np.ones(threads * blocks, dtype=np.int64))
+    return totals[0], totals[1]
+
+
+def _branches_on(body: list, var: Var) -> bool:
+    """Whether control flow inside body depends on var (or nests a loop)."""
+    for s in body:
+        if isinstance(s, Loop):
+            return True
+        if isinstance(s, If) and (var in s.lhs.vars() | s.rhs.vars() or _branches_on(s.body, var)):
+            return True
+        if isinstance(s, If) and any(isinstance(x, IndexLet) for x in s.body):
+            return True
+    return False

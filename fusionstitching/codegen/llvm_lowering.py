@@ -30,6 +30,8 @@ _ROUNDING = {"floor": "llvm.floor.f32", "ceil": "llvm.ceil.f32",
              "round-nearest-even": "llvm.roundeven.f32", "round-nearest-afz": "llvm.round.f32"}
 STORAGE_TYPES = {**VALUE_TYPES, "pred": I8}
 
+VECTOR_LANES = 4  # 32-bit lanes of a 128-bit global access
+
 _FCMP = {"EQ": "==", "NE": "!=", "LT": "<", "LE": "<=", "GT": ">", "GE": ">="}
 
 
@@ -45,6 +47,10 @@ class ThreadLowering:
         self.builder = ir.IRBuilder(function.append_basic_block("start"))
         self.values: dict[Value, ir.Value] = {}
         self.vars: dict[Var, ir.Value] = {}
+        # 128-bit accesses of the current scope: loaded vectors by (buffer, aligned offset),
+        # and stores waiting for the other lanes of their vector.
+        self.vectors: dict[tuple[int, Ix], ir.Value] = {}
+        self.pending: dict[tuple[int, Ix], dict[int, tuple[ir.Value, Ix, str]]] = {}
 
     # -- hooks -----------------------------------------------------------------------------
     def buffer_pointer(self, i: int) -> ir.Value:
@@ -78,6 +84,12 @@ class ThreadLowering:
 
     def collective(self, stmt: WarpReduce | Barrier) -> None:
         raise NotImplementedError
+
+    # Alignment the target can assume for a 16-byte-aligned group of a buffer's elements.
+    vector_align = 16
+
+    def global_access(self, buffer: int, offset: Ix, dtype: str, store: bool) -> None:
+        """Called at every global load and store (the instrumented host build counts them)."""
 
     # -- helpers ---------------------------------------------------------------------------
     def finish(self) -> None:
@@ -138,10 +150,69 @@ class ThreadLowering:
     def store(self, pointer: ir.Value, value: ir.Value, dtype: str) -> None:
         self.builder.store(self.builder.zext(value, I8) if dtype == "pred" else value, pointer)
 
+    # -- 128-bit global accesses -------------------------------------------------------------
+    def vector_slot(self, buffer: int, offset: Ix, dtype: str) -> tuple[Ix, int] | None:
+        """(offset of the 16-byte group, lane) when buffer[offset] may be accessed as one lane
+        of a 4 x 32-bit vector: the group starts at a multiple of 4 elements for every value
+        of the index variables (all coefficients are multiples of 4), and the buffer's size is
+        a multiple of 4, so the whole group lies inside it. Buffers start 16-byte aligned
+        (XLA's allocations; numpy's on the host, where alignment is not required)."""
+        if dtype not in ("f32", "s32") or \
+                self.kernel.buffers[buffer].shape.num_elements % VECTOR_LANES:
+            return None
+        if any(c % VECTOR_LANES for _, c in offset.terms):
+            return None
+        lane = offset.const % VECTOR_LANES
+        return Ix(offset.terms, offset.const - lane), lane
+
+    def vector_load(self, buffer: int, offset: Ix, dtype: str) -> ir.Value | None:
+        slot = self.vector_slot(buffer, offset, dtype)
+        if slot is None:
+            return None
+        base, lane = slot
+        if (buffer, base) not in self.vectors:
+            pointer = self.element_pointer(self.buffer_pointer(buffer), dtype, base)
+            self.vectors[buffer, base] = self.builder.load(
+                pointer, typ=ir.VectorType(VALUE_TYPES[dtype], VECTOR_LANES),
+                align=self.vector_align)
+        return self.builder.extract_element(self.vectors[buffer, base], ir.Constant(I32, lane))
+
+    def vector_store(self, buffer: int, offset: Ix, value: ir.Value, dtype: str) -> bool:
+        """Holds the store until all 4 lanes of its group are stored in this scope."""
+        slot = self.vector_slot(buffer, offset, dtype)
+        if slot is None:
+            return False
+        base, lane = slot
+        lanes = self.pending.setdefault((buffer, base), {})
+        lanes[lane] = (value, offset, dtype)
+        if len(lanes) == VECTOR_LANES:
+            b = self.builder
+            vector = ir.Constant(ir.VectorType(VALUE_TYPES[dtype], VECTOR_LANES), ir.Undefined)
+            for k in range(VECTOR_LANES):
+                vector = b.insert_element(vector, lanes[k][0], ir.Constant(I32, k))
+            b.store(vector, self.element_pointer(self.buffer_pointer(buffer), dtype, base),
+                    align=self.vector_align)
+            del self.pending[buffer, base]
+        return True
+
+    def flush_stores(self) -> None:
+        """Stores whose group was not completed in their scope go out one by one."""
+        for (buffer, _), lanes in self.pending.items():
+            for value, offset, dtype in lanes.values():
+                self.store(self.element_pointer(self.buffer_pointer(buffer), dtype, offset),
+                           value, dtype)
+        self.pending = {}
+
     # -- statements ------------------------------------------------------------------------
     def lower(self, body: list) -> None:
+        """Lowers a scope; vectors loaded inside it are not visible after it (they do not
+        dominate what follows), and its held stores are completed before it ends."""
+        outer_vectors, outer_pending = self.vectors, self.pending
+        self.vectors, self.pending = dict(outer_vectors), {}
         for s in body:
             self.statement(s)
+        self.flush_stores()
+        self.vectors, self.pending = outer_vectors, outer_pending
 
     def statement(self, s) -> None:
         b = self.builder
@@ -164,12 +235,18 @@ class ThreadLowering:
                                                   [a.dtype for a in s.args], s.dst.dtype, s.attr)
             case GlobalLoad():
                 dtype = s.dst.dtype
-                self.values[s.dst] = self.load(
-                    self.element_pointer(self.buffer_pointer(s.buffer), dtype, s.offset), dtype)
+                self.global_access(s.buffer, s.offset, dtype, False)
+                loaded = self.vector_load(s.buffer, s.offset, dtype)
+                if loaded is None:
+                    loaded = self.load(self.element_pointer(self.buffer_pointer(s.buffer), dtype,
+                                                            s.offset), dtype)
+                self.values[s.dst] = loaded
             case GlobalStore():
                 dtype = s.value.dtype
-                self.store(self.element_pointer(self.buffer_pointer(s.buffer), dtype, s.offset),
-                           self.values[s.value], dtype)
+                self.global_access(s.buffer, s.offset, dtype, True)
+                if not self.vector_store(s.buffer, s.offset, self.values[s.value], dtype):
+                    self.store(self.element_pointer(self.buffer_pointer(s.buffer), dtype,
+                                                    s.offset), self.values[s.value], dtype)
             case SharedStore():
                 self.store(self.element_pointer(self.shared_pointer(s.array), s.array.dtype,
                                                 s.index), self.values[s.value], s.array.dtype)
