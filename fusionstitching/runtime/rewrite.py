@@ -78,23 +78,28 @@ class RewriteError(ValueError):
     """The module cannot be rewritten into HLO that XLA accepts; the caller falls back."""
 
 
-def rewrite_module(module: Module, kernels: Sequence, targets: Sequence[str]) -> Module:
+def rewrite_module(module: Module, kernels: Sequence, targets: Sequence[str],
+                   backend_configs: Sequence[str] | None = None) -> Module:
     """XLA's optimized module with ``kernels`` (pipeline.StitchedKernel: ``.pattern.nodes``,
     ``.spec.inputs/.outputs``) as calls to the FFI targets ``targets`` (one per kernel), in a
-    form XLA compiles again."""
-    return normalize_for_xla(replace_patterns(module, kernels, targets))
+    form XLA compiles again. ``backend_configs`` (one per kernel, HLO attribute text) carry
+    what the target needs at run time: the GPU launch path (runtime/gpu.py) puts each
+    kernel's PTX and launch dimensions there; the CPU targets need none."""
+    return normalize_for_xla(replace_patterns(module, kernels, targets, backend_configs))
 
 
 # -- 1. stitched patterns -> custom calls ---------------------------------------------------
 
-def replace_patterns(module: Module, kernels: Sequence, targets: Sequence[str]) -> Module:
+def replace_patterns(module: Module, kernels: Sequence, targets: Sequence[str],
+                     backend_configs: Sequence[str] | None = None) -> Module:
     entry = module.entry
     replaced = {node for k in kernels for node in k.pattern.nodes}
     replaced |= {name.partition("#")[0] for k in kernels for name, _ in k.spec.outputs}
     kept = [dataclasses.replace(i, is_root=False) for i in entry.instructions
             if i.name not in replaced]
-    for kernel, target in zip(kernels, targets, strict=True):
-        kept.extend(custom_call(kernel.spec, target))
+    configs = [None] * len(kernels) if backend_configs is None else backend_configs
+    for kernel, target, config in zip(kernels, targets, configs, strict=True):
+        kept.extend(custom_call(kernel.spec, target, config))
 
     root = entry.root.name
     instructions = _topological(_live(kept, root))
@@ -105,10 +110,10 @@ def replace_patterns(module: Module, kernels: Sequence, targets: Sequence[str]) 
     return dataclasses.replace(module, computations=computations)
 
 
-def custom_call(spec, target: str) -> list[Instruction]:
+def custom_call(spec, target: str, backend_config: str | None = None) -> list[Instruction]:
     """The instructions that call kernel ``spec`` (registered as FFI target ``target``): one
     custom call named after its output, or a tuple-shaped call plus one get-tuple-element per
-    output (named after the outputs).
+    output (named after the outputs). ``backend_config``: the attribute's HLO text, if any.
 
     An output ``X#i`` is element i of a multi-output fusion X whose tuple is used outside the
     pattern (codegen/flatten.py); the tuple ``X`` is rebuilt from those elements."""
@@ -119,6 +124,8 @@ def custom_call(spec, target: str) -> list[Instruction]:
         "api_version": "API_VERSION_TYPED_FFI",
         "operand_layout_constraints": "{" + constraints + "}",
     }
+    if backend_config is not None:
+        attrs["backend_config"] = backend_config
     outputs = [(_output_name(name), _with_layout(shape)) for name, shape in spec.outputs]
     if len(outputs) == 1:
         name, shape = outputs[0]
