@@ -32,6 +32,11 @@ the same thing logically, and lets XLA optimize it again:
    opaque. The executable it returns is the program that runs; its ``as_text`` shows our
    custom calls among XLA's kernels.
 
+The GPU launch path (``runtime/gpu.py``) is the same rewrite of XLA:GPU's optimized module:
+step 1 additionally gives each custom call a ``backend_config`` (jaxlib's Triton kernel-call
+proto with the kernel's PTX and launch dimensions) and the target names are registered to
+jaxlib's PTX launcher instead of host kernels.
+
 Why not the alternatives: keeping XLA's fusions as ``call``s (what hlo/xla_runner.py does for
 verification) compiles modules without layout changes, but fails on bitcasts between
 layouts (checked on the module of ``test_bitcast_between_layouts_becomes_logical_ops``:
