@@ -9,6 +9,7 @@ Launching, stream ordering and numbers on a GPU are not tested here (no GPU).
 import dataclasses
 import importlib.util
 import re
+import subprocess
 import zlib
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 
 from benchmarks.models import micro
 from fusionstitching import capture, pipeline
+from fusionstitching.codegen import find_ptxas
 from fusionstitching.hlo.parser import parse_module
 from fusionstitching.runtime import gpu
 from fusionstitching.runtime.rewrite import RewriteError
@@ -138,6 +140,19 @@ def test_launch_dims_and_buffer_order_come_from_the_spec_and_the_ptx(layernorm):
     assert [(p.name, p.shape, p.is_output) for p in launch.parameters] == \
         [(n, s, False) for n, s in spec.inputs] + [(n, s, True) for n, s in spec.outputs]
     assert gpu.ptx_entry_parameters(nvptx.ptx, spec.kernel.name) == len(launch.parameters)
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas (CUDA toolkit) not found")
+def test_ptx_assembles_for_what_the_launcher_compiles(layernorm, tmp_path):
+    """jaxlib's launcher assembles the PTX with ptxas for the proto's compute capability at
+    initialization; for 90 that is sm_90a (the accelerated-features variant)."""
+    kernel = layernorm[1].kernels[0]
+    launch = gpu.launch_for(kernel.spec, kernel.nvptx)
+    source = tmp_path / "k.ptx"
+    source.write_text(launch.ptx)
+    run = subprocess.run([find_ptxas(), f"-arch=sm_{launch.compute_capability}a", str(source),
+                          "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
 
 
 def test_compute_capability_names():
