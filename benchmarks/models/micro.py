@@ -129,5 +129,8 @@ def tf_functions() -> dict:
     """The same models as ``tf.function(jit_compile=True)``, keyed like JAX_FUNCTIONS."""
     import tensorflow as tf
 
-    return {name: tf.function(body, jit_compile=True, autograph=False)
-            for name, body in _bodies(ops_for("tf")).items()}
+    functions = {}
+    for name, body in _bodies(ops_for("tf")).items():
+        body.__name__ = f"tf_{name}"  # TF names the function (and XLA's module) after it
+        functions[name] = tf.function(body, jit_compile=True, autograph=False)
+    return functions
