@@ -85,7 +85,7 @@ def jax_hlo(fn, *args, target: str = "cpu", classic: bool = False, dump_to: str 
         import jax
         return _jit_text(fn, args, jax.devices("cpu")[0], options, jit_kwargs)
     _require_gpu_plugin()
-    if _gpu_compiles_in_process():
+    if gpu_compiles_in_process():
         return _jit_text(fn, args, _gpu_device(target), options, jit_kwargs)
     argv = ["jax", _importable_name(fn), *(json.dumps(_encode_arg(a)) for a in args),
             "--jit-kwargs", json.dumps(jit_kwargs)]
@@ -125,7 +125,7 @@ def hlo_for_gpu(hlo_text: str, target: str = "h100", classic: bool = False,
     if target == "cpu":
         raise ValueError("hlo_for_gpu compiles for GPU targets; for XLA:CPU use tf_hlo or jax_hlo")
     _require_gpu_plugin()
-    if _gpu_compiles_in_process():
+    if gpu_compiles_in_process():
         return _compile_hlo_text(hlo_text, _gpu_device(target), options)
     return _run_child(["hlo", "-"] + _option_argv(target, classic, dump_to), stdin=hlo_text)
 
@@ -226,7 +226,7 @@ def _require_gpu_plugin() -> None:
                            f"({_CUDA_PLUGIN}), which is not installed: {_INSTALL_HINT}")
 
 
-def _gpu_compiles_in_process() -> bool:
+def gpu_compiles_in_process() -> bool:
     """True when this process's JAX runs with JAX_PLATFORMS=cpu, the setting under which the
     CUDA plugin offers deviceless compilation."""
     if "jax" not in sys.modules:

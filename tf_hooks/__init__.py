@@ -4,7 +4,7 @@ The package installs ``fusionstitching_hook.pth`` into site-packages (setup.py);
 its one line at every start-up. When ``FUSIONSTITCHING`` is unset that line does nothing
 else; when it is set, ``enable_from_environment`` parses ``FUSIONSTITCHING_FLAGS``
 (flags.py) and arranges for each framework's hook to be installed when the script imports
-that framework (jax_hook.py), so nothing heavy is imported at start-up and a script that
+that framework (jax_hook.py, tf_hook.py), so nothing heavy is imported at start-up and a script that
 sets ``JAX_PLATFORMS`` etc. before importing jax still works.
 """
 from __future__ import annotations
@@ -17,7 +17,8 @@ def enable_from_environment() -> bool:
     if not flags.enabled():
         return False
     parsed = flags.from_environment()
-    from . import jax_hook
+    from . import jax_hook, tf_hook
 
     jax_hook.install_when_imported(parsed)
+    tf_hook.install_when_imported(parsed)
     return True

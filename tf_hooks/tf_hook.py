@@ -47,7 +47,7 @@ import re
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import flags as flag_parsing
 
@@ -523,7 +523,7 @@ class TfCompiled:
 
         from fusionstitching import pipeline
         from fusionstitching.report import Verify
-        from fusionstitching.runtime.executor import _best_times
+        from fusionstitching.runtime.executor import best_times
 
         params = self._params(flat)
         try:
@@ -546,7 +546,7 @@ class TfCompiled:
             return outputs
         kept = "stitched"
         if self.flags.keep == "fastest":
-            xla_s, stitched_s = _best_times(self.reference, candidate, params, {})
+            xla_s, stitched_s = best_times(self.reference, candidate, params, {})
             self.info.xla_us = round(xla_s * 1e6, 1)
             self.info.stitched_us = round(stitched_s * 1e6, 1)
             if stitched_s >= xla_s:

@@ -144,7 +144,7 @@ class Executor:
                 return expected
         kept = "stitched"
         if self.keep == "fastest":
-            xla_s, stitched_s = _best_times(self.xla, candidate, args, kwargs)
+            xla_s, stitched_s = best_times(self.xla, candidate, args, kwargs)
             self.info.xla_us, self.info.stitched_us = round(xla_s * 1e6, 1), \
                 round(stitched_s * 1e6, 1)
             if stitched_s >= xla_s:
@@ -165,7 +165,7 @@ class Executor:
         return self.candidate is not None or self.active is not self.xla
 
 
-def _best_times(xla, stitched, args, kwargs) -> tuple[float, float]:
+def best_times(xla, stitched, args, kwargs) -> tuple[float, float]:
     """Best wall time of each executable over TIMING_ROUNDS alternating runs."""
     import jax
 

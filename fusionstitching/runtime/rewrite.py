@@ -90,7 +90,24 @@ def rewrite_module(module: Module, kernels: Sequence, targets: Sequence[str],
     form XLA compiles again. ``backend_configs`` (one per kernel, HLO attribute text) carry
     what the target needs at run time: the GPU launch path (runtime/gpu.py) puts each
     kernel's PTX and launch dimensions there; the CPU targets need none."""
+    refuse_configured_custom_calls(module)
     return normalize_for_xla(replace_patterns(module, kernels, targets, backend_configs))
+
+
+def refuse_configured_custom_calls(module: Module) -> None:
+    """XLA's own library calls (``__cudnn$convForward``, ``__cublas$gemm``, ...) keep
+    their meaning in attributes the StableHLO route drops (measured: a cuDNN convolution
+    without its ``window`` aborts the whole process in XLA's ConvPaddingLegalization), and a
+    custom call's ``backend_config`` would be stripped by the normalization. Such a module
+    stays XLA's."""
+    for comp in module.computations:
+        for inst in comp.instructions:
+            target = inst.custom_call_target or ""
+            if inst.opcode != "custom-call" or target.startswith(TARGET_PREFIX):
+                continue
+            if target.startswith("__") or "backend_config" in inst.attrs:
+                raise RewriteError(f"custom call {inst.name} to {target} carries XLA "
+                                   "configuration the rewrite cannot keep")
 
 
 # -- 1. stitched patterns -> custom calls ---------------------------------------------------
