@@ -15,8 +15,10 @@ from fusionstitching.hlo.parser import parse_file
 from fusionstitching.pipeline import Options, stitch_module
 
 HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
+NORMALIZATIONS = {"layernorm", "softmax", "rmsnorm"}
 with open(os.path.join(HLO, "manifest.json")) as f:
-    MANIFEST = json.load(f)
+    MANIFEST = {file: entry for file, entry in json.load(f).items()
+                if entry.get("model") in NORMALIZATIONS}
 
 
 # One capture per model and size in the default run (XLA:GPU's classic plans, which leave the

@@ -517,6 +517,24 @@ def used_values(stmt) -> list[Value]:
     return []
 
 
+VECTOR_LANES = 4  # 32-bit lanes of a 128-bit global access
+
+
+def vector_group(kernel: Kernel, buffer: int, offset: Ix, dtype: str) -> tuple[Ix, int] | None:
+    """(offset of its 16-byte group, lane) when buffer[offset] may be accessed as one lane of
+    a 4 x 32-bit vector (both backends then load or store the group at once): the group
+    starts at a multiple of 4 elements for every value of the index variables (all
+    coefficients are multiples of 4), and the buffer's size is a multiple of 4, so the whole
+    group lies inside it. Buffers start 16-byte aligned (XLA's allocations; on the host,
+    numpy's arrays, where x86 does not require it)."""
+    if dtype not in ("f32", "s32") or kernel.buffers[buffer].shape.num_elements % VECTOR_LANES:
+        return None
+    if any(c % VECTOR_LANES for _, c in offset.terms):
+        return None
+    lane = offset.const % VECTOR_LANES
+    return Ix(offset.terms, offset.const - lane), lane
+
+
 def global_traffic(kernel: Kernel) -> tuple[int, int]:
     """Bytes of every global load and store the kernel executes, over all its threads.
 

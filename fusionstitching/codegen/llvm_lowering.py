@@ -13,7 +13,7 @@ from llvmlite import ir
 from .kernel_ir import (Accumulate, Barrier, BlockReduce, Compute, Const, ConstArray, ConstLoad,
                         DynamicIndex, GlobalLoad, GlobalStore, If, IndexLet, IndexValue, Ix,
                         Kernel, Loop, SharedArray, SharedLoad, SharedStore, Value, Var,
-                        WarpReduce, FloorDiv, Mod)
+                        WarpReduce, FloorDiv, Mod, VECTOR_LANES, vector_group)
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F32, F16 = ir.FloatType(), ir.HalfType()
@@ -29,8 +29,6 @@ MATH_OPS = {"exponential", "log", "tanh", "power", "sine", "cosine", "tan", "ata
 _ROUNDING = {"floor": "llvm.floor.f32", "ceil": "llvm.ceil.f32",
              "round-nearest-even": "llvm.roundeven.f32", "round-nearest-afz": "llvm.round.f32"}
 STORAGE_TYPES = {**VALUE_TYPES, "pred": I8}
-
-VECTOR_LANES = 4  # 32-bit lanes of a 128-bit global access
 
 _FCMP = {"EQ": "==", "NE": "!=", "LT": "<", "LE": "<=", "GT": ">", "GE": ">="}
 
@@ -151,22 +149,8 @@ class ThreadLowering:
         self.builder.store(self.builder.zext(value, I8) if dtype == "pred" else value, pointer)
 
     # -- 128-bit global accesses -------------------------------------------------------------
-    def vector_slot(self, buffer: int, offset: Ix, dtype: str) -> tuple[Ix, int] | None:
-        """(offset of the 16-byte group, lane) when buffer[offset] may be accessed as one lane
-        of a 4 x 32-bit vector: the group starts at a multiple of 4 elements for every value
-        of the index variables (all coefficients are multiples of 4), and the buffer's size is
-        a multiple of 4, so the whole group lies inside it. Buffers start 16-byte aligned
-        (XLA's allocations; numpy's on the host, where alignment is not required)."""
-        if dtype not in ("f32", "s32") or \
-                self.kernel.buffers[buffer].shape.num_elements % VECTOR_LANES:
-            return None
-        if any(c % VECTOR_LANES for _, c in offset.terms):
-            return None
-        lane = offset.const % VECTOR_LANES
-        return Ix(offset.terms, offset.const - lane), lane
-
     def vector_load(self, buffer: int, offset: Ix, dtype: str) -> ir.Value | None:
-        slot = self.vector_slot(buffer, offset, dtype)
+        slot = vector_group(self.kernel, buffer, offset, dtype)
         if slot is None:
             return None
         base, lane = slot
@@ -179,7 +163,7 @@ class ThreadLowering:
 
     def vector_store(self, buffer: int, offset: Ix, value: ir.Value, dtype: str) -> bool:
         """Holds the store until all 4 lanes of its group are stored in this scope."""
-        slot = self.vector_slot(buffer, offset, dtype)
+        slot = vector_group(self.kernel, buffer, offset, dtype)
         if slot is None:
             return False
         base, lane = slot
