@@ -25,6 +25,12 @@ generated for) and the table shows:
   bytes divided by the bytes one pass of the loop body loads, per thread). Guarded loads
   (``@%p ld``) count as executed.
 
+Why our load counts lose: the backends emit ld/st.global.v4 for aligned groups of 4 (the
+``vector`` schedules, see tests/test_codegen_reuse.py), but the latency-evaluator
+(codegen/profile.py) counts each lane as its own ld_global and its register model counts the
+lanes as separate live values, so it never chooses them; until profile.py counts a
+``kernel_ir.vector_group`` as one access, the chosen kernels load one element per instruction.
+
     python benchmarks/compare_xla_ptx.py [--models layernorm,softmax] [--out FILE]
 """
 from __future__ import annotations
@@ -197,9 +203,11 @@ def explain(r: dict) -> str:
             "XLA loads 2 or 4 elements per instruction where we load one (our vector "
             "schedules are not the cost model's choice, see the module docstring)"
             if r["xla_ldb"] / max(r["xla_ld"], 1e-9) > r["our_ldb"] / max(r["our_ld"], 1e-9)
-            else "we re-read broadcast operands (gamma/beta per row) where XLA hoists them"))
+            else "we launch more threads than elements (a warp for a scalar kernel) and guarded "
+                 "loads count as executed, or we re-read a broadcast operand per row"))
     if r["our_ldb"] > r["xla_ldb"] * 1.05:
-        notes.append("more bytes loaded per element: broadcast operands re-read per row/result")
+        notes.append("more bytes loaded per element: a broadcast operand re-read per row or "
+                     "result, or guarded loads of idle threads counted")
     if r["our_st"] > r["xla_st"] * 1.05:
         notes.append("more stores per element: XLA stores 2-4 elements per instruction")
     return "; ".join(notes)
