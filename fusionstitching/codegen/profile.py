@@ -14,7 +14,13 @@ allocates registers for (observed in its PTX for the corpus kernels, LLVM O3):
   loops stay loops (loops that store were seen only partially unrolled);
 * in unrolled code, a load of an input buffer at an address loaded before is reused (GVN;
   buffers are noalias and inputs read-only) unless a barrier lies between, and an op repeated
-  on the same operands is computed once;
+  on the same operands is computed once; what a branch (an ``If``, a loop some threads skip)
+  loads or computes does not dominate the code after it, so it is not reused there (seen in
+  softmax's three guarded stages: each reloads x);
+* outside loops, ptxas issues an input's load at the start of its straight-line block (after
+  the last branch, loop or barrier) to hide its latency, so the value is live from there to
+  its last use (seen in the unrolled warp schedules: loads after the shuffles are hoisted
+  above them);
 * a buffer's base address is a kernel parameter that ptxas reads from the constant bank where
   it is needed (no register); a loop steps one 64-bit pointer per distinct access (loop
   strength reduction) and one counter, and the indices that built them die in its preheader;
@@ -169,6 +175,7 @@ class _Lifetimes:
         self.unrolled: dict[Var, tuple[Ix, int, int]] = {}  # var -> (start, step, iteration)
         self.iteration: tuple = ()
         self.fresh = itertools.count()
+        self.region = 0  # where the current straight-line block begins (loads hoist to it)
 
     # registers
     def define(self, key, width: int, at: int | None = None) -> None:
@@ -189,10 +196,10 @@ class _Lifetimes:
         if v not in self.immediates:
             self.use(self.current.get(v, (v, ())))
 
-    def define_value(self, v: Value) -> object:
+    def define_value(self, v: Value, at=None) -> object:
         key = (v, self.iteration)
         self.current[v] = key
-        self.define(key, REGISTER_WIDTH.get(v.dtype, 1))
+        self.define(key, REGISTER_WIDTH.get(v.dtype, 1), at)
         return key
 
     def use_index(self, index: Ix) -> None:
@@ -246,9 +253,13 @@ class _Lifetimes:
 
     # statements
     def walk(self, body: list) -> None:
+        outer_region, self.region = self.region, self.pos + 1
         for s in body:
             self.pos += 1
             self.statement(s)
+            if isinstance(s, (Loop, If, Barrier)):
+                self.region = self.pos
+        self.region = outer_region
 
     def statement(self, s) -> None:
         match s:
@@ -273,7 +284,8 @@ class _Lifetimes:
             case GlobalLoad():
                 self.access(s.buffer, s.offset)
                 reusable = not self.kernel.buffers[s.buffer].is_output
-                self.reuse_or_define(s.dst, self.load_key(s) if reusable else None)
+                self.reuse_or_define(s.dst, self.load_key(s) if reusable else None,
+                                     at=self.region if reusable and not self.rolled else None)
             case GlobalStore():
                 self.access(s.buffer, s.offset)
                 self.use_value(s.value)
@@ -288,7 +300,9 @@ class _Lifetimes:
             case If():
                 self.use_index(s.lhs)
                 self.use_index(s.rhs)
+                self.available.append({})  # a branch: its values do not dominate what follows
                 self.walk(s.body)
+                self.available.pop()
             case WarpReduce() | BlockReduce():
                 self.use_value(s.src)
                 self.define(("shuffled", next(self.fresh)), 1)  # the partner lane's value
@@ -300,13 +314,13 @@ class _Lifetimes:
             case _:
                 self.generic(s)
 
-    def reuse_or_define(self, dst: Value, cse_key) -> None:
+    def reuse_or_define(self, dst: Value, cse_key, at=None) -> None:
         found = self.lookup(cse_key) if cse_key is not None else None
         if found is not None:
             self.current[dst] = found
             self.use(found)
             return
-        key = self.define_value(dst)
+        key = self.define_value(dst, at)
         if cse_key is not None:
             self.available[-1][cse_key] = key
 
@@ -332,6 +346,11 @@ class _Lifetimes:
             self.unroll(s, trips)
 
     def unroll(self, s: Loop, trips: int) -> None:
+        # A body some threads skip is a branch: what it loads or computes does not dominate
+        # the code after it, so LLVM cannot reuse it there.
+        guarded = _trip_bounds(s, self.kernel)[0] == 0
+        if guarded:
+            self.available.append({})
         outer_iteration = self.iteration
         partial = {a.dst: a.init for a in s.accumulates}
         for k in range(trips):
@@ -345,6 +364,8 @@ class _Lifetimes:
                 partial[a.dst] = Value(f"{a.dst.name}.{k}", a.dst.dtype)
                 self.define_value(partial[a.dst])
         del self.unrolled[s.var]
+        if guarded:
+            self.available.pop()
         self.iteration = outer_iteration
         for a in s.accumulates:
             self.current[a.dst] = self.current.get(partial[a.dst], (partial[a.dst], ()))
@@ -408,6 +429,15 @@ def _known_range(index: Ix, kernel: Kernel) -> tuple[int, int] | None:
     return lo, hi
 
 
+def _trip_bounds(loop: Loop, kernel: Kernel) -> tuple[int, int] | None:
+    """The fewest and most iterations of any thread, if LLVM can prove them."""
+    known = _known_range(loop.start, kernel)
+    if known is None:
+        return None
+    return (max(0, -(-(loop.stop - known[1]) // loop.step)),
+            max(0, -(-(loop.stop - known[0]) // loop.step)))
+
+
 def unrolled_trips(loop: Loop, kernel: Kernel) -> int | None:
     """How often LLVM repeats the body as straight-line code, or None if the loop stays a loop.
 
@@ -415,11 +445,10 @@ def unrolled_trips(loop: Loop, kernel: Kernel) -> int | None:
     count that is the same for every start it can prove (``tid % 32`` has a range, ``tid``'s
     is too wide), up to unroll-max-upperbound; loops that store were seen unrolled only
     partially, which leaves their values short-lived, so they count as loops."""
-    known = _known_range(loop.start, kernel)
-    if known is None:
+    bounds = _trip_bounds(loop, kernel)
+    if bounds is None:
         return None
-    most = max(0, -(-(loop.stop - known[0]) // loop.step))
-    least = max(0, -(-(loop.stop - known[1]) // loop.step))
+    least, most = bounds
     if most <= 1:
         return most
     stores = any(isinstance(x, GlobalStore) for x in _flatten(loop.body))
