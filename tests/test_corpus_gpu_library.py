@@ -25,16 +25,8 @@ FIXTURES = sorted(n for n, e in MANIFEST.items() if e.get("kind") == "library"
                   and e["target"] == "h100" and "skipped" not in e)
 
 
-def _evaluate_gpu_module(module, args, monkeypatch):
-    """The evaluator with custom-calls routed to gpu_library, as the evaluator's dispatch
-    does once it calls gpu_library (the diff proposed with this test)."""
-    monkeypatch.setitem(evaluator._OPS, "custom-call", lambda ev, inst, operands:
-                        gpu_library.evaluate_custom_call(module, inst, operands))
-    return evaluator.evaluate(module, args)
-
-
 @pytest.mark.parametrize("name", FIXTURES)
-def test_gpu_module_matches_jax_on_cpu(name, monkeypatch):
+def test_gpu_module_matches_jax_on_cpu(name):
     model = MANIFEST[name]["model"]
     module = parse_file(DATA / name)
     opaque = [i for c in module.computations for i in c.instructions
@@ -42,7 +34,7 @@ def test_gpu_module_matches_jax_on_cpu(name, monkeypatch):
     assert opaque, f"{name}: the fixture should hold XLA:GPU's library node"
     args = library.example_inputs(model)
     expected = np.asarray(jax.jit(library.JAX_FUNCTIONS[model])(*args))
-    got = _evaluate_gpu_module(module, args, monkeypatch)
+    got = evaluator.evaluate(module, args)  # library calls dispatched to gpu_library
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 

@@ -1,5 +1,6 @@
 """The numpy evaluator against XLA:CPU: jitted JAX functions, stored HLO files, edge-case HLO."""
 import os
+import zlib
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -216,6 +217,8 @@ def test_large_tensors_are_fast():
 
 
 def _random_args(module):
+    # Seeded by the module, not by test order, so each file always sees the same inputs.
+    rng = np.random.default_rng(zlib.crc32(module.name.encode()))
     args = []
     for p in module.entry.parameters:
         shape = p.shape
@@ -226,12 +229,26 @@ def _random_args(module):
     return args
 
 
-# All XLA:CPU dumps, plus XLA:GPU ones of one size (GPU layouts: bitcasts, transposes, kCustom).
-HLO_FILES = sorted(DATA.glob("*_cpu.hlo")) + sorted(DATA.glob("*_64x256_*_[ah]100*.hlo"))
+# All XLA:CPU micro-model dumps, plus XLA:GPU ones of one size (GPU layouts: bitcasts,
+# transposes, kCustom). The model-zoo workloads (``*_small_*``) take XLA about a minute each to
+# recompile: they run in the slow set.
+HLO_FILES = sorted(p for p in DATA.glob("*_cpu.hlo") if "_small_" not in p.name) + sorted(
+    DATA.glob("*_64x256_*_[ah]100*.hlo"))
+WORKLOAD_FILES = sorted(p for p in DATA.glob("*_small_*_cpu.hlo"))
 
 
 @pytest.mark.parametrize("path", HLO_FILES, ids=lambda p: p.name)
 def test_hlo_file_matches_xla(path):
+    _check_file_against_xla(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", WORKLOAD_FILES, ids=lambda p: p.name)
+def test_workload_file_matches_xla(path):
+    _check_file_against_xla(path)
+
+
+def _check_file_against_xla(path):
     module = parse_file(path)
     args = _random_args(module)
     got = _leaves(evaluate(module, args))

@@ -78,6 +78,7 @@ def _materialize(value):
 
 class _Evaluator:
     def __init__(self, module: Module):
+        self.module = module
         self.computations = module.computation_map()
         # Instruction -> table of its computation, so ops can look at operand shapes (layouts).
         self._scope: dict[int, dict[str, Instruction]] = {}
@@ -968,8 +969,10 @@ def _sort(ev, inst, operands):
 
 
 def _custom_call(ev, inst, operands):
-    raise UnsupportedOp(f"custom-call to {inst.custom_call_target!r} (%{inst.name}): its "
-                        "semantics live outside HLO")
+    # XLA:GPU's library calls (cuBLAS GEMMs, cuDNN convolutions) per their backend_config;
+    # gpu_library raises UnsupportedOp for any other target.
+    from .gpu_library import evaluate_custom_call  # local: gpu_library imports this module
+    return evaluate_custom_call(ev.module, inst, operands)
 
 
 def _opaque(ev, inst, operands):

@@ -13,6 +13,11 @@ What it can run:
     ``call`` (XLA:CPU refuses fusions it did not make itself, e.g. "Fusion must have backend
     config"; calls are inlined by its pipeline, so the fused computations run unchanged).
 
+Where XLA rejects the fusions-as-calls form (bitcasts between layouts inside called
+computations), the module is compiled the way the runtime compiles rewritten modules:
+fusions inlined, layouts dropped, bitcasts written as the logical ops they stand for
+(``runtime.rewrite.normalize_for_xla``).
+
 What it cannot run:
   * ``custom-call``s to backend libraries (cuBLAS/cuDNN gemms and convolutions, Triton kernels,
     ``__ynn_fusion`` bodies are fine since they are plain fusions) -- XLA:CPU has no such targets;
@@ -45,11 +50,26 @@ def run_hlo_with_xla(text: str, args: list) -> list[np.ndarray]:
     import jax.extend
     from jax._src.lib import xla_client
 
-    module = xla_client.hlo.hlo_module_from_text(fusions_to_calls(text))
-    stablehlo = xla_client._xla.mlir.hlo_to_stablehlo(module.as_serialized_hlo_module_proto())
     backend = jax.extend.backend.get_backend("cpu")
     device = backend.local_devices()[:1]
-    executable = backend.compile_and_load(stablehlo, device, xla_client.CompileOptions())
+
+    def compile_text(hlo_text: str):
+        module = xla_client.hlo.hlo_module_from_text(hlo_text)
+        stablehlo = xla_client._xla.mlir.hlo_to_stablehlo(
+            module.as_serialized_hlo_module_proto())
+        return backend.compile_and_load(stablehlo, device, xla_client.CompileOptions())
+
+    try:
+        executable = compile_text(fusions_to_calls(text))
+    except jax.errors.JaxRuntimeError:
+        # Called computations keep their bitcasts' layouts, which the StableHLO route drops
+        # ("layout minor_to_major field contains ..."): then take the route the runtime uses,
+        # fusions inlined and bitcasts written as the reshapes/transposes they mean.
+        from ..runtime.rewrite import normalize_for_xla
+        from .parser import parse_module
+        from .printer import print_module
+
+        executable = compile_text(print_module(normalize_for_xla(parse_module(text))))
     buffers = [jax.device_put(np.asarray(a), device[0]) for a in args]
     return [np.asarray(out) for out in executable.execute(buffers)]
 

@@ -74,7 +74,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..hlo.ir import Computation, Instruction, Module, Shape
+from ..hlo.ir import ELEMENT_BITS, Computation, Instruction, Module, Shape
 from ..hlo.printer import format_shape
 from .ffi import TARGET_PREFIX
 
@@ -303,20 +303,20 @@ def _lower_instruction(module: Module, inst: Instruction,
 def _bitcast_as_logical(inst: Instruction, result: Shape, source: Shape) -> list[Instruction]:
     """A bitcast reads the operand's buffer in physical order and lays the bytes out in the
     result's layout: transpose to the source's physical order, reshape, transpose back from
-    the result's physical order. Identity transposes are left out."""
-    if source.dtype != result.dtype:
-        raise RewriteError(f"bitcast {inst.name} changes the element type")
+    the result's physical order (identity transposes left out); a change of element type of
+    the same size is a final ``bitcast-convert``."""
+    if ELEMENT_BITS[source.dtype] != ELEMENT_BITS[result.dtype]:
+        raise RewriteError(f"bitcast {inst.name} changes the element size")
     src_order = list(reversed(source.minor_to_major))  # major to minor
     dst_order = list(reversed(result.minor_to_major))
     steps: list[Instruction] = []
     value = inst.operands[0]
 
-    def emit(suffix, opcode, dims, attrs):
+    def emit(suffix, opcode, dims, attrs, dtype=source.dtype):
         nonlocal value
-        shape = Shape(result.dtype, tuple(dims))
-        steps.append(dataclasses.replace(inst, name=f"{inst.name}.{suffix}", shape=shape,
-                                         opcode=opcode, operands=[value], attrs=attrs,
-                                         is_root=False))
+        steps.append(dataclasses.replace(inst, name=f"{inst.name}.{suffix}",
+                                         shape=Shape(dtype, tuple(dims)), opcode=opcode,
+                                         operands=[value], attrs=attrs, is_root=False))
         value = steps[-1].name
 
     if src_order != sorted(src_order):
@@ -325,6 +325,8 @@ def _bitcast_as_logical(inst: Instruction, result: Shape, source: Shape) -> list
     emit("reshape", "reshape", [result.dims[d] for d in dst_order], {})
     if dst_order != sorted(dst_order):
         emit("logical", "transpose", result.dims, {"dimensions": _braces(np.argsort(dst_order))})
+    if source.dtype != result.dtype:
+        emit("convert", "bitcast-convert", result.dims, {}, dtype=result.dtype)
     steps[-1] = dataclasses.replace(steps[-1], name=inst.name, is_root=inst.is_root)
     return steps
 
