@@ -250,8 +250,11 @@ def evaluate_instruction(module: Module, inst: Instruction, operands: list,
     renamed = dataclasses.replace(inst, operands=[f"{n}.arg" for n in inst.operands],
                                   is_root=True)
     wrapper = Computation(f"{inst.name}.eval", params + [renamed])
+    # The evaluator knows the computations of the module it is given (operand shapes for
+    # bitcast, called computations): give it one that holds the wrapper too.
+    scope = dataclasses.replace(module, computations=module.computations + [wrapper])
     distinct = dict(zip(inst.operands, operands))
-    return evaluate_computation(module, wrapper, [distinct[n] for n in names])
+    return evaluate_computation(scope, wrapper, [distinct[n] for n in names])
 
 
 def _leaves(value) -> list[np.ndarray]:

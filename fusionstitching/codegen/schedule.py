@@ -749,6 +749,10 @@ def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, 
             schemes.add("kernel_packing")
     if guarded is not None:
         em.scopes[0] = [em.scopes[0][0], If(guarded, ix(o), em.scopes[0][1:], "lt")]
+        # What was emitted so far now lives inside that `if`: the packed loops below must
+        # not reuse it (it would not dominate them).
+        em.cache.clear()
+        em.reduced.clear()
     # Packed loops: every thread of the grid strides over the elements of each output size.
     by_size: dict[int, list] = {}
     for out in packed:
