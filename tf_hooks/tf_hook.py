@@ -523,7 +523,7 @@ class TfCompiled:
 
         from fusionstitching import pipeline
         from fusionstitching.report import Verify
-        from fusionstitching.runtime.executor import best_times
+        from fusionstitching.runtime.executor import settle
 
         params = self._params(flat)
         try:
@@ -544,21 +544,8 @@ class TfCompiled:
                                  f"{self.info.calls} (max abs err {max_abs:.3g}, max rel err "
                                  f"{max_rel:.3g})")
             return outputs
-        kept = "stitched"
-        if self.flags.keep == "fastest":
-            xla_s, stitched_s = best_times(self.reference, candidate, params, {})
-            self.info.xla_us = round(xla_s * 1e6, 1)
-            self.info.stitched_us = round(stitched_s * 1e6, 1)
-            if stitched_s >= xla_s:
-                kept = "tf"
-            self.info.why = (f"measured on call {self.info.calls}: stitched "
-                             f"{self.info.stitched_us} us vs XLA {self.info.xla_us} us "
-                             "(TF's module compiled by jaxlib)")
-        else:
-            self.info.why = "keep='stitched'"
-        self.info.state, self.info.kept = "settled", kept
-        if kept == "stitched":
-            self.info.swapped_at_call = self.info.calls + 1
+        if settle(self.info, self.flags.keep, self.reference, candidate, params, {},
+                  reference_label="tf", note=" (TF's module compiled by jaxlib)") == "stitched":
             self.active = candidate
         self.candidate = None
         return outputs

@@ -142,20 +142,7 @@ class Executor:
                                         f"(max abs err {max_abs:.3g}, max rel err {max_rel:.3g}, "
                                         f"rtol {self.rtol}, atol {self.atol})")
                 return expected
-        kept = "stitched"
-        if self.keep == "fastest":
-            xla_s, stitched_s = best_times(self.xla, candidate, args, kwargs)
-            self.info.xla_us, self.info.stitched_us = round(xla_s * 1e6, 1), \
-                round(stitched_s * 1e6, 1)
-            if stitched_s >= xla_s:
-                kept = "xla"
-            self.info.why = (f"measured on call {self.info.calls}: stitched "
-                             f"{self.info.stitched_us} us vs XLA {self.info.xla_us} us")
-        else:
-            self.info.why = "keep='stitched'"
-        self.info.state, self.info.kept = "settled", kept
-        if kept == "stitched":
-            self.info.swapped_at_call = self.info.calls + 1
+        if settle(self.info, self.keep, self.xla, candidate, args, kwargs) == "stitched":
             self.active = candidate
         self.candidate = None
         return expected
@@ -163,6 +150,26 @@ class Executor:
     def runs_stitched(self) -> bool:
         """True when the stitched executable runs now or on the next call."""
         return self.candidate is not None or self.active is not self.xla
+
+
+def settle(info, keep: str, reference, candidate, args, kwargs, reference_label: str = "xla",
+           note: str = "") -> str:
+    """Decide which executable keeps running, record why in ``info``; returns the label kept
+    ("stitched" or ``reference_label``). ``keep="fastest"`` times both on the call's inputs."""
+    kept = "stitched"
+    if keep == "fastest":
+        reference_s, stitched_s = best_times(reference, candidate, args, kwargs)
+        info.xla_us, info.stitched_us = round(reference_s * 1e6, 1), round(stitched_s * 1e6, 1)
+        if stitched_s >= reference_s:
+            kept = reference_label
+        info.why = (f"measured on call {info.calls}: stitched {info.stitched_us} us vs XLA "
+                    f"{info.xla_us} us{note}")
+    else:
+        info.why = "keep='stitched'"
+    info.state, info.kept = "settled", kept
+    if kept == "stitched":
+        info.swapped_at_call = info.calls + 1
+    return kept
 
 
 def best_times(xla, stitched, args, kwargs) -> tuple[float, float]:
