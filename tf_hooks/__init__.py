@@ -10,12 +10,21 @@ sets ``JAX_PLATFORMS`` etc. before importing jax still works.
 from __future__ import annotations
 
 
+_enabled = False
+
+
 def enable_from_environment() -> bool:
-    """Install the hooks if ``FUSIONSTITCHING`` asks for it; True when it did."""
+    """Install the hooks if ``FUSIONSTITCHING`` asks for it; True when it did. Idempotent:
+    the .pth line may run more than once (an installed copy and a site dir added by hand),
+    and flags must be read, warned about and registered for the report at exit only once."""
+    global _enabled
     from . import flags
 
     if not flags.enabled():
         return False
+    if _enabled:
+        return True
+    _enabled = True
     parsed = flags.from_environment()
     from . import jax_hook, tf_hook
 
