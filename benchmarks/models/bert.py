@@ -6,25 +6,13 @@ sentence-pair classifier's probabilities. "paper" is BERT-base at the paper's ba
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from . import layers, training
+from .layers import EncoderConfig as Config
 from .ops import JAX, rng_input
 
 DROPOUT = 0.1
-
-
-@dataclass(frozen=True)
-class Config:
-    batch: int
-    seq: int
-    vocab: int
-    hidden: int
-    heads: int
-    ffn: int
-    layers: int
 
 
 CONFIGS = {"small": Config(batch=2, seq=16, vocab=64, hidden=32, heads=2, ffn=64, layers=1),

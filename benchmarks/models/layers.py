@@ -7,6 +7,7 @@ TensorFlow models produced them.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,6 +18,19 @@ NEG_INF = -1e9  # additive mask for attention logits (finite, so fully masked ro
 
 
 # ------------------------------------------------------------------------ parameters
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """Sizes of a BERT/Transformer-style model."""
+
+    batch: int
+    seq: int
+    vocab: int
+    hidden: int
+    heads: int
+    ffn: int
+    layers: int
+
 
 def init_params(shapes: dict, seed: int) -> dict:
     """Nested dict of float32 numpy arrays for a nested dict of shapes (fixed seed).

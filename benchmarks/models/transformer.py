@@ -7,26 +7,15 @@ as 64 sentences of 64 tokens.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from . import layers, training
+from .layers import EncoderConfig as Config
 from .ops import rng_input
 
 DROPOUT = 0.1
 SMOOTHING = 0.1
-
-
-@dataclass(frozen=True)
-class Config:
-    batch: int
-    seq: int
-    vocab: int
-    hidden: int
-    heads: int
-    ffn: int
-    layers: int
 
 
 CONFIGS = {"small": Config(batch=2, seq=8, vocab=64, hidden=32, heads=2, ffn=64, layers=1),
