@@ -216,12 +216,16 @@ def _route_around_copies(hlo_text: str) -> str:
 
 # --------------------------------------------------------------------------- GPU plumbing
 
-def _require_gpu_plugin() -> None:
+def xla_gpu_available() -> bool:
+    """Is the JAX CUDA plugin (XLA:GPU's deviceless compiler) installed?"""
     try:
-        found = importlib.util.find_spec(_CUDA_PLUGIN) is not None
+        return importlib.util.find_spec(_CUDA_PLUGIN) is not None
     except ModuleNotFoundError:  # no jax_plugins namespace at all
-        found = False
-    if not found:
+        return False
+
+
+def _require_gpu_plugin() -> None:
+    if not xla_gpu_available():
         raise CaptureError("XLA:GPU deviceless compilation needs the JAX CUDA plugin "
                            f"({_CUDA_PLUGIN}), which is not installed: {_INSTALL_HINT}")
 

@@ -1,5 +1,4 @@
 """Capture helper (JAX/TF -> XLA:CPU or deviceless XLA:GPU optimized HLO) and the HLO corpus."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,15 +17,8 @@ REPO = Path(__file__).resolve().parent.parent
 HLO_DIR = REPO / "tests" / "data" / "hlo"
 
 
-def _has_cuda_plugin() -> bool:
-    try:
-        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
-    except ModuleNotFoundError:
-        return False
-
-
 needs_cuda_plugin = pytest.mark.skipif(
-    not _has_cuda_plugin(),
+    not capture.xla_gpu_available(),
     reason="jax CUDA plugin (jax_plugins.xla_cuda12) not importable: "
            "pip install fusionstitching[xla-gpu] for XLA:GPU deviceless capture")
 

@@ -7,7 +7,6 @@ and XLA's final HLO is checked for our custom calls (and for XLA's kernels being
 Launching, stream ordering and numbers on a GPU are not tested here (no GPU).
 """
 import dataclasses
-import importlib.util
 import re
 import subprocess
 import zlib
@@ -27,15 +26,8 @@ from fusionstitching.runtime.rewrite import RewriteError
 DATA = Path(__file__).parent / "data" / "hlo"
 
 
-def _has_cuda_plugin() -> bool:
-    try:
-        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
-    except ModuleNotFoundError:
-        return False
-
-
 needs_cuda_plugin = pytest.mark.skipif(
-    not _has_cuda_plugin(),
+    not capture.xla_gpu_available(),
     reason="jax CUDA plugin (jax_plugins.xla_cuda12) not importable: "
            "pip install fusionstitching[xla-gpu]")
 

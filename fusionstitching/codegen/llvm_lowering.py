@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
+from .flatten import CodegenError
 from .kernel_ir import (Accumulate, Barrier, BlockReduce, Compute, Const, ConstArray, ConstLoad,
                         DynamicIndex, GlobalLoad, GlobalStore, If, IndexLet, IndexValue, Ix,
                         Kernel, Loop, SharedArray, SharedLoad, SharedStore, Value, Var,
-                        WarpReduce, FloorDiv, Mod, VECTOR_LANES, vector_group)
+                        WarpReduce, FloorDiv, VECTOR_LANES, vector_group)
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F32, F16 = ir.FloatType(), ir.HalfType()
@@ -358,7 +359,7 @@ class ThreadLowering:
                 return self.convert(args[0], arg_types[0], dtype)
             case "bitcast-convert":
                 return b.bitcast(args[0], VALUE_TYPES[dtype])
-        raise NotImplementedError(op)
+        raise CodegenError(f"{op}: no lowering for this op")
 
     def integer_division(self, op: str, a: ir.Value, d: ir.Value) -> ir.Value:
         """XLA's integer divide/remainder: x/0 = -1, x%0 = x, INT_MIN/-1 = INT_MIN (no trap)."""
@@ -425,7 +426,7 @@ class ThreadLowering:
                 return b.fcmp_unordered("!=", x, ir.Constant(F32, 0.0))
             case ("s32" | "s64"), "pred":
                 return b.icmp_signed("!=", x, ir.Constant(INT_TYPES[src], 0))
-        raise NotImplementedError(f"convert {src} -> {dst}")
+        raise CodegenError(f"convert {src} -> {dst}: no lowering for this conversion")
 
 
 def optimize(module, target_machine, unroll_and_vectorize: bool = True) -> None:
