@@ -303,6 +303,26 @@ ENTRY e {
     check_text(text, a, b)
 
 
+def test_64_bit_parameters_reach_xla_unnarrowed():
+    """s64/f64 arguments keep their width on the way into XLA (TF training steps take s64
+    step counters); values outside 32 bits would wrap or round if they were narrowed."""
+    text = """HloModule m
+ENTRY e {
+  a = s64[3]{0} parameter(0)
+  b = f64[3]{0} parameter(1)
+  s = s64[3]{0} add(a, a)
+  c = f64[3]{0} convert(s)
+  d = f64[3]{0} add(b, c)
+  ROOT t = (s64[3]{0}, f64[3]{0}) tuple(s, d)
+}"""
+    a = np.array([2**40 + 1, -(2**33), 7], np.int64)
+    b = np.array([1e300, 1 + 2**-40, -3.0], np.float64)
+    with jax.enable_x64(True):  # jax's own 64-bit result of the same computation
+        want = [np.asarray(w) for w in jax.jit(lambda a, b: (a + a, b + (a + a)))(a, b)]
+    _assert_matches(run_hlo_with_xla(text, [a, b]), want, rtol=0, atol=0)
+    check_text(text, a, b)
+
+
 def test_float_edge_cases():
     text = """HloModule m
 ENTRY e {

@@ -70,7 +70,10 @@ def run_hlo_with_xla(text: str, args: list) -> list[np.ndarray]:
         from .printer import print_module
 
         executable = compile_text(print_module(normalize_for_xla(parse_module(text))))
-    buffers = [jax.device_put(np.asarray(a), device[0]) for a in args]
+    # XLA must receive exactly the module's parameter types: without x64, device_put
+    # narrows s64/u64/f64 arrays to 32 bits.
+    with jax.enable_x64(True):
+        buffers = [jax.device_put(np.asarray(a), device[0]) for a in args]
     return [np.asarray(out) for out in executable.execute(buffers)]
 
 
