@@ -146,6 +146,35 @@ def test_unhandled_function_runs_as_tf_and_says_why(tmp_path):
     assert reason in report["fallbacks"][0]["reason"]
 
 
+def test_dump_of_a_hooked_tf_job_replays_offline(tmp_path):
+    """``--dump_to`` writes what ``fusionstitching replay`` needs to redo the job's plan
+    offline: XLA:CPU's module (and XLA:GPU's for the target, when the deviceless compiler is
+    installed), replayed with the same plan and verified against XLA."""
+    from fusionstitching.capture import xla_gpu_available
+    from fusionstitching.cli import main as cli_main
+
+    script = os.path.join(REPO, "tests", "data", "dumps", "tf_layernorm_cpu", "script.py")
+    dump = tmp_path / "dump"
+    expected, got, stderr, _, _, (report,) = compare_runs(
+        script, tmp_path, "", f"--keep=stitched --dump_to={dump}")
+    assert got == pytest.approx(expected, rel=1e-5)
+    assert report["verify"]["ok"] and report["fs"]["mem_kernels"] == 1, report
+    name = "__inference_tf_layernorm_18.0"
+    targets = ["cpu", "h100"] if xla_gpu_available() else ["cpu"]
+    assert sorted(p.name for p in dump.glob("*after_optimizations.txt")) == \
+        [f"{name}.{t}.after_optimizations.txt" for t in targets], stderr[-2000:]
+
+    out = tmp_path / "replay.json"
+    assert cli_main(["replay", str(dump), "--verify", "--no-ptxas", "--json", str(out)]) == 0
+    replayed = json.loads(out.read_text())  # in file order: cpu first
+    assert len(replayed) == len(targets)
+    assert replayed[0]["xla"] == report["xla"] and report["xla"]["mem_kernels"] > 1
+    assert all(replayed[0]["fs"][k] == report["fs"][k] for k in ("kernels", "bytes", "patterns"))
+    for r in replayed:
+        # XLA:GPU's default plan already has LayerNorm as one Triton kernel
+        assert r["verify"]["ok"] and r["fs"]["mem_kernels"] == 1 <= r["xla"]["mem_kernels"], r
+
+
 @pytest.mark.slow  # ~60 s: 7 host kernels built on a shared 2-core machine
 def test_bert_like_encoder_inference_equals_tf(tmp_path):
     _, _, stderr, plain_out, hooked_out, reports = compare_runs(
