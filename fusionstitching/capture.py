@@ -96,11 +96,19 @@ def tf_hlo(fn, *args, stage: str = "optimized_hlo") -> str:
     """HLO text of a ``tf.function(jit_compile=True)`` for ``args`` (tensors or TensorSpecs).
 
     ``stage="optimized_hlo"`` is XLA:CPU's optimized module (TF CPU); ``stage="hlo"`` is the
-    module TF hands to XLA before optimization.
+    module TF hands to XLA before optimization. TF prints the optimized module's large
+    constants as ``{...}``, which nothing can read back, so that one comes as TF's serialized
+    proto, printed by jaxlib with the constants in full.
     """
+    from jax._src.lib import xla_client
+
     if not hasattr(fn, "experimental_get_compiler_ir"):
         raise TypeError(f"tf_hlo needs a tf.function(jit_compile=True), got {type(fn).__name__}")
-    return fn.experimental_get_compiler_ir(*args)(stage=stage)
+    compiler_ir = fn.experimental_get_compiler_ir(*args)
+    if stage != "optimized_hlo":
+        return compiler_ir(stage=stage)
+    proto = compiler_ir(stage="optimized_hlo_serialized")
+    return hlo_module_text(xla_client.hlo.HloModule.from_serialized_hlo_module_proto(proto))
 
 
 def tf_hlo_for_gpu(fn, *args, target: str = "h100", classic: bool = False,

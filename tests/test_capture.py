@@ -44,6 +44,24 @@ def test_tf_cpu_capture():
     assert "ENTRY" in text and "fusion(" in text
 
 
+
+def test_tf_cpu_capture_prints_large_constants_in_full():
+    """TF's own text elides them as ``{...}`` (the sinusoid table XLA folds here)."""
+    tf = pytest.importorskip("tensorflow")
+    from fusionstitching.hlo.parser import parse_module
+    from fusionstitching.hlo.xla_runner import run_hlo_with_xla
+
+    @tf.function(jit_compile=True)
+    def add_positions(x):
+        return x + tf.sin(tf.range(1024, dtype=tf.float32) * 0.01)
+
+    x = np.linspace(-1, 1, 1024, dtype=np.float32)
+    text = capture.tf_hlo(add_positions, tf.TensorSpec([1024], tf.float32))
+    assert "{...}" not in text and "f32[1024]{0} constant({" in text
+    parse_module(text)
+    (got,) = run_hlo_with_xla(text, [x])
+    np.testing.assert_allclose(got, add_positions(x).numpy(), rtol=1e-6, atol=1e-6)
+
 @needs_cuda_plugin
 def test_jax_gpu_capture_classic_with_dump(tmp_path):
     # In a pytest process JAX is not on JAX_PLATFORMS=cpu, so this also covers the child path.
