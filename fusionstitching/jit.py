@@ -24,12 +24,13 @@ import logging
 import os
 import threading
 import time
+import types
 from dataclasses import dataclass
 
 from . import pipeline
 from .report import PlanSummary, Report
 from .runtime.cache import default_dir
-from .runtime.executor import Executor, RuntimeInfo
+from .runtime.executor import Executor, RuntimeInfo, lower_thread_priority
 
 log = logging.getLogger("fusionstitching")
 
@@ -54,9 +55,9 @@ def jit(fn=None, *, static_argnums=None, static_argnames=None, donate_argnums=No
     unless ``ptxas=True``: on the CPU it is not executed, only reported. ``cache_dir``
     defaults to ``$XDG_CACHE_HOME/fusionstitching`` (``None``: no kernel cache).
 
-    ``donate_argnums`` / ``donate_argnames`` are accepted and not honoured: the rewritten
-    module is compiled without input/output aliasing, so donated buffers are simply not
-    reused (same results, more memory). Used as a decorator without ``fn``, returns one.
+    ``donate_argnums`` / ``donate_argnames`` donate as with ``jax.jit``: XLA's executable and
+    the stitched one (whose module keeps XLA's input/output aliasing) reuse the donated
+    buffers, which are deleted after the call. Used as a decorator without ``fn``, returns one.
     """
     if fn is None:
         return functools.partial(jit, static_argnums=static_argnums,
@@ -64,14 +65,11 @@ def jit(fn=None, *, static_argnums=None, static_argnames=None, donate_argnums=No
                                  donate_argnames=donate_argnames, async_compile=async_compile,
                                  verify=verify, keep=keep, cache_dir=cache_dir, dump_to=dump_to,
                                  **opts)
-    if donate_argnums is not None or donate_argnames is not None:
-        log.info("fusionstitching: %s: donated arguments are not reused (no aliasing in the "
-                 "rewritten module)", getattr(fn, "__name__", "fn"))
     opts.setdefault("ptxas", False)
     runtime = RuntimeOptions(async_compile, verify, keep,
                              default_dir() if cache_dir is _DEFAULT else cache_dir, dump_to)
     return StitchedFunction(fn, pipeline.Options(**opts), runtime, static_argnums,
-                            static_argnames)
+                            static_argnames, donate_argnums, donate_argnames)
 
 
 def original_jax_jit():
@@ -83,7 +81,8 @@ def original_jax_jit():
 
 class StitchedFunction:
     def __init__(self, fn, options: pipeline.Options, runtime: RuntimeOptions,
-                 static_argnums=None, static_argnames=None):
+                 static_argnums=None, static_argnames=None, donate_argnums=None,
+                 donate_argnames=None):
         from jax._src.api_util import fun_signature, infer_argnums_and_argnames
 
         _exclude_self_from_metadata()
@@ -102,7 +101,8 @@ class StitchedFunction:
         self.static_argnums, self.static_argnames = nums, names
         # keep_unused: the rewritten module's parameters must be exactly the flattened inputs.
         self._jax_jit = original_jax_jit()(fn, static_argnums=nums, static_argnames=names,
-                                           keep_unused=True)
+                                           donate_argnums=donate_argnums,
+                                           donate_argnames=donate_argnames, keep_unused=True)
         self._compiled: dict = {}  # input signature -> Compiled
         self._lock = threading.Lock()
 
@@ -119,10 +119,16 @@ class StitchedFunction:
     def __call__(self, *args, **kwargs):
         import jax
 
-        if any(isinstance(leaf, jax.core.Tracer)
-               for leaf in jax.tree_util.tree_leaves((args, kwargs))):
-            return self._jax_jit(*args, **kwargs)  # inside another trace: jax.jit inlines it
-        key = self._signature(args, kwargs)
+        if jax.config.jax_disable_jit or any(
+                isinstance(leaf, jax.core.Tracer)
+                for leaf in jax.tree_util.tree_leaves((args, kwargs))):
+            # jax.jit's own: it runs fn eagerly under disable_jit, inlines it inside a trace
+            return self._jax_jit(*args, **kwargs)
+        try:
+            key = self._signature(args, kwargs)
+            hash(key)
+        except TypeError:  # an unhashable static argument: jax.jit's own error message
+            return self._jax_jit(*args, **kwargs)
         with self._lock:
             compiled = self._compiled.get(key)
             if compiled is None:
@@ -134,7 +140,17 @@ class StitchedFunction:
         lowered = self._jax_jit.lower(*args, **kwargs)
         return Lowered(lowered, self.options, self.runtime, getattr(self.fn, "__name__", "fn"))
 
-    def __getattr__(self, name):  # trace, eval_shape, clear_cache, ...: jax.jit's own
+    def __get__(self, instance, owner=None):
+        """A method when stored on a class, as jax.jit's function is (``self`` is passed as
+        the first argument, typically static)."""
+        return self if instance is None else types.MethodType(self, instance)
+
+    def clear_cache(self) -> None:
+        with self._lock:
+            self._compiled.clear()
+        self._jax_jit.clear_cache()
+
+    def __getattr__(self, name):  # trace, eval_shape, ...: jax.jit's own
         if name.startswith("__") or name in ("_jax_jit", "fn"):
             raise AttributeError(name)
         return getattr(self._jax_jit, name)
@@ -180,13 +196,18 @@ class Lowered:
     def as_text(self) -> str:
         return self.jax_lowered.as_text()
 
+    def __getattr__(self, name):  # compiler_ir, in_tree, out_info, args_info, ...: jax's own
+        if name.startswith("__") or name == "jax_lowered":
+            raise AttributeError(name)
+        return getattr(self.jax_lowered, name)
+
     def compile(self) -> "Compiled":
         xla_compiled = self.jax_lowered.compile()
         compiled = Compiled(xla_compiled, self.name, self.options, self.runtime)
         build = functools.partial(compiled._build, self.jax_lowered)
         if self.runtime.async_compile:
-            compiled.builder = threading.Thread(target=build, daemon=True,
-                                                name=f"fusionstitching-{self.name}")
+            compiled.builder = threading.Thread(target=_in_background, args=(build,),
+                                                daemon=True, name=f"fusionstitching-{self.name}")
             compiled.builder.start()
         else:
             build()
@@ -204,6 +225,7 @@ class Compiled:
         self.runtime = runtime
         self._name = name
         self.executor = Executor(xla_compiled, name, verify=runtime.verify, keep=runtime.keep,
+                                 background=runtime.async_compile,
                                  info=RuntimeInfo(mode="async" if runtime.async_compile
                                                   else "sync"))
         self.builder: threading.Thread | None = None  # the background build (async_compile)
@@ -218,18 +240,31 @@ class Compiled:
         return built.stitched if built else None
 
     def wait_built(self, timeout_s: float | None = None) -> bool:
-        """Wait for a background build (never needed for calls); True when none is running."""
-        if self.builder is not None:
-            self.builder.join(timeout_s)
-            return not self.builder.is_alive()
+        """Wait for a background build and a background trial that has started (never needed
+        for calls); True when neither is running."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for thread in (self.builder, self.executor.trial_thread):
+            if thread is not None:
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                if thread.is_alive():
+                    return False
         return True
 
-    def as_text(self) -> str:
-        """The HLO XLA executes for the next call (our kernels are ``fusionstitching...``
-        custom calls; XLA's own plan while building, after a fallback, or when XLA's
-        executable was kept as the faster one)."""
+    def running(self):
+        """The jax Compiled that runs the next call (or, on trial, would after it): the stitched
+        one, or XLA's own while building, after a fallback, or when XLA's was kept as the
+        faster one."""
         stitched = self.executor.runs_stitched() and self.stitched
-        return (stitched or self.xla_compiled).as_text()
+        return stitched or self.xla_compiled
+
+    def as_text(self) -> str:
+        """The HLO XLA executes (our kernels are ``fusionstitching...`` custom calls)."""
+        return self.running().as_text()
+
+    def __getattr__(self, name):  # cost_analysis, memory_analysis, args_info, in_tree, ...
+        if name.startswith("__") or name in ("executor", "xla_compiled"):
+            raise AttributeError(name)
+        return getattr(self.running(), name)
 
     def report(self) -> Report:
         """The plan of the executable that runs (``fs`` equals ``xla`` when XLA's own runs),
@@ -271,6 +306,11 @@ class Compiled:
             os.makedirs(self.runtime.dump_to, exist_ok=True)
             with open(self.dump_prefix + ".report.json", "w") as f:
                 json.dump(self.report().to_json(), f, indent=1)
+
+
+def _in_background(build) -> None:
+    lower_thread_priority()
+    build()
 
 
 @dataclass

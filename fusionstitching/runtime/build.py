@@ -21,6 +21,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 
@@ -62,7 +63,8 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
         _write(dump_prefix + ".xla.hlo.txt", optimized)
     stats = kernel_cache.CacheStats(cache_dir)
     cache = kernel_cache.KernelCache(cache_dir)
-    plan_key = kernel_cache.fingerprint("plan", optimized, options.target, options.explorer)
+    plan_key = kernel_cache.fingerprint("plan", without_source_locations(optimized),
+                                        options.target, options.explorer)
     cached = cache.lookup(plan_key, stats)
     if cached is not None:
         try:
@@ -103,8 +105,9 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     stitched, text = None, None
     if kernels:
         try:
-            text = print_module(_stage("rewrite", rewrite.rewrite_module, module, kernels,
-                                       targets))
+            rewritten = _stage("rewrite", rewrite.rewrite_module, module, kernels, targets)
+            text = print_module(dataclasses.replace(
+                rewritten, header_attrs=donation_attrs(module.header_attrs)))
             stitched = _compile(text, jax_lowered, xla_compiled, dump_prefix)
         except BuildError as exc:  # the plan stands; XLA's own executable runs it
             nodes = [n for k in kernels for n in k.pattern.nodes]
@@ -152,6 +155,38 @@ def _from_cached_plan(plan: dict, cache, stats, jax_lowered, xla_compiled, start
         stitched = _compile(text, jax_lowered, xla_compiled, dump_prefix)
     times.total = time.perf_counter() - started
     return Built(stitched, reports[0], reports[1], stats, text)
+
+
+_METADATA = re.compile(r", metadata=\{[^{}]*\}")
+_STACK_SECTIONS = re.compile(r"^(FileNames|FunctionNames|FileLocations|StackFrames)\n(.+\n)*",
+                             re.MULTILINE)
+
+
+def without_source_locations(hlo_text: str) -> str:
+    """XLA's optimized HLO without op metadata and jax's stack-frame sections: they name the
+    Python call site (file, line, caller), which changes with every edit of the script and
+    differs between a script and its child processes, and they do not change the plan."""
+    return _STACK_SECTIONS.sub("", _METADATA.sub("", hlo_text))
+
+
+DONATION_ATTRS = ("input_output_alias", "buffer_donor")
+
+
+def donation_attrs(header_attrs: str) -> str:
+    """The module-header attributes through which XLA donates parameters, from XLA's optimized
+    module (``input_output_alias={ {0}: (0, {}, may-alias) }``, ``buffer_donor={...}``).
+    The rewrite drops the header (layouts, scheduling); these must stay, or the stitched
+    executable would not reuse the buffers that ``donate_argnums`` hands over while XLA's
+    does. Parameters and results are the same in both modules, so the aliases are too."""
+    kept, depth, start = [], 0, 0
+    for i, char in enumerate(header_attrs + ","):
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            attr = header_attrs[start:i].strip()
+            if attr.split("=", 1)[0].strip() in DONATION_ATTRS:
+                kept.append(attr)
+            start = i + 1
+    return ", ".join(kept)
 
 
 def _register(name: str, host, num_inputs: int, num_outputs: int) -> str:
