@@ -13,14 +13,8 @@ import pytest
 
 from tf_hooks import flags
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PTH_DIR = os.path.join(REPO, "tf_hooks", "site")
-
-# A child Python whose site-packages processing includes the repository's .pth, as after
-# `pip install .` (site.addsitedir is what site.py does for each site-packages directory).
-WITH_PTH = ["-c", "import runpy, site, sys; site.addsitedir(sys.argv[1]); "
-                  "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')",
-            PTH_DIR]
+from benchmarks.bench_training_loop import REPO
+from benchmarks.bench_training_loop import WITH_REPOSITORY_HOOK as WITH_PTH
 
 SCRIPT = textwrap.dedent("""
     import os, sys

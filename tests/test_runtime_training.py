@@ -6,7 +6,6 @@ async test reuses the first test's kernel cache (plan hit), so its build takes ~
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -21,7 +20,6 @@ from fusionstitching.hlo.parser import parse_module  # noqa: E402
 
 SIZES = loop.Sizes(batch=32, features=64, hidden=128, classes=32)
 STEPS = 10
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Loss tolerance: stitched reductions add in another order than XLA:CPU's (float32).
 RTOL = 1e-5
 
@@ -59,10 +57,7 @@ def test_fusionstitching_jit_same_losses_fewer_kernels(cache_dir, reference):
 
 @pytest.mark.slow
 def test_fusionstitching_env_var_same_losses(cache_dir, reference):
-    from test_hook import WITH_PTH
-
-    result = loop.run_with_hook(SIZES, STEPS, f"--keep=stitched --cache_dir={cache_dir}",
-                                python=[sys.executable, *WITH_PTH])
+    result = loop.run_with_hook(SIZES, STEPS, f"--keep=stitched --cache_dir={cache_dir}")
     np.testing.assert_allclose(result["losses"], reference, rtol=RTOL)
     (report,) = result["reports"]
     assert report["runtime"]["kept"] == "stitched" and not report["fallbacks"]
