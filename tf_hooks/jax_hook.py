@@ -5,12 +5,13 @@ then replaces the module attribute ``jax.jit``. Code that calls ``jax.jit(...)``
 ``@jax.jit`` / ``functools.partial(jax.jit, static_argnums=...)`` gets a stitched function;
 jax's own internals keep calling ``jax._src.api.jit`` and are not affected. Calls with
 options fusionstitching does not support (shardings, device, backend, inline, compiler
-options...) get the original ``jax.jit``.
+options...) set to anything but jax.jit's defaults get the original ``jax.jit``.
 """
 from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import logging
 import sys
 
@@ -29,11 +30,16 @@ def install(flags: flag_parsing.Flags) -> None:
     if hasattr(jax.jit, "fusionstitching_original"):
         return
     original = jax.jit
+    defaults = {name: parameter.default
+                for name, parameter in inspect.signature(original).parameters.items()}
 
     @functools.wraps(original)
     def jit(fun=None, /, **kwargs):
         if fun is None:  # @jax.jit(static_argnums=...) style
             return functools.partial(jit, **kwargs)
+        # jax.jit(f, device=None, inline=False) is plain jax.jit(f): not a reason to leave it
+        kwargs = {k: v for k, v in kwargs.items()
+                  if k in SUPPORTED or not _is_default(v, defaults.get(k, inspect.Parameter.empty))}
         unsupported = sorted(k for k in kwargs if k not in SUPPORTED)
         if unsupported:
             log.info("fusionstitching: %s uses jax.jit(%s): left to jax.jit",
@@ -48,6 +54,15 @@ def install(flags: flag_parsing.Flags) -> None:
 
     jit.fusionstitching_original = original
     jax.jit = jit
+
+
+def _is_default(value, default) -> bool:
+    if value is default:
+        return True
+    try:
+        return default in (None, False) and value == default and type(value) is type(default)
+    except Exception:  # e.g. an array compared with None: not a default
+        return False
 
 
 def install_when_imported(flags: flag_parsing.Flags) -> None:
