@@ -3,14 +3,23 @@ on the HLO corpus (not a test).
 
     python benchmarks/bench_explorer.py                    # 1k, 10k, 100k nodes + corpus
     python benchmarks/bench_explorer.py --sizes 1000 --no-corpus
+    python benchmarks/bench_explorer.py --sizes --codegen real --only _h100.hlo
 
 Synthetic graphs are built as OpGraphs directly (no HLO text): layers of 100 kernels, each
 taking one operand from the previous layer and, with probability 0.3, a second one from one
 of the layer's "hub" kernels (every 8th), so fan-out ranges from 0 to 16 (capped); 80% light
 elementwise f32[64,256], 15% row reductions to f32[64], 5% dots (opaque). The code
 generator is a stub that accepts connected patterns of light elementwise ops and row
-reductions: the real one is too slow for 10^5 candidates (and is what the corpus run uses).
-Modeled times are the explorer's latency-evaluator model (modeled, not measured).
+reductions: the real one is too slow for 10^5 candidates.
+
+Corpus: every module of tests/data/hlo (or those whose name contains ``--only``), XLA's plan,
+the greedy baseline and the beam explorer, priced by the explorer's latency-evaluator
+(modeled, not measured). ``--codegen stub`` (default) accepts every connected pattern, so the
+times are the explorer's own; ``--codegen real`` asks the code generator
+(``codegen.can_stitch``) and shows how many queries it made and the seconds they took.
+
+Times: wall seconds and CPU seconds of this process (the machine is shared: CPU time is the
+stable number).
 """
 from __future__ import annotations
 
@@ -89,40 +98,62 @@ def stub_can_stitch(graph: OpGraph):
     return can_stitch
 
 
+def _timed(run):
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = run()
+    return result, time.perf_counter() - wall, time.process_time() - cpu
+
+
 def bench_sizes(sizes: list[int], device) -> None:
-    print(f"{'nodes':>8} {'V+E':>9} {'explore s':>10} {'us/(V+E)':>9} {'patterns':>9} "
-          f"{'kernels':>8} {'XLA kernels':>12}")
+    print(f"{'nodes':>8} {'V+E':>9} {'wall s':>8} {'cpu s':>7} {'cpu us/(V+E)':>13} "
+          f"{'patterns':>9} {'kernels':>8} {'XLA kernels':>12}")
     for size in sizes:
         graph = layered_graph(size)
         v_plus_e = len(graph.nodes) + len(graph.edges)
-        t0 = time.perf_counter()
-        plan = Explorer(graph, stub_can_stitch(graph), device).run()
-        seconds = time.perf_counter() - t0
+        plan, wall, cpu = _timed(lambda: Explorer(graph, stub_can_stitch(graph), device).run())
         mem = [n for n in graph.nodes.values() if n.memory_intensive]
         covered = sum(len(p.nodes) for p in plan.patterns)
-        print(f"{size:>8} {v_plus_e:>9} {seconds:>10.2f} {seconds / v_plus_e * 1e6:>9.1f} "
+        print(f"{size:>8} {v_plus_e:>9} {wall:>8.2f} {cpu:>7.2f} {cpu / v_plus_e * 1e6:>13.1f} "
               f"{len(plan.patterns):>9} {len(mem) - covered + len(plan.patterns):>8} "
               f"{len(mem):>12}")
 
 
-def bench_corpus(device) -> None:
+def accept_every_pattern(nodes: list[str]) -> tuple[bool, str]:
+    return True, "stub: accepts every pattern"
+
+
+def bench_corpus(device, codegen_kind: str, only: str) -> None:
     from fusionstitching import codegen
     from fusionstitching.graph import build_graph
     from fusionstitching.hlo.parser import parse_file
 
-    print(f"\n{'module':46} {'XLA us':>8} {'greedy us':>10} {'beam us':>8} "
-          f"{'beam k':>6} {'explore s':>9}   (modeled, {device.name})")
+    print(f"\n{'module':46} {'XLA us':>8} {'greedy us':>10} {'beam us':>8} {'XLA k':>6} "
+          f"{'greedy k':>8} {'beam k':>6} {'wall s':>7} {'cpu s':>6} {'queries':>8} "
+          f"{'query s':>8}   (modeled, {device.name}; code generator: {codegen_kind})")
+    slowest = (0.0, "")
     for path in sorted(glob.glob("tests/data/hlo/*.hlo")):
+        if only not in Path(path).name:
+            continue
         module = parse_file(path)
         graph = build_graph(module)
+        queries = [0, 0.0]
 
         def can_stitch(nodes, module=module):
-            return codegen.can_stitch(module, nodes)
+            if codegen_kind == "stub":
+                return accept_every_pattern(nodes)
+            t0 = time.perf_counter()
+            try:
+                return codegen.can_stitch(module, nodes)
+            finally:
+                queries[0] += 1
+                queries[1] += time.perf_counter() - t0
 
-        t0 = time.perf_counter()
-        explorer = Explorer(graph, can_stitch, device)
-        beam = explorer.run()
-        seconds = time.perf_counter() - t0
+        def run():
+            explorer = Explorer(graph, can_stitch, device)
+            return explorer, explorer.run()
+
+        (explorer, beam), wall, cpu = _timed(run)
+        slowest = max(slowest, (cpu, Path(path).name))
         greedy = explore(graph, can_stitch, "greedy", device)
         mem = [n.name for n in graph.memory_intensive_nodes()]
 
@@ -137,19 +168,25 @@ def bench_corpus(device) -> None:
         flag = " WORSE" if beam_us > greedy_us + 1e-9 else (
             " better" if beam_us < greedy_us - 1e-9 else "")
         print(f"{Path(path).name:46} {xla_us:>8.3f} {greedy_us:>10.3f} {beam_us:>8.3f} "
-              f"{len(kernels(beam)):>6} {seconds:>9.2f}{flag}")
+              f"{len(mem):>6} {len(kernels(greedy)):>8} {len(kernels(beam)):>6} {wall:>7.2f} "
+              f"{cpu:>6.2f} {queries[0]:>8} {queries[1]:>8.2f}{flag}")
+    print(f"slowest exploration: {slowest[1]}, {slowest[0]:.2f} s CPU")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[1000, 10000, 100000])
     parser.add_argument("--target", default="h100")
     parser.add_argument("--no-corpus", action="store_true")
+    parser.add_argument("--codegen", choices=["stub", "real"], default="stub",
+                        help="code generator queries on the corpus (see above)")
+    parser.add_argument("--only", default="", help="corpus files whose name contains this")
     args = parser.parse_args()
     device = costmodel.load_device(args.target)
-    bench_sizes(args.sizes, device)
+    if args.sizes:
+        bench_sizes(args.sizes, device)
     if not args.no_corpus:
-        bench_corpus(device)
+        bench_corpus(device, args.codegen, args.only)
     return 0
 
 

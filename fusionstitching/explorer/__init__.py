@@ -5,7 +5,8 @@ dynamic programming, remote fusion, beam search, choice by the latency-evaluator
 ``greedy`` is the baseline (baseline.py: one pattern per connected region), kept for
 comparison.
 """
-from .plan import Decision, FusionPlan, Pattern, creates_cycle
+from .plan import Decision, FusionPlan, Pattern
+from .index import KernelDag
 from .baseline import connected_region_plan
 from .search import Explorer, beam_plan
 

@@ -11,24 +11,29 @@ from collections.abc import Callable
 
 from ..graph import OpGraph
 from ..graph.traffic import memory_intensive_regions
-from .plan import Decision, FusionPlan, Pattern, creates_cycle
+from .index import KernelDag
+from .plan import Decision, FusionPlan, Pattern
 
 CanStitch = Callable[[list[str]], tuple[bool, str]]
 
 
-def _check(graph: OpGraph, nodes: list[str], can_stitch: CanStitch) -> tuple[bool, str]:
-    if creates_cycle(graph, nodes):
-        return False, "cycle: a path leaves the pattern and re-enters it through another node"
-    return can_stitch(nodes)
+def connected_region_plan(graph: OpGraph, can_stitch: CanStitch,
+                          dag: KernelDag | None = None) -> FusionPlan:
+    """``dag`` is the graph's kernel DAG when the caller already has one (the beam explorer
+    does)."""
+    dag = dag or KernelDag(graph)
 
+    def _check(nodes: list[str]) -> tuple[bool, str]:
+        if dag.creates_cycle(frozenset(nodes)):
+            return False, "cycle: a path leaves the pattern and re-enters it through another kernel"
+        return can_stitch(nodes)
 
-def connected_region_plan(graph: OpGraph, can_stitch: CanStitch) -> FusionPlan:
     patterns: list[Pattern] = []
     decisions: list[Decision] = []
     for region in memory_intensive_regions(graph):
         if len(region) < 2:
             continue
-        ok, reason = _check(graph, region, can_stitch)
+        ok, reason = _check(region)
         decisions.append(Decision(tuple(region), ok, reason))
         if ok:
             patterns.append(Pattern(region, f"connected memory-intensive region: {reason}"))
@@ -36,7 +41,7 @@ def connected_region_plan(graph: OpGraph, can_stitch: CanStitch) -> FusionPlan:
         current: list[str] = []
         for name in region:  # the region is in topological order
             candidate = current + [name]
-            ok, reason = _check(graph, candidate, can_stitch) if current else (True, "")
+            ok, reason = _check(candidate) if current else (True, "")
             if current:
                 decisions.append(Decision(tuple(candidate), ok, reason))
             if ok:

@@ -10,9 +10,10 @@
 
 Cycle check (paper Figure 6). Fusing a pattern P is cyclic iff some path leaves P and
 re-enters it through an outside kernel. A kernel u can reach a kernel w only if
-level(u) < level(w), so a depth-first search from P's outside successors never needs to
-visit kernels at or above P's highest level. Cost per check: the kernels and edges reachable
-from P's boundary inside P's level range -- in a layered graph, the one or two layers the
+level(u) < level(w), and a path can only re-enter P at a kernel with a producer outside P,
+so a depth-first search from P's outside successors never needs to visit kernels at or above
+the highest such kernel's level. Cost per check: the kernels and edges reachable from P's
+boundary inside that level range -- in a layered graph, the one or two layers the
 pattern spans, whatever the graph's size. Worst case (a pattern spanning the whole graph's
 depth) it is O(V + E); patterns are capped in size (``MAX_PATTERN_KERNELS``), so in practice
 each check is local.
@@ -35,7 +36,10 @@ _CLASS_MIX = {
 _INDEX_ONLY = {"broadcast", "reshape", "iota"}
 
 
-class GraphIndex:
+class KernelDag:
+    """XLA's kernels with edges seen through no-ops, in topological order, with levels; the
+    cycle check of every strategy (one pass over the graph to build, then local checks)."""
+
     def __init__(self, graph: OpGraph):
         self.graph = graph
         nodes = graph.nodes
@@ -59,6 +63,41 @@ class GraphIndex:
             for p in preds:
                 self.succs[p].append(name)
             self.level[name] = 1 + max((self.level[p] for p in preds), default=-1)
+
+    # -- reachability --------------------------------------------------------------------
+
+    def creates_cycle(self, pattern: frozenset[str]) -> bool:
+        """Does a path leave ``pattern`` and come back through an outside kernel?
+
+        A path can only come back into a pattern kernel that has a producer outside, and
+        only from a lower level: the search from the pattern's outside consumers stops at
+        the highest such kernel's level."""
+        level, succs, preds = self.level, self.succs, self.preds
+        top = -1
+        for n in pattern:
+            if level[n] > top:
+                for p in preds[n]:
+                    if p not in pattern:
+                        top = level[n]
+                        break
+        stack = [u for n in pattern for u in succs[n] if u not in pattern and level[u] < top]
+        seen = set(stack)
+        while stack:
+            for w in succs[stack.pop()]:
+                if w in pattern:
+                    return True
+                if w not in seen and level[w] < top:
+                    seen.add(w)
+                    stack.append(w)
+        return False
+
+
+class GraphIndex(KernelDag):
+    """The kernel DAG plus the per-kernel facts the explorer's cost model reads."""
+
+    def __init__(self, graph: OpGraph):
+        super().__init__(graph)
+        nodes = graph.nodes
         self.participants = [k for k in self.kernels if nodes[k].memory_intensive]
         self.consumers = {k: [s for s in self.succs[k] if nodes[s].memory_intensive]
                           for k in self.participants}
@@ -106,36 +145,6 @@ class GraphIndex:
             fused = (graph.module.computation(inst.called_computations[0])
                      if inst is not None and inst.opcode == "fusion" else None)
             self.mix[name] = _instruction_mix(graph, name, fused)
-
-    # -- reachability --------------------------------------------------------------------
-
-    def creates_cycle(self, pattern: frozenset[str]) -> bool:
-        """Does a path leave ``pattern`` and come back through an outside kernel?"""
-        level, succs = self.level, self.succs
-        top = max(level[n] for n in pattern)
-        stack = [u for n in pattern for u in succs[n] if u not in pattern and level[u] < top]
-        seen = set(stack)
-        while stack:
-            for w in succs[stack.pop()]:
-                if w in pattern:
-                    return True
-                if w not in seen and level[w] < top:
-                    seen.add(w)
-                    stack.append(w)
-        return False
-
-    def reaches(self, src: str, dst: str) -> bool:
-        """Is there a path src -> dst (pruned by level as ``creates_cycle``)?"""
-        level, succs = self.level, self.succs
-        stack, seen = [src], {src}
-        while stack:
-            for w in succs[stack.pop()]:
-                if w == dst:
-                    return True
-                if w not in seen and level[w] < level[dst]:
-                    seen.add(w)
-                    stack.append(w)
-        return False
 
     # -- traffic ---------------------------------------------------------------------------
 

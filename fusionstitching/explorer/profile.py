@@ -49,42 +49,58 @@ class PatternModel:
 
     def __init__(self, index: GraphIndex):
         self.index = index
+        # Per kernel: (elements, rows or 0, instructions per element times elements), so a
+        # pattern's profile is one pass of sums and maxima over its kernels.
+        self._facts = {n: (index.elements[n], index.rows.get(n, 0),
+                           tuple((cls, count * index.elements[n])
+                                 for cls, count in index.mix[n].items()))
+                       for n in index.participants}
 
-    def launch(self, nodes: Iterable[str]) -> tuple[int, int, bool, list[str]]:
-        """(grid blocks, threads per block, block composition?, reductions)."""
-        index = self.index
-        nodes = list(nodes)
-        elements = max(index.elements[n] for n in nodes)
-        reductions = [n for n in nodes if n in index.rows]
+    def _gather(self, nodes: Iterable[str]):
+        """(largest iteration space, most reduction rows, reductions, summed work by class)."""
+        facts = self._facts
+        elements = rows = reductions = 0
+        work: dict[str, float] = {}
+        for n in nodes:
+            e, r, mix = facts[n]
+            if e > elements:
+                elements = e
+            if r:
+                reductions += 1
+                if r > rows:
+                    rows = r
+            for cls, w in mix:
+                work[cls] = work.get(cls, 0.0) + w
+        return elements, rows, reductions, work
+
+    @staticmethod
+    def _launch(elements: int, rows: int, reductions: int) -> tuple[int, int, bool]:
+        """(grid blocks, threads per block, block composition?)."""
         if not reductions:
-            return _ceil_div(elements, LOOP_THREADS), LOOP_THREADS, False, reductions
-        rows = max(index.rows[n] for n in reductions)
+            return _ceil_div(elements, LOOP_THREADS), LOOP_THREADS, False
         columns = _ceil_div(elements, rows)
         if columns <= WARP_ROW_COLUMNS:
-            return _ceil_div(rows, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, False, reductions
-        return rows, ROW_BLOCK_THREADS, True, reductions
+            return _ceil_div(rows, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, False
+        return rows, ROW_BLOCK_THREADS, True
 
     def profile(self, nodes: frozenset[str], traffic=None) -> KernelProfile:
-        index = self.index
-        reads, writes, _, _ = traffic or index.traffic(nodes)
-        grid, block, block_composition, reductions = self.launch(nodes)
+        reads, writes, _, _ = traffic or self.index.traffic(nodes)
+        elements, rows, reductions, work = self._gather(nodes)
+        grid, block, block_composition = self._launch(elements, rows, reductions)
         threads = grid * block
-        instructions: dict[str, float] = {}
-        for n in nodes:
-            share = index.elements[n] / threads
-            for cls, count in index.mix[n].items():
-                instructions[cls] = instructions.get(cls, 0.0) + count * share
-        for _ in reductions:
-            instructions["shfl"] = instructions.get("shfl", 0.0) + WARP_REDUCE_SHUFFLES
+        instructions = {cls: w / threads for cls, w in work.items()}
+        if reductions:
+            shuffles = WARP_REDUCE_SHUFFLES * reductions
+            instructions["shfl"] = instructions.get("shfl", 0.0) + shuffles
             if block_composition:
                 for cls in ("st_shared", "barrier", "ld_shared"):
-                    instructions[cls] = instructions.get(cls, 0.0) + 1.0
+                    instructions[cls] = instructions.get(cls, 0.0) + float(reductions)
         instructions["ld_global"] = reads / ELEMENT_BYTES / threads
         instructions["st_global"] = writes / ELEMENT_BYTES / threads
         return KernelProfile(
             grid_blocks=grid, threads_per_block=block,
             regs_per_thread=estimate_registers([min(2 * len(nodes), MAX_LIVE_VALUES)]),
-            smem_bytes=REDUCTION_SMEM_BYTES * len(reductions) if block_composition else 0,
+            smem_bytes=REDUCTION_SMEM_BYTES * reductions if block_composition else 0,
             instructions=instructions, bytes_read=reads, bytes_written=writes)
 
     def summary(self, nodes: frozenset[str], traffic=None) -> PatternSummary:

@@ -49,6 +49,7 @@ kernels were or were not stitched.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -106,9 +107,14 @@ class Explorer:
         self._can_stitch = can_stitch
         self._buildable: dict[frozenset[str], tuple[bool, str]] = {}
         self._latency: dict[frozenset[str], float] = {}
-        self._alone: dict[str, float] = {}  # delta-evaluator penalty of a kernel alone
-        self.decisions: dict[frozenset[str], Decision] = {}
-        self.history: list[Decision] = []
+        # The delta-evaluator's penalty of each kernel alone (see the module docstring).
+        self._alone = {n: self.evaluator.evaluate(self.model.summary(frozenset((n,)))).penalty_us
+                       for n in self.index.participants}
+        # Decisions as (pattern, ok, reason): the latest per pattern and all of them in
+        # order; ``run`` turns them into ``Decision``s (nodes in topological order) once.
+        self._latest: dict[frozenset[str], tuple[bool, str]] = {}
+        self._history: list[tuple[frozenset[str], bool, str]] = []
+        self.decisions: dict[frozenset[str], Decision] = {}  # the latest, after ``run``
         self.growth: dict[str, list[Candidate]] = {}
         self.ready: dict[str, list[Candidate]] = {}
 
@@ -118,9 +124,8 @@ class Explorer:
         return sorted(nodes, key=self.index.order.__getitem__)
 
     def _decide(self, nodes: frozenset[str], ok: bool, reason: str) -> None:
-        decision = Decision(tuple(self._ordered(nodes)), ok, reason)
-        self.decisions[nodes] = decision  # the latest, by pattern
-        self.history.append(decision)  # all of them, in order, for explain
+        self._latest[nodes] = (ok, reason)
+        self._history.append((nodes, ok, reason))
 
     def can_stitch(self, nodes: frozenset[str]) -> tuple[bool, str]:
         result = self._buildable.get(nodes)
@@ -136,53 +141,40 @@ class Explorer:
                 self.profile_of(self._ordered(nodes)), self.device).total_us
         return t
 
-    def _alone_penalty(self, node: str) -> float:
-        penalty = self._alone.get(node)
-        if penalty is None:
-            alone = frozenset((node,))
-            penalty = self._alone[node] = self.evaluator.evaluate(
-                self.model.summary(alone)).penalty_us
-        return penalty
-
     # -- 1. candidate patterns --------------------------------------------------------------
 
     def _top_k(self, sets: list[frozenset[str]], cache: dict) -> list[Candidate]:
-        """The top-k acyclic candidates among ``sets`` by f, scoring in order of f's bound."""
+        """The top-k acyclic candidates among ``sets`` by f, scoring in order of f's bound.
+        ``cache`` holds, per set, [bound, traffic, f or None, first kernel's position]."""
+        order = self.index.order
         bounded = []
         for s in dict.fromkeys(sets):
             entry = cache.get(s)
             if entry is None:
                 if len(s) > self.max_pattern:
                     self._decide(s, False, f"more than {self.max_pattern} kernels")
-                    entry = cache[s] = (None, None, None)
-                else:
-                    traffic = self.index.traffic(s)
-                    bound = (self._global.time_us(traffic[2]) + self._global.time_us(traffic[3])
-                             - self._shared.time_us(traffic[3])
-                             + (len(s) - 1) * costmodel.LAUNCH_US)
-                    entry = cache[s] = (bound, traffic, None)
-            if entry[0] is not None:
-                bounded.append((entry[0], s))
-        bounded.sort(key=lambda t: (-t[0], len(t[1]), min(map(self.index.order.__getitem__, t[1]))))
+                    entry = cache[s] = None
+                    continue
+                traffic = self.index.traffic(s)
+                bound = (self._global.time_us(traffic[2]) + self._global.time_us(traffic[3])
+                         - self._shared.time_us(traffic[3])
+                         + (len(s) - 1) * costmodel.LAUNCH_US)
+                entry = cache[s] = [bound, traffic, None, min(order[n] for n in s)]
+            if entry is not None:
+                bounded.append((-entry[0], len(s), entry[3], s))
+        bounded.sort(key=lambda t: t[:3])
         kept: list[Candidate] = []
-        for position, (bound, s) in enumerate(bounded):
-            if len(kept) == self.top_k and bound <= kept[-1].score:
-                for _, rest in bounded[position:]:
-                    if rest not in self.decisions:
+        for position, (negative_bound, _, _, s) in enumerate(bounded):
+            if len(kept) == self.top_k and -negative_bound <= kept[-1].score:
+                for _, _, _, rest in bounded[position:]:
+                    if rest not in self._latest:
                         self._decide(rest, False, f"not in the top {self.top_k}: f <= "
                                      f"{cache[rest][0]:.3f} us (bound) <= {kept[-1].score:.3f}")
                 break
-            bound, traffic, score = cache[s]
+            entry = cache[s]
+            score = entry[2]
             if score is None:
-                breakdown = self.evaluator.evaluate(self.model.summary(s, traffic))
-                score = (breakdown.reduced_mem_us + breakdown.reduced_calls_us
-                         - max(0.0, breakdown.penalty_us
-                               - sum(self._alone_penalty(n) for n in s)))
-                if self.index.creates_cycle(s):
-                    score = float("-inf")
-                    self._decide(s, False, "cycle: a path leaves the pattern and re-enters it "
-                                           "through an outside kernel")
-                cache[s] = (bound, traffic, score)
+                score = entry[2] = self._score(s, entry[1])
             if score == float("-inf"):
                 continue
             if len(kept) == self.top_k and score <= kept[-1].score:
@@ -196,6 +188,20 @@ class Explorer:
                 self._decide(dropped.nodes, False,
                              f"not in the top {self.top_k}: f = {dropped.score:.3f} us")
         return kept
+
+    def _score(self, s: frozenset[str], traffic) -> float:
+        """f of one candidate (see the module docstring), -inf when it is cyclic."""
+        if self.index.creates_cycle(s):
+            self._decide(s, False, "cycle: a path leaves the pattern and re-enters it "
+                                   "through an outside kernel")
+            return float("-inf")
+        breakdown = self.evaluator.evaluate(self.model.summary(s, traffic))
+        alone = self._alone
+        # fsum: exact, so the score does not depend on the set's iteration order (string
+        # hashing differs per process) and plans are the same on every run.
+        alone_penalty = math.fsum([alone[n] for n in s])
+        return (breakdown.reduced_mem_us + breakdown.reduced_calls_us
+                - max(0.0, breakdown.penalty_us - alone_penalty))
 
     def pattern_reduction(self, vertex: str) -> list[Candidate]:
         """PatternReduction(C_vertex): top-k candidates with ``vertex`` as producer; every
@@ -341,7 +347,8 @@ class Explorer:
                          f"(modeled), f = {sum(c.score for c in chosen):+.3f} us")
             if best is None or us < best[0]:
                 best = (us, nbytes, i, chosen, packs)
-        greedy = connected_region_plan(self.graph, self._can_stitch)
+        greedy = connected_region_plan(  # its code generator queries are cached with ours
+            self.graph, lambda nodes: self.can_stitch(frozenset(nodes)), self.index)
         greedy_kernels = [frozenset(p.nodes) for p in greedy.patterns]
         grouped = {n for k in greedy_kernels for n in k}
         greedy_us, greedy_bytes = self.plan_cost(
@@ -367,15 +374,25 @@ class Explorer:
         for cand in chosen:
             if len(cand.nodes) > 1 and cand.nodes not in packed:
                 patterns.append(Pattern(self._ordered(cand.nodes),
-                                        self.decisions[cand.nodes].reason))
+                                        self._latest[cand.nodes][1]))
         for pack in packs:
             union = frozenset().union(*pack)
-            patterns.append(Pattern(self._ordered(union), self.decisions[union].reason))
+            patterns.append(Pattern(self._ordered(union), self._latest[union][1]))
         patterns.sort(key=lambda p: self.index.order[p.nodes[0]])
         return FusionPlan("beam", patterns, self._all_decisions(), notes)
 
     def _all_decisions(self) -> list[Decision]:
-        return list(self.history)
+        """Every decision in order (for ``explain``); fills ``self.decisions``."""
+        ordered: dict[frozenset[str], tuple[str, ...]] = {}
+        history = []
+        for nodes, ok, reason in self._history:
+            names = ordered.get(nodes)
+            if names is None:
+                names = ordered[nodes] = tuple(self._ordered(nodes))
+            history.append(Decision(names, ok, reason))
+        self.decisions = {nodes: Decision(ordered[nodes], ok, reason)
+                          for nodes, (ok, reason) in self._latest.items()}
+        return history
 
 
 def beam_plan(graph: OpGraph, can_stitch: CanStitch, device=None, **options) -> FusionPlan:
