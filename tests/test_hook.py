@@ -142,3 +142,154 @@ def test_pip_install_editable_puts_the_hook_in_site_packages(tmp_path):
                              env=dict(os.environ, FUSIONSTITCHING=value, JAX_PLATFORMS="cpu"))
         assert run.stdout.strip() == expected, run.stderr[-2000:]
     shutil.rmtree(venv)
+
+
+# -- the replaced jax.jit behaves like jax.jit (in this process, restored after each test) ----
+
+@pytest.fixture
+def hooked(monkeypatch, tmp_path_factory):
+    """``jax.jit`` replaced by the hook as FUSIONSTITCHING=1 does (stitched executable kept,
+    outputs verified); returns jax's own jit for comparison."""
+    import jax
+
+    from tf_hooks import jax_hook
+
+    original = jax.jit
+    monkeypatch.setattr(jax, "jit", original)  # undone after the test
+    cache_dir = str(tmp_path_factory.getbasetemp() / "hook-api-cache")  # shared by the tests
+    jax_hook.install(flags.Flags(keep="stitched", verify=True, cache_dir=cache_dir))
+    assert jax.jit is not original
+    return original
+
+
+def layernorm(x, scale=1.0):
+    import jax
+
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + 1e-5) * scale
+
+
+def rows():
+    import numpy as np
+
+    return np.random.default_rng(5).standard_normal((8, 128)).astype(np.float32)
+
+
+def assert_same(got, want):
+    import jax
+    import numpy as np
+
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+def stitched_reports(fn) -> list:
+    reports = fn.reports()
+    assert reports and all(r.runtime["kept"] == "stitched" and r.verify.ok for r in reports)
+    return reports
+
+
+def test_hooked_jit_static_arguments_by_position_or_name(hooked):
+    import jax
+
+    x = rows()
+    by_name = jax.jit(layernorm, static_argnames="scale")
+    by_number = jax.jit(layernorm, static_argnums=1)
+    for call in (lambda f: f(x, 3.0), lambda f: f(x, scale=3.0), lambda f: f(x)):
+        assert_same(call(by_name), call(hooked(layernorm, static_argnames="scale")))
+        assert_same(call(by_number), call(hooked(layernorm, static_argnums=1)))
+    stitched_reports(by_name), stitched_reports(by_number)
+    with pytest.raises(ValueError, match="Non-hashable static arguments"):  # jax's own error
+        by_number(x, [1.0])
+
+
+def test_hooked_jit_pytrees_and_keyword_arguments(hooked):
+    import collections
+    import dataclasses
+
+    import jax
+
+    Pair = collections.namedtuple("Pair", "a b")
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass
+    class Layer:
+        scale: jax.Array
+        repeat: int = dataclasses.field(metadata={"static": True})
+
+    def fn(pair, layer, *, bias, unused=None):
+        y = layernorm(pair.a) * layer.scale + bias
+        return {"y": y * layer.repeat, "stats": (y.sum(), None, pair.b)}
+
+    x = rows()
+    inputs = (Pair(x, x[0]), Layer(x[0], 2))
+    kwargs = {"bias": 0.5, "unused": None}
+    stitched = jax.jit(fn)
+    assert_same(stitched(*inputs, **kwargs), hooked(fn)(*inputs, **kwargs))
+    stitched_reports(stitched)
+
+
+def test_hooked_jit_lower_compile_and_their_attributes(hooked):
+    import jax
+
+    x = rows()
+    stitched, plain = jax.jit(layernorm), hooked(layernorm)
+    lowered, want = stitched.lower(x), plain.lower(x)
+    assert lowered.as_text() == want.as_text()
+    assert str(lowered.compiler_ir()) == str(want.compiler_ir())
+    assert (lowered.in_tree, lowered.out_tree) == (want.in_tree, want.out_tree)
+    compiled, want_compiled = lowered.compile(), want.compile()
+    assert 'custom_call_target="fusionstitching' in compiled.as_text()
+    assert compiled.report().fs.patterns >= 1
+    assert (compiled.in_tree, compiled.out_tree) == (want_compiled.in_tree, want_compiled.out_tree)
+    assert str(compiled.args_info) == str(want_compiled.args_info)
+    assert isinstance(compiled.cost_analysis(), dict)
+    assert compiled.memory_analysis() is not None
+    assert_same(compiled(x), want_compiled(x))
+    shapes = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    assert str(stitched.eval_shape(x)) == str(plain.eval_shape(x)) == str(shapes)
+    assert_same(stitched.lower(shapes).compile()(x), want_compiled(x))
+
+
+def test_hooked_jit_as_method_and_under_disable_jit(hooked):
+    import functools
+
+    import jax
+
+    class Model:
+        def __init__(self, scale):
+            self.scale = scale
+
+        def __hash__(self):
+            return hash(self.scale)
+
+        def __eq__(self, other):
+            return self.scale == other.scale
+
+        @functools.partial(jax.jit, static_argnums=0)
+        def apply(self, x):
+            return layernorm(x, self.scale)
+
+    x = rows()
+    assert_same(Model(2.0).apply(x), hooked(layernorm)(x, 2.0))
+    stitched_reports(Model.apply)
+    with jax.disable_jit():
+        assert_same(Model(2.0).apply(x), layernorm(x, 2.0))
+    assert len(Model.apply.reports()) == 1  # the eager call compiled nothing
+
+
+def test_hooked_jit_with_default_options_and_donation(hooked):
+    import jax
+    import jax.numpy as jnp
+
+    x = rows()
+    stitched = jax.jit(layernorm, device=None, backend=None, inline=False, keep_unused=False,
+                       donate_argnums=0)
+    donated = jnp.asarray(x)
+    assert_same(stitched(donated), hooked(layernorm)(x))
+    assert donated.is_deleted()
+    stitched_reports(stitched)
+    left = jax.jit(layernorm, inline=True)  # not jax.jit's default: jax.jit's own function
+    assert not hasattr(left, "reports")

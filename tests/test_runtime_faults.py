@@ -172,15 +172,128 @@ def test_static_and_donated_arguments():
         return layernorm(x, g, b) * scale + shift
 
     fn = jit(scaled, static_argnums=3, static_argnames="shift", donate_argnums=0,
-             cache_dir=None, keep="stitched")
+             cache_dir=None, keep="stitched", verify=True)
     a = args()
     for scale, shift in ((2.0, 1.0), (3.0, 1.0), (2.0, 1.0)):
         want = np.asarray(jax.jit(scaled, static_argnums=3, static_argnames="shift")(
             *a, scale, shift=shift))
-        np.testing.assert_allclose(np.asarray(fn(*[jnp.asarray(x) for x in a], scale,
-                                                 shift=shift)), want, rtol=1e-5, atol=1e-5)
+        donated, *rest = [jnp.asarray(x) for x in a]
+        np.testing.assert_allclose(np.asarray(fn(donated, *rest, scale, shift=shift)), want,
+                                   rtol=1e-5, atol=1e-5)
+        assert donated.is_deleted() and not any(r.is_deleted() for r in rest)  # as jax.jit
     assert len(fn.reports()) == 2  # one per static value, the third call reused the first
-    assert 'custom_call_target="fusionstitching' in fn.lower(*a, 2.0, shift=1.0).compile().as_text()
+    assert all(r.runtime["kept"] == "stitched" and r.verify.ok for r in fn.reports())
+    text = fn.lower(*a, 2.0, shift=1.0).compile().as_text()
+    assert 'custom_call_target="fusionstitching' in text
+    assert "input_output_alias={ {}: (0, {}, may-alias) }" in text.splitlines()[0]
+
+
+def test_donated_buffers_are_reused_by_the_stitched_executable():
+    def update(x, g, b):
+        return x - 0.1 * layernorm(x, g, b)
+
+    fn = jit(update, donate_argnums=0, cache_dir=None, keep="stitched")
+    a = args()
+    x = jnp.asarray(a[0])
+    for _ in range(2):
+        pointer = x.unsafe_buffer_pointer()
+        want = np.asarray(jax.jit(update)(np.asarray(x), *a[1:]))
+        x = fn(x, *a[1:])
+        np.testing.assert_allclose(np.asarray(x), want, rtol=1e-5, atol=1e-5)
+        assert x.unsafe_buffer_pointer() == pointer  # the output lives in the donated buffer
+    assert fn.reports()[0].runtime["kept"] == "stitched"
+
+
+class Recorded:
+    """An executable that notes each run (its label and whether the caller's thread ran it)."""
+
+    def __init__(self, compiled, label: str, runs: list):
+        self.compiled, self.label, self.runs = compiled, label, runs
+
+    def __call__(self, *args, **kwargs):
+        import threading
+
+        self.runs.append((self.label, threading.current_thread() is threading.main_thread()))
+        return self.compiled(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.compiled, name)
+
+
+def recorded_async(monkeypatch, fn, a, runs):
+    """Compile ``fn`` for ``a`` with every run of either executable recorded; returns the
+    Compiled once the background build is done."""
+    real_swap = xla.swap_executable
+    monkeypatch.setattr(xla, "swap_executable", lambda *args: Recorded(real_swap(*args),
+                                                                       "stitched", runs))
+    compiled = fn.lower(*a).compile()
+    compiled.executor.xla = compiled.executor.active = Recorded(compiled.xla_compiled, "xla",
+                                                                runs)
+    assert compiled.wait_built(120)
+    return compiled
+
+
+def on_call(runs: list) -> list:
+    """Runs made by the calling thread since the last look."""
+    made = [label for label, caller in runs if caller]
+    runs.clear()
+    return made
+
+
+def test_async_trial_runs_off_the_call_path(monkeypatch):
+    monkeypatch.setattr(executor, "best_times", lambda xla_run, stitched, inputs: (1e-3, 2e-3))
+    runs = []
+    compiled = recorded_async(monkeypatch, jit(layernorm, cache_dir=None, async_compile=True,
+                                               verify=True), args(), runs)
+    assert compiled.executor.info.state == "pending"
+    results = [np.asarray(compiled(*args())) for _ in range(4)]
+    assert on_call(runs) == ["xla"] * 4  # the trial's runs were all on its own thread
+    assert compiled.wait_built(60)
+    info = compiled.executor.info
+    assert info.state == "settled" and info.kept == "xla" and info.trial_call == 1
+    assert "off the call path" in info.why and info.swapped_at_call is None
+    assert compiled.report().verify.ok
+    for got in results:
+        np.testing.assert_array_equal(got, expected(*args()))
+
+
+def test_async_candidate_faster_off_the_path_is_confirmed_one_executable_per_call(monkeypatch):
+    monkeypatch.setattr(executor, "best_times", lambda xla_run, stitched, inputs: (2e-3, 1e-3))
+    runs = []
+    compiled = recorded_async(monkeypatch, jit(layernorm, cache_dir=None, async_compile=True),
+                              args(), runs)
+    compiled(*args())
+    assert on_call(runs) == ["xla"] and compiled.wait_built(60)
+    assert compiled.executor.info.state == "timing"
+    per_call = []
+    for _ in range(2 * executor.TIMING_ROUNDS):
+        got = np.asarray(compiled(*args()))
+        np.testing.assert_allclose(got, expected(*args()), rtol=1e-5, atol=1e-5)
+        per_call.append(on_call(runs))
+    assert per_call == [["stitched"], ["xla"]] * executor.TIMING_ROUNDS
+    info = compiled.executor.info
+    assert info.state == "settled" and f"calls 2-{1 + 2 * executor.TIMING_ROUNDS}" in info.why
+    assert info.kept == ("stitched" if info.stitched_us < info.xla_us else "xla")
+    compiled(*args())
+    assert on_call(runs) == [info.kept]
+
+
+def test_async_trial_with_donated_arguments():
+    fn = jit(layernorm, donate_argnums=0, cache_dir=None, async_compile=True, verify=True)
+    a = args()
+    compiled = fn.lower(*a).compile()
+    assert compiled.wait_built(120)
+    for _ in range(1 + 2 * executor.TIMING_ROUNDS):  # the trial, then any confirmation
+        x = jnp.asarray(a[0])
+        got = np.asarray(compiled(x, *a[1:]))  # the first call starts the trial on copies
+        assert x.is_deleted()
+        np.testing.assert_allclose(got, expected(*a), rtol=1e-5, atol=1e-5)
+        assert compiled.wait_built(60)
+        if compiled.executor.info.state == "settled":
+            break
+    report = compiled.report()
+    assert report.runtime["state"] == "settled" and not report.fallbacks, report.runtime
+    assert report.verify.ran and report.verify.ok
 
 
 def test_called_inside_another_trace_inlines_like_jax_jit():
