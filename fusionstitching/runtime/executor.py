@@ -5,26 +5,30 @@ stitched executable is built (at once, or on a background thread with ``async_co
 becomes the *candidate* and goes through a *trial* before it may run a user's call:
 
 1. the next call runs XLA's executable (its outputs are the call's result) and keeps copies of
-   its inputs and outputs (copies: the caller may donate or mutate them afterwards);
+   its inputs and outputs (copies: the caller may donate or mutate them afterwards). That is
+   this call's only extra cost: one batched device copy of its inputs and outputs;
 2. on those copies the candidate runs once; with ``verify``, its outputs must match XLA's
    (``pipeline.compare``) or it is dropped (a ``verify`` fallback);
 3. unless ``keep="stitched"``, both executables are timed on the copies, best of
-   ``TIMING_ROUNDS`` alternating runs ("never slower": on a CPU the host kernels can lose to
-   XLA:CPU's own). A candidate that is not faster there is dropped without ever running a
-   user's call;
+   ``TIMING_ROUNDS`` alternating runs, fewer once the candidate is ``CLEARLY_SLOWER`` ("never
+   slower": on a CPU the host kernels can lose to XLA:CPU's own). A candidate that is not
+   faster there is dropped without ever running a user's call;
 4. with ``async_compile`` the trial runs on a background thread while calls keep running XLA's
-   executable, so no call pays for it; the background times are taken while the training
-   loop competes for the machine, so a candidate that passes them is confirmed on real calls:
-   the next ``2 * TIMING_ROUNDS`` calls alternate between the two executables, each call runs
-   one of them and is timed, and the best times decide. Without ``async_compile`` the trial
-   runs inside the call that compiled (that call already waits for the compiler) and its
-   times decide;
+   executable, so no call waits for it (its runs share the machine with the training loop:
+   on a CPU they slow the steps that overlap them a little, instead of one step by their sum).
+   Those times are taken while the loop competes for the machine, so a candidate that passes
+   them is confirmed on real calls: the next ``2 * TIMING_ROUNDS`` calls alternate between
+   the two executables, each call runs one of them and is timed, and the best times decide.
+   Without ``async_compile`` the trial runs inside the call that compiled (that call already
+   waits for the compiler) and its times decide;
 5. ``active`` is replaced by one assignment, so a concurrent call runs either executable whole.
 
 States (``RuntimeInfo.state``): building -> pending (built, waiting for a call's inputs) ->
 trial -> timing (async only) -> settled, or fallback at any point. A stitched call that raises
 falls back to XLA's executable for good (an ``execute`` fallback) and the same call is answered
-by XLA.
+by XLA. With donated arguments that answer needs the inputs the failed call was given: if the
+stitched executable had already taken their buffers, they are gone and the call raises (copying
+donated inputs before every call to rule this out would undo the donation).
 
 Donated arguments: both executables donate what ``jax.jit`` was told to donate (the rewritten
 module keeps XLA's ``input_output_alias``). The trial never runs on the caller's buffers, and
@@ -94,7 +98,8 @@ class Executor:
         self.candidate = None  # built stitched executable, on trial
         self.trial_thread: threading.Thread | None = None
         self._calls_lock = threading.Lock()  # one call at a time starts a trial or is timed
-        self._samples: dict[str, list[float]] = {"xla": [], "stitched": []}
+        self._samples: dict[str, list[float]] = {"xla": [], "stitched": []}  # timing calls
+        self._first_timed_call = 0
 
     # -- the build's outcome (from the compiling thread) ------------------------------------
     def built_ok(self, built: Built, seconds: float) -> None:
@@ -109,11 +114,10 @@ class Executor:
             self._settle("xla", f"{failed.stage}: {failed.reason}" if failed
                          else "nothing was stitched")
             return
+        self.candidate = built.stitched
         if self.keep == "stitched" and not self.verify:  # nothing to try it for
-            self.active = built.stitched
             self._settle("stitched", "keep='stitched'")
             return
-        self.candidate = built.stitched
         self.info.state = "pending"  # last: the next call may start the trial at once
 
     def build_failed(self, error: Exception) -> None:
@@ -131,7 +135,7 @@ class Executor:
 
     def _settle(self, kept: str, why: str) -> None:
         if kept == "stitched":
-            self.active = self.candidate or self.active
+            self.active = self.candidate
             self.info.swapped_at_call = self.info.calls + 1
         self.candidate = None
         self.info.state, self.info.kept, self.info.why = "settled", kept, why
@@ -211,18 +215,20 @@ class Executor:
             return
         xla_s, stitched_s = best_times(self.xla, candidate, lambda: self._fresh(inputs))
         where = "off the call path" if self.background else "in the call"
-        if stitched_s >= xla_s or not self.background:
-            self._decide(xla_s, stitched_s, f"measured {where} on the inputs of call "
-                                            f"{self.info.trial_call}")
-        else:
-            self._record_times(xla_s, stitched_s)
+        kept = record_choice(self.info, xla_s, stitched_s, "xla",
+                             f"measured {where} on the inputs of call {self.info.trial_call}")
+        if kept == "stitched" and self.background:
             self.info.state = "timing"  # confirm on real calls
+        else:
+            self._settle(kept, self.info.why)
 
     def _timed_call(self, args, kwargs):
         """One confirmation sample: this call runs one executable, timed; the executable with
         fewer samples goes next (stitched first)."""
         import jax
 
+        if not any(self._samples.values()):
+            self._first_timed_call = self.info.calls
         label = min(("stitched", "xla"), key=lambda k: len(self._samples[k]))
         executable = self.candidate if label == "stitched" else self.xla
         started = time.perf_counter()
@@ -235,17 +241,13 @@ class Executor:
             return self.xla(*args, **kwargs)
         self._samples[label].append(time.perf_counter() - started)
         if all(len(s) >= TIMING_ROUNDS for s in self._samples.values()):
-            first = self.info.calls - 2 * TIMING_ROUNDS + 1
-            self._decide(min(self._samples["xla"]), min(self._samples["stitched"]),
-                         f"measured on calls {first}-{self.info.calls}, each running one "
-                         f"executable")
+            kept = record_choice(self.info, min(self._samples["xla"]),
+                                 min(self._samples["stitched"]), "xla",
+                                 f"measured on calls {self._first_timed_call}-"
+                                 f"{self.info.calls}, each running "
+                                 f"one executable")
+            self._settle(kept, self.info.why)
         return out
-
-    def _decide(self, xla_s: float, stitched_s: float, where: str) -> None:
-        self._settle(record_choice(self.info, xla_s, stitched_s, "xla", where), self.info.why)
-
-    def _record_times(self, xla_s: float, stitched_s: float) -> None:
-        self.info.xla_us, self.info.stitched_us = round(xla_s * 1e6, 1), round(stitched_s * 1e6, 1)
 
     def _fresh(self, inputs):
         """The trial's inputs for one run: fresh copies of what the executables donate."""
