@@ -1,13 +1,17 @@
 """Why kernels were or were not stitched: the chosen plan as text and as a picture.
 
-``explain_text`` prints the plan (each stitched kernel and why) and, for one node, every
-decision involving it and each of its neighbours in the kernel DAG (producers and consumers
-seen through no-ops). ``plan_dot`` draws XLA's kernels as nodes (name, op class, shape) and
-each stitched kernel as a cluster around them, like the paper's Figure 1; ``write_svg``
-renders it with Graphviz's ``dot`` when that program is installed.
+``explain_text`` prints the plan (each stitched kernel and why), what stops further fusion
+(``blocked_edges``: every producer -> consumer edge between memory-intensive kernels left in
+different kernels, counted by the verdict on the smallest candidate that held both) and, for
+one node, every decision involving it and each of its neighbours in the kernel DAG
+(producers and consumers seen through no-ops). ``plan_dot`` draws XLA's kernels as nodes
+(name, op class, shape) and each stitched kernel as a cluster around them, like the paper's
+Figure 1; ``write_svg`` renders it with Graphviz's ``dot`` when that program is installed.
 """
 from __future__ import annotations
 
+import collections
+import re
 import shutil
 import subprocess
 
@@ -22,11 +26,16 @@ def explain_text(graph: OpGraph, plan: FusionPlan, node: str | None = None) -> s
     for i, pattern in enumerate(plan.patterns):
         lines.append(f"  kernel {i}: {', '.join(pattern.nodes)}")
         lines.append(f"    why: {pattern.reason}")
+    index = GraphIndex(graph)
+    blocked = blocked_edges(index, plan)
+    if blocked:
+        lines.append(f"edges between memory-intensive kernels left unfused: "
+                     f"{sum(blocked.values())}, by reason (names and numbers as #)")
+        lines += [f"  {count:4d}  {reason}" for reason, count in blocked.most_common()]
     if node is None:
         return "\n".join(lines)
     if node not in graph.nodes:
         raise KeyError(f"no node {node!r} in {graph.computation.name if graph.computation else 'the graph'}")
-    index = GraphIndex(graph)
     owner = {n: i for i, p in enumerate(plan.patterns) for n in p.nodes}
     lines.append("")
     lines.append(f"{node}: {_describe(graph, node)}; "
@@ -51,6 +60,40 @@ def explain_text(graph: OpGraph, plan: FusionPlan, node: str | None = None) -> s
             verdict = "accepted" if d.ok else "rejected"
             lines.append(f"    {verdict} {{{', '.join(d.nodes)}}}: {d.reason}")
     return "\n".join(lines)
+
+
+NEVER_TOGETHER = "never in one candidate (pruned before the two met)"
+NOT_CHOSEN = "in a buildable candidate, but the plan took other patterns (by modeled time)"
+
+
+def blocked_edges(index: GraphIndex, plan: FusionPlan) -> collections.Counter:
+    """Why each producer -> consumer edge between memory-intensive kernels crosses kernels:
+    the latest verdict on the smallest candidate holding both ends -- its reason when it was
+    rejected (kernel names and numbers as #, so equal reasons count together), or that the
+    plan preferred other patterns when it was accepted."""
+    owner = {n: i for i, p in enumerate(plan.patterns) for n in p.nodes}
+    latest = {d.nodes: d for d in plan.decisions}
+    holding: dict[str, list] = {}
+    for d in latest.values():
+        for n in d.nodes:
+            holding.setdefault(n, []).append(d)
+    counts: collections.Counter = collections.Counter()
+    for producer in index.participants:
+        for consumer in index.consumers[producer]:
+            if producer in owner and owner.get(consumer) == owner[producer]:
+                continue
+            both = [d for d in holding.get(producer, ()) if consumer in d.nodes]
+            if not both:
+                counts[NEVER_TOGETHER] += 1
+                continue
+            smallest = min(both, key=lambda d: len(d.nodes))
+            counts[NOT_CHOSEN if smallest.ok else _generic(smallest.reason)] += 1
+    return counts
+
+
+def _generic(reason: str) -> str:
+    """A reason without its instance: instruction names (``fusion.12``) and numbers as #."""
+    return re.sub(r"%?[\w.\-]+\.\d+|[+-]?\b\d+(\.\d+)?\b", "#", reason)
 
 
 def _describe(graph: OpGraph, name: str) -> str:

@@ -5,12 +5,13 @@ import pytest
 
 import costmodel
 from fusionstitching.cli import main
-from fusionstitching.explain import explain_text, plan_dot, write_svg
+from fusionstitching.explain import NOT_CHOSEN, blocked_edges, explain_text, plan_dot, write_svg
 from fusionstitching.explorer import explore
+from fusionstitching.explorer.index import GraphIndex
 from fusionstitching.graph import build_graph
 from fusionstitching.hlo.parser import parse_module
 
-from test_explorer import CYCLE, accept_all
+from test_explorer import CYCLE, accept_all, producer_with_two_consumers
 
 
 def plan_of(text):
@@ -27,6 +28,30 @@ def test_explain_names_every_neighbour_and_why():
     assert (": stitched together" in text.split("consumer b")[1].splitlines()[0]) == bool(together)
     # the cyclic candidate {a, b, c} appears with its reason under neighbour b
     assert "rejected {a, b, c}: cycle" in text
+
+
+def test_plan_text_counts_the_edges_left_unfused_by_reason():
+    graph, plan = plan_of(CYCLE)
+    text = explain_text(graph, plan)
+    # the plan is {a, b} or {b, c} (by cost); the other pair was buildable but not taken,
+    # and the edges to the dot are not between memory-intensive kernels
+    assert "edges between memory-intensive kernels left unfused: 1," in text
+    assert f"     1  {NOT_CHOSEN}" in text
+
+
+def test_code_generator_refusals_are_counted_with_their_reason():
+    graph = build_graph(parse_module(producer_with_two_consumers(64, 4096)))
+
+    def not_c(nodes):
+        return ("c" not in nodes), ("ok" if "c" not in nodes else "c needs 3 launches")
+
+    plan = explore(graph, not_c, "beam", costmodel.load_device("h100"))
+    assert [set(p.nodes) for p in plan.patterns] == [{"a", "b"}]
+    blocked = blocked_edges(GraphIndex(graph), plan)
+    # the edge a -> c, by the code generator's reason (the latest query on {a, c} may be
+    # remote fusion's)
+    [(reason, count)] = blocked.items()
+    assert count == 1 and reason.endswith("code generator: c needs # launches")
 
 
 def test_dot_draws_kernels_and_stitched_clusters(tmp_path):
