@@ -77,6 +77,31 @@ def run_hlo_with_xla(text: str, args: list) -> list[np.ndarray]:
     return [np.asarray(out) for out in executable.execute(buffers)]
 
 
+# An instruction whose f32 result is a bitcast-convert (dropout's random bits -> floats in
+# [1, 2)): in f64 it must stay a 32-bit reinterpretation, followed by an exact widening.
+_F32_BITCAST_CONVERT = re.compile(
+    r"^(\s*)(ROOT )?(%?[\w.\-]+) = (f32\[[^\]]*\](?:\{[^}]*\})?) bitcast-convert\((.*)$")
+
+
+def widened_to_f64(text: str) -> str:
+    """The module with every f32 value computed in f64 (constants read at f64 precision).
+
+    Running it on the f32 arguments widened to f64 gives XLA's near-exact result for the
+    same inputs: the yardstick for how far an f32 evaluation of the module may drift by
+    rounding alone."""
+    lines = []
+    for line in text.splitlines():
+        match = _F32_BITCAST_CONVERT.match(line)
+        if match:
+            indent, root, name, shape, rest = match.groups()
+            lines.append(f"{indent}{name}.bits = {shape} bitcast-convert({rest}")
+            lines.append(f"{indent}{root or ''}{name} = {shape.replace('f32', 'f64')} "
+                         f"convert({name}.bits)")
+        else:
+            lines.append(line.replace("f32[", "f64["))
+    return "\n".join(lines)
+
+
 def optimized_hlo_text(compiled) -> str:
     """The optimized HLO of a ``jax.jit(f).lower(...).compile()`` result, constants in full."""
     return hlo_module_text(compiled.runtime_executable().hlo_modules()[0])
