@@ -106,7 +106,9 @@ class Explorer:
         self._global, self._shared = levels["global"], levels["shared"]
         self._can_stitch = can_stitch
         self._buildable: dict[frozenset[str], tuple[bool, str]] = {}
+        self._profiles: dict[frozenset[str], KernelProfile] = {}  # of kernels in plans
         self._latency: dict[frozenset[str], float] = {}
+        self._packs: dict[tuple, tuple[bool, float]] = {}  # remote fusion's verdicts
         # The delta-evaluator's penalty of each kernel alone (see the module docstring).
         self._alone = {n: self.evaluator.evaluate(self.model.summary(frozenset((n,)))).penalty_us
                        for n in self.index.participants}
@@ -137,9 +139,15 @@ class Explorer:
         """Modeled time of one kernel made of ``nodes`` (latency-evaluator)."""
         t = self._latency.get(nodes)
         if t is None:
-            t = self._latency[nodes] = kernel_latency_us(
-                self.profile_of(self._ordered(nodes)), self.device).total_us
+            t = self._latency[nodes] = kernel_latency_us(self._profile(nodes),
+                                                         self.device).total_us
         return t
+
+    def _profile(self, nodes: frozenset[str]) -> KernelProfile:
+        profile = self._profiles.get(nodes)
+        if profile is None:
+            profile = self._profiles[nodes] = self.profile_of(self._ordered(nodes))
+        return profile
 
     # -- 1. candidate patterns --------------------------------------------------------------
 
@@ -277,20 +285,23 @@ class Explorer:
         packs: list[list[frozenset[str]]] = []
         current: list[frozenset[str]] = []
         current_us = 0.0
-        profiles: dict[frozenset[str], KernelProfile] = {}
         for unit in units:
             unit_us = self.latency_us(unit)
             if unit_us - costmodel.LAUNCH_US >= costmodel.LAUNCH_US:
                 continue  # not launch-bound
-            profiles[unit] = self.profile_of(self._ordered(unit))
             if not current:
                 current, current_us = [unit], unit_us
                 continue
-            union = frozenset().union(*current, unit)
-            packed_us = kernel_latency_us(packed_profile(
-                [profiles[u] for u in current + [unit]]), self.device).total_us
-            ok, reason = self._pack_check(union, packed_us, current_us + unit_us)
-            self._decide(union, ok, reason)
+            parts = (*current, unit)
+            verdict = self._packs.get(parts)  # beams share most of their units
+            if verdict is None:
+                union = frozenset().union(*parts)
+                packed_us = kernel_latency_us(packed_profile(
+                    [self._profile(u) for u in parts]), self.device).total_us
+                ok, reason = self._pack_check(union, packed_us, current_us + unit_us)
+                self._decide(union, ok, reason)
+                verdict = self._packs[parts] = (ok, packed_us)
+            ok, packed_us = verdict
             if ok:
                 current.append(unit)
                 current_us = packed_us
