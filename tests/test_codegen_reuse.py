@@ -42,8 +42,10 @@ def variant(file: str, kind: str, threads: int, vector: int, cached: bool):
                                        smem_bytes=kernel.smem_bytes)
 
 
+# The last variant takes two chunks of 4 per thread, so its stages are loops (64 x 4 threads
+# cover a row in one pass: straight-line code, like the cached variants).
 VARIANTS = [("block", 256, 1, True), ("block", 64, 4, True), ("warp", 32, 4, True),
-            ("block", 64, 4, False)]
+            ("block", 32, 4, False)]
 
 
 @pytest.mark.parametrize("file", ["layernorm_64x256_jax_h100_classic",
@@ -83,3 +85,51 @@ def test_vector_schedules_assemble_to_128_bit_accesses(kind, threads, vector, ca
     accesses = set(re.findall(r"(?:ld|st)\.global[\w.]*", kernel.ptx))
     assert ("ld.global.nc.v4.b32" in accesses) == (vector == 4)  # read-only path, 128 bits
     assert ("st.global.v4.b32" in accesses) == (vector == 4)
+
+
+def test_aligned_remainders_fold_so_lanes_stay_visible():
+    # floor((a*y + s) / k) = floor(y / (k/a)) when a | k and 0 <= s < a, checked at every point.
+    from fusionstitching.codegen.kernel_ir import Var, add, div, mod, scale, vector_group
+    from fusionstitching.hlo.ir import Shape
+    bid, tid, chunk = Var("bid", 64), Var("tid", 128), Var("c", 1024)
+    env = {"bid": np.arange(64)[:, None], "tid": np.arange(128)[None, :]}
+    row = add(scale(bid, 128), tid)
+    assert str(div(row, 256)) == "(bid // 2)"  # tid < 128: the row comes from bid alone
+    linear = 128 * env["bid"] + env["tid"]
+    for k in (2, 4, 8, 128, 256, 512):
+        np.testing.assert_array_equal(div(row, k).evaluate(env) + 0 * linear, linear // k)
+        np.testing.assert_array_equal(mod(row, k).evaluate(env) + 0 * linear, linear % k)
+    c = np.arange(1024)
+    for lane in range(4):
+        point = add(scale(chunk, 4), lane)
+        column = mod(point, 256)  # a broadcast operand's column: 4*(c % 64) + lane
+        np.testing.assert_array_equal(column.evaluate({"c": c}), (4 * c + lane) % 256)
+        assert vector_group(Shape("f32", (256,), (0,)), column, "f32")[1] == lane
+
+
+def test_one_pass_schedules_are_straight_line_and_equal_xla():
+    # 64 threads x 4 elements cover a softmax row: no loop, 128-bit loads and stores.
+    module, spec, pattern = pattern_of("softmax_64x256_jax_h100_classic")
+    space = reduction_space(pattern)
+    kernel, _ = build_kernel(pattern, Schedule("block", space, 1, 64, space.groups, 4), "k")
+    text = str(kernel)
+    assert "for " not in text and "f32x4 = global_load" in text and "pack" in text
+    check_against_xla(module, spec, kernel, rtol=1e-5, atol=1e-6)
+    # A loop schedule with more threads than elements: one guarded pass, no loop.
+    module, spec, pattern = pattern_of("gelu_tanh_64x256_jax_h100_classic")
+    n = 64 * 256
+    kernel, _ = build_kernel(pattern, Schedule("loop", reduction_space(pattern), 96, 1,
+                                               -(-n // 96)), "k")
+    assert "for " not in str(kernel) and f"if 96*bid + tid < {n}:" in str(kernel)
+    check_against_xla(module, spec, kernel, rtol=1e-5, atol=1e-6)
+
+
+def test_gpu_division_and_roots_are_xla_gpus():
+    # XLA:GPU divides with div.full.f32 (-nvptx-prec-divf32=1) and calls libdevice's
+    # sqrt/rsqrt (approximate without __CUDA_PREC_SQRT); the host keeps XLA:CPU's IEEE ops.
+    _, spec, _ = pattern_of("layernorm_64x256_jax_h100_classic")
+    ptx = compile_nvptx(spec, "sm_90").ptx
+    assert "rsqrt.approx.f32" in ptx and "sqrt.rn" not in ptx
+    _, spec, _ = pattern_of("softmax_64x256_jax_h100_classic")
+    ptx = compile_nvptx(spec, "sm_90").ptx
+    assert "div.full.f32" in ptx and "div.rn.f32" not in ptx

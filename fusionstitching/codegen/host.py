@@ -18,8 +18,9 @@ import numpy as np
 from llvmlite import ir
 
 from ..hlo.ir import Shape
-from .kernel_ir import DTYPE_BYTES, WARP, Barrier, ConstArray, DynamicIndex, IndexLet, Ix, \
-    Kernel, SharedArray, Value, WarpReduce, defined_values, expand_block_reduce, used_values
+from .kernel_ir import DTYPE_BYTES, LANE_TYPES, VECTOR_LANES, WARP, Barrier, ConstArray, \
+    DynamicIndex, IndexLet, Ix, Kernel, SharedArray, Value, WarpReduce, add, defined_values, \
+    expand_block_reduce, used_values
 from .llvm_lowering import F32, I8, I32, I64, PTR, STORAGE_TYPES, VALUE_TYPES, ThreadLowering, \
     optimize
 
@@ -57,7 +58,9 @@ class HostLowering(ThreadLowering):
         b = self.builder
         counter = b.gep(self.counters, [ir.Constant(I32, int(store))], source_etype=I64)
         b.store(b.add(b.load(counter, typ=I64), ir.Constant(I64, DTYPE_BYTES[dtype])), counter)
-        b.store(ir.Constant(I8, 1), self.element_pointer(self.marks[buffer], "pred", offset))
+        for lane in range(VECTOR_LANES if dtype in LANE_TYPES else 1):  # every element touched
+            b.store(ir.Constant(I8, 1), self.element_pointer(self.marks[buffer], "pred",
+                                                             add(offset, lane)))
 
     def buffer_pointer(self, i: int) -> ir.Value:
         return self.buffers[i]

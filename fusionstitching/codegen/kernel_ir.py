@@ -147,6 +147,22 @@ def _split(x: Ix, k: int) -> tuple[Ix, Ix]:
     return _make(q, x.const // k), _make(r, x.const % k)
 
 
+def _aligned(r: Ix, k: int) -> tuple[int, Ix, Ix] | None:
+    """r = a*y + s with a dividing k and 0 <= s < a for every value of the variables, for the
+    largest such coefficient a: then floor(r / k) = floor(y / (k/a)) and
+    r % k = a * (y % (k/a)) + s. Turns ``(128*bid + tid) // 256`` (tid < 128) into
+    ``bid // 2`` and ``(4*c + 3) % 256`` into ``4*(c % 64) + 3``, so that index arithmetic
+    is done once on the part that varies, and a vector lane stays visible as the constant
+    (128-bit accesses, see `vector_group`)."""
+    for a in sorted({c for _, c in r.terms if 1 < c < k and k % c == 0}, reverse=True):
+        high = {t: c // a for t, c in r.terms if c % a == 0}
+        low = _make({t: c for t, c in r.terms if c % a}, r.const % a)
+        lo, hi = value_range(low)
+        if 0 <= lo and hi < a:
+            return a, _make(high, r.const // a), low
+    return None
+
+
 def div(x: int | Var | Ix, k: int) -> Ix:
     x = ix(x)
     if k == 1:
@@ -155,6 +171,9 @@ def div(x: int | Var | Ix, k: int) -> Ix:
     lo, hi = value_range(r)
     if 0 <= lo and hi < k:
         return q
+    if (aligned := _aligned(r, k)) is not None:
+        a, y, _ = aligned
+        return add(q, div(y, k // a))
     if len(r.terms) == 1 and r.const == 0 and r.terms[0][1] == 1 and isinstance(r.terms[0][0], FloorDiv):
         inner = r.terms[0][0]
         return add(q, Ix(((FloorDiv(inner.arg, inner.k * k), 1),)))
@@ -167,6 +186,9 @@ def mod(x: int | Var | Ix, k: int) -> Ix:
     lo, hi = value_range(r)
     if 0 <= lo and hi < k:
         return r
+    if (aligned := _aligned(r, k)) is not None:
+        a, y, low = aligned
+        return add(scale(mod(y, k // a), a), low)
     if len(r.terms) == 1 and r.const == 0 and r.terms[0][1] == 1 and isinstance(r.terms[0][0], Mod) \
             and r.terms[0][0].k % k == 0:
         return Ix(((Mod(r.terms[0][0].arg, k), 1),))
@@ -271,6 +293,9 @@ class IndexLet:
 
 @dataclass
 class GlobalLoad:
+    """dst = buffer[offset]; a vector dst (f32x4, s32x4) loads the 16-byte group that starts
+    at offset in one 128-bit access (see `vector_group`)."""
+
     dst: Value
     buffer: int
     offset: Ix
@@ -278,9 +303,28 @@ class GlobalLoad:
 
 @dataclass
 class GlobalStore:
+    """buffer[offset] = value; a vector value stores 16 bytes starting at offset at once."""
+
     buffer: int
     offset: Ix
     value: Value
+
+
+@dataclass
+class VectorExtract:
+    """dst = lane `lane` of a vector value (a register rename on both targets)."""
+
+    dst: Value
+    src: Value
+    lane: int
+
+
+@dataclass
+class VectorPack:
+    """dst = the vector whose lanes are `lanes` (for a 128-bit store)."""
+
+    dst: Value
+    lanes: list[Value]
 
 
 @dataclass
@@ -397,7 +441,12 @@ class Kernel:
         return "\n".join(head + _format_body(self.body, 1))
 
 
-DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "s32": 4, "s64": 8, "pred": 1}
+DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "s32": 4, "s64": 8, "pred": 1,
+               "f32x4": 16, "s32x4": 16}
+VECTOR_LANES = 4  # 32-bit lanes of a 128-bit global access
+# The vector type of a 128-bit access to elements of each 32-bit type, and back.
+VECTOR_TYPES = {"f32": "f32x4", "s32": "s32x4"}
+LANE_TYPES = {v: k for k, v in VECTOR_TYPES.items()}
 
 # The value every reduction combiner leaves unchanged (partial results start here).
 IDENTITY = {"add": 0, "multiply": 1, "maximum": -math.inf, "minimum": math.inf,
@@ -430,6 +479,10 @@ def _format_body(body: list, depth: int) -> list[str]:
                 out.append(f"{pad}{s.dst}:{s.dst.dtype} = global_load buffer{s.buffer}[{s.offset}]")
             case GlobalStore():
                 out.append(f"{pad}global_store buffer{s.buffer}[{s.offset}] = {s.value}")
+            case VectorExtract():
+                out.append(f"{pad}{s.dst}:{s.dst.dtype} = extract {s.src}[{s.lane}]")
+            case VectorPack():
+                out.append(f"{pad}{s.dst}:{s.dst.dtype} = pack {', '.join(map(str, s.lanes))}")
             case Loop():
                 out.append(f"{pad}for {s.var} = {s.start}; {s.var} < {s.stop}; {s.var} += {s.step}:")
                 out += _format_body(s.body, depth + 1)
@@ -489,7 +542,7 @@ def expand_block_reduce(kernel: Kernel) -> list:
 def defined_values(stmt) -> list[Value]:
     match stmt:
         case Const() | IndexValue() | Compute() | GlobalLoad() | WarpReduce() | BlockReduce() \
-                | SharedLoad() | ConstLoad():
+                | SharedLoad() | ConstLoad() | VectorExtract() | VectorPack():
             return [stmt.dst]
         case Loop():
             return [a.dst for a in stmt.accumulates]
@@ -505,8 +558,10 @@ def used_values(stmt) -> list[Value]:
             return list(stmt.args)
         case GlobalStore() | SharedStore():
             return [stmt.value]
-        case WarpReduce() | BlockReduce():
+        case WarpReduce() | BlockReduce() | VectorExtract():
             return [stmt.src]
+        case VectorPack():
+            return list(stmt.lanes)
         case DynamicIndex():
             return [stmt.value]
         case Loop():
@@ -517,17 +572,13 @@ def used_values(stmt) -> list[Value]:
     return []
 
 
-VECTOR_LANES = 4  # 32-bit lanes of a 128-bit global access
-
-
-def vector_group(kernel: Kernel, buffer: int, offset: Ix, dtype: str) -> tuple[Ix, int] | None:
-    """(offset of its 16-byte group, lane) when buffer[offset] may be accessed as one lane of
-    a 4 x 32-bit vector (both backends then load or store the group at once): the group
-    starts at a multiple of 4 elements for every value of the index variables (all
-    coefficients are multiples of 4), and the buffer's size is a multiple of 4, so the whole
-    group lies inside it. Buffers start 16-byte aligned (XLA's allocations; on the host,
-    numpy's arrays, where x86 does not require it)."""
-    if dtype not in ("f32", "s32") or kernel.buffers[buffer].shape.num_elements % VECTOR_LANES:
+def vector_group(shape: Shape, offset: Ix, dtype: str) -> tuple[Ix, int] | None:
+    """(offset of its 16-byte group, lane) when element `offset` of a buffer of `shape` may be
+    accessed as one lane of a 4 x 32-bit vector: the group starts at a multiple of 4 elements
+    for every value of the index variables (all coefficients are multiples of 4), and the
+    buffer's size is a multiple of 4, so the whole group lies inside it. Buffers start 16-byte
+    aligned (XLA's allocations; on the host, numpy's arrays, where x86 does not require it)."""
+    if dtype not in VECTOR_TYPES or shape.num_elements % VECTOR_LANES:
         return None
     if any(c % VECTOR_LANES for _, c in offset.terms):
         return None

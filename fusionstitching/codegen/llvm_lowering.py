@@ -11,17 +11,18 @@ import numpy as np
 from llvmlite import ir
 
 from .flatten import CodegenError
-from .kernel_ir import (Accumulate, Barrier, BlockReduce, Compute, Const, ConstArray, ConstLoad,
+from .kernel_ir import (LANE_TYPES, Accumulate, Barrier, BlockReduce, Compute, Const, ConstArray, ConstLoad,
                         DynamicIndex, GlobalLoad, GlobalStore, If, IndexLet, IndexValue, Ix,
                         Kernel, Loop, SharedArray, SharedLoad, SharedStore, Value, Var,
-                        WarpReduce, FloorDiv, VECTOR_LANES, vector_group)
+                        VectorExtract, VectorPack, WarpReduce, FloorDiv, VECTOR_LANES)
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F32, F16 = ir.FloatType(), ir.HalfType()
 PTR = ir.PointerType()
 
 # Register types of values; bf16 is kept as its 16 bits and converted through f32.
-VALUE_TYPES = {"f32": F32, "f16": F16, "bf16": I16, "s32": I32, "s64": I64, "pred": I1}
+VALUE_TYPES = {"f32": F32, "f16": F16, "bf16": I16, "s32": I32, "s64": I64, "pred": I1,
+               "f32x4": ir.VectorType(F32, VECTOR_LANES), "s32x4": ir.VectorType(I32, VECTOR_LANES)}
 INT_TYPES = {"s32": I32, "s64": I64}
 
 # Transcendental ops each backend calls (host: LLVM intrinsic or libm; GPU: libdevice).
@@ -46,10 +47,6 @@ class ThreadLowering:
         self.builder = ir.IRBuilder(function.append_basic_block("start"))
         self.values: dict[Value, ir.Value] = {}
         self.vars: dict[Var, ir.Value] = {}
-        # 128-bit accesses of the current scope: loaded vectors by (buffer, aligned offset),
-        # and stores waiting for the other lanes of their vector.
-        self.vectors: dict[tuple[int, Ix], ir.Value] = {}
-        self.pending: dict[tuple[int, Ix], dict[int, tuple[ir.Value, Ix, str]]] = {}
 
     # -- hooks -----------------------------------------------------------------------------
     def buffer_pointer(self, i: int) -> ir.Value:
@@ -65,6 +62,11 @@ class ThreadLowering:
     def constant_pointer(self, array: ConstArray) -> ir.Value:
         """A generic pointer to a non-scalar constant's elements."""
         raise NotImplementedError
+
+    def root(self, op: str, x: ir.Value) -> ir.Value:
+        """sqrt or rsqrt of an f32, correctly rounded (as XLA:CPU computes them)."""
+        root = self.intrinsic("llvm.sqrt.f32", F32, [x])
+        return root if op == "sqrt" else self.builder.fdiv(ir.Constant(F32, 1.0), root)
 
     def constant_global(self, array: ConstArray, addrspace: int = 0) -> ir.GlobalVariable:
         ty = STORAGE_TYPES[array.dtype]
@@ -86,6 +88,9 @@ class ThreadLowering:
 
     # Alignment the target can assume for a 16-byte-aligned group of a buffer's elements.
     vector_align = 16
+
+    def align(self, dtype: str) -> int | None:
+        return self.vector_align if dtype in LANE_TYPES else None
 
     def global_access(self, buffer: int, offset: Ix, dtype: str, store: bool) -> None:
         """Called at every global load and store (the instrumented host build counts them)."""
@@ -143,61 +148,17 @@ class ThreadLowering:
                                 inbounds=True, source_etype=STORAGE_TYPES[dtype])
 
     def load(self, pointer: ir.Value, dtype: str) -> ir.Value:
-        v = self.builder.load(pointer, typ=STORAGE_TYPES[dtype])
+        v = self.builder.load(pointer, typ=STORAGE_TYPES[dtype], align=self.align(dtype))
         return self.builder.trunc(v, I1) if dtype == "pred" else v
 
     def store(self, pointer: ir.Value, value: ir.Value, dtype: str) -> None:
-        self.builder.store(self.builder.zext(value, I8) if dtype == "pred" else value, pointer)
-
-    # -- 128-bit global accesses -------------------------------------------------------------
-    def vector_load(self, buffer: int, offset: Ix, dtype: str) -> ir.Value | None:
-        slot = vector_group(self.kernel, buffer, offset, dtype)
-        if slot is None:
-            return None
-        base, lane = slot
-        if (buffer, base) not in self.vectors:
-            pointer = self.element_pointer(self.buffer_pointer(buffer), dtype, base)
-            self.vectors[buffer, base] = self.builder.load(
-                pointer, typ=ir.VectorType(VALUE_TYPES[dtype], VECTOR_LANES),
-                align=self.vector_align)
-        return self.builder.extract_element(self.vectors[buffer, base], ir.Constant(I32, lane))
-
-    def vector_store(self, buffer: int, offset: Ix, value: ir.Value, dtype: str) -> bool:
-        """Holds the store until all 4 lanes of its group are stored in this scope."""
-        slot = vector_group(self.kernel, buffer, offset, dtype)
-        if slot is None:
-            return False
-        base, lane = slot
-        lanes = self.pending.setdefault((buffer, base), {})
-        lanes[lane] = (value, offset, dtype)
-        if len(lanes) == VECTOR_LANES:
-            b = self.builder
-            vector = ir.Constant(ir.VectorType(VALUE_TYPES[dtype], VECTOR_LANES), ir.Undefined)
-            for k in range(VECTOR_LANES):
-                vector = b.insert_element(vector, lanes[k][0], ir.Constant(I32, k))
-            b.store(vector, self.element_pointer(self.buffer_pointer(buffer), dtype, base),
-                    align=self.vector_align)
-            del self.pending[buffer, base]
-        return True
-
-    def flush_stores(self) -> None:
-        """Stores whose group was not completed in their scope go out one by one."""
-        for (buffer, _), lanes in self.pending.items():
-            for value, offset, dtype in lanes.values():
-                self.store(self.element_pointer(self.buffer_pointer(buffer), dtype, offset),
-                           value, dtype)
-        self.pending = {}
+        self.builder.store(self.builder.zext(value, I8) if dtype == "pred" else value, pointer,
+                           align=self.align(dtype))
 
     # -- statements ------------------------------------------------------------------------
     def lower(self, body: list) -> None:
-        """Lowers a scope; vectors loaded inside it are not visible after it (they do not
-        dominate what follows), and its held stores are completed before it ends."""
-        outer_vectors, outer_pending = self.vectors, self.pending
-        self.vectors, self.pending = dict(outer_vectors), {}
         for s in body:
             self.statement(s)
-        self.flush_stores()
-        self.vectors, self.pending = outer_vectors, outer_pending
 
     def statement(self, s) -> None:
         b = self.builder
@@ -221,17 +182,21 @@ class ThreadLowering:
             case GlobalLoad():
                 dtype = s.dst.dtype
                 self.global_access(s.buffer, s.offset, dtype, False)
-                loaded = self.vector_load(s.buffer, s.offset, dtype)
-                if loaded is None:
-                    loaded = self.load(self.element_pointer(self.buffer_pointer(s.buffer), dtype,
-                                                            s.offset), dtype)
-                self.values[s.dst] = loaded
+                self.values[s.dst] = self.load(self.element_pointer(
+                    self.buffer_pointer(s.buffer), LANE_TYPES.get(dtype, dtype), s.offset), dtype)
             case GlobalStore():
                 dtype = s.value.dtype
                 self.global_access(s.buffer, s.offset, dtype, True)
-                if not self.vector_store(s.buffer, s.offset, self.values[s.value], dtype):
-                    self.store(self.element_pointer(self.buffer_pointer(s.buffer), dtype,
-                                                    s.offset), self.values[s.value], dtype)
+                self.store(self.element_pointer(self.buffer_pointer(s.buffer),
+                                                LANE_TYPES.get(dtype, dtype), s.offset),
+                           self.values[s.value], dtype)
+            case VectorExtract():
+                self.values[s.dst] = b.extract_element(self.values[s.src], ir.Constant(I32, s.lane))
+            case VectorPack():
+                vector = ir.Constant(VALUE_TYPES[s.dst.dtype], ir.Undefined)
+                for k, lane in enumerate(s.lanes):
+                    vector = b.insert_element(vector, self.values[lane], ir.Constant(I32, k))
+                self.values[s.dst] = vector
             case SharedStore():
                 self.store(self.element_pointer(self.shared_pointer(s.array), s.array.dtype,
                                                 s.index), self.values[s.value], s.array.dtype)
@@ -322,10 +287,8 @@ class ThreadLowering:
                 x, zero = args[0], ir.Constant(ty, 0)
                 return b.sub(b.zext(b.icmp_signed(">", x, zero), ty),
                              b.zext(b.icmp_signed("<", x, zero), ty))
-            case "sqrt":
-                return self.intrinsic("llvm.sqrt.f32", F32, args)
-            case "rsqrt":
-                return b.fdiv(ir.Constant(F32, 1.0), self.intrinsic("llvm.sqrt.f32", F32, args))
+            case "sqrt" | "rsqrt":
+                return self.root(op, args[0])
             case "logistic":  # 1 / (1 + exp(-x))
                 e = self.math_call("exponential", [b.fneg(args[0])])
                 return b.fdiv(ir.Constant(F32, 1.0), b.fadd(ir.Constant(F32, 1.0), e))

@@ -3,7 +3,9 @@
 One kernel parameter per buffer (inputs then outputs). Thread and block indices come from
 ``llvm.nvvm.read.ptx.sreg.{tid,ctaid}.x``, warp_reduce is five ``shfl.sync.bfly`` steps,
 barriers are ``llvm.nvvm.barrier0``, shared arrays are ``addrspace(3)`` globals, and
-exp/log/tanh/pow call libdevice (linked from the CUDA installation), as XLA does.
+exp/log/tanh/pow/sqrt/rsqrt call libdevice (linked from the CUDA installation) and f32
+division is div.full.f32, as in XLA:GPU, so a stitched kernel's numbers are those of the XLA
+kernels it replaces (the host backend computes them correctly rounded, as XLA:CPU does).
 """
 from __future__ import annotations
 
@@ -66,6 +68,11 @@ class NvptxLowering(ThreadLowering):
 
     def math_call(self, op: str, args: list[ir.Value]) -> ir.Value:
         return self.intrinsic(_LIBDEVICE[op], F32, args)
+
+    def root(self, op: str, x: ir.Value) -> ir.Value:
+        # XLA:GPU calls libdevice for both; without __CUDA_PREC_SQRT its functions are
+        # sqrt.approx.f32 and rsqrt.approx.f32, so our results equal XLA:GPU's.
+        return self.intrinsic({"sqrt": "__nv_sqrtf", "rsqrt": "__nv_rsqrtf"}[op], F32, [x])
 
     def constant_pointer(self, array: ConstArray) -> ir.Value:
         return self.constants[array.name]
@@ -170,6 +177,9 @@ def _ptx(text: str, name: str, arch: str) -> str:
         for f in module.functions:  # only the kernel stays visible; the rest of libdevice dies
             if not f.is_declaration and f.name != name:
                 f.linkage = "internal"
+    # Division as XLA:GPU emits it (its NVPTX backend feeds LLVM -nvptx-prec-divf32=1):
+    # div.full.f32, so that a stitched kernel divides exactly as the XLA kernel it replaces.
+    llvm.set_option("", "-nvptx-prec-divf32=1")
     machine = llvm.Target.from_triple(TRIPLE).create_target_machine(cpu=arch, opt=3)
     optimize(module, machine)
     return machine.emit_assembly(module)

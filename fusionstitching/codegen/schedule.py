@@ -58,8 +58,9 @@ from .kernel_ir import strides as _element_strides
 from .kernel_ir import (DTYPE_BYTES, WARP, Accumulate, Barrier, BlockReduce, Buffer, Compute,
                         Const, ConstArray, ConstLoad, DynamicIndex, GlobalLoad, GlobalStore, If,
                         IndexLet, IndexValue, Ix, Kernel, Loop, SharedArray, SharedLoad,
-                        SharedStore, Value, Var, WarpReduce, add, delinearize, div, ix,
-                        linearize, mod, row_major, scale, value_range)
+                        SharedStore, Value, Var, VECTOR_LANES, VECTOR_TYPES, VectorExtract,
+                        VectorPack, WarpReduce, add, delinearize, div, ix, linearize, mod,
+                        row_major, scale, value_range, vector_group)
 from .llvm_lowering import MATH_OPS
 
 DEFAULT_DEVICE = {"name": "h100"}
@@ -202,7 +203,10 @@ def enumerate_schedules(space: Space, device: Device, sizes: list[int],
         # Several steps per thread amortize per-thread work outside the loop (scalar
         # prologues such as Adam's bias corrections, which XLA computes in kernels of their own).
         for block, vector, steps in itertools.product((128, 256, 512), vectors, (1, 4, 16)):
-            block = min(block, -(-n // (WARP * vector)) * WARP)
+            chunks = -(-n // vector)
+            # Fewer chunks than a warp: launch just those threads (XLA launches one thread
+            # for a scalar kernel); idle lanes would only evaluate the bounds guard.
+            block = min(block, chunks if chunks < WARP else -(-chunks // WARP) * WARP)
             grid = -(-n // (block * vector * steps))
             out.append(Schedule("loop", space, block, 1, grid, vector))
         return list(dict.fromkeys(out))
@@ -210,19 +214,26 @@ def enumerate_schedules(space: Space, device: Device, sizes: list[int],
     out = [Schedule("thread", space, b, 1, -(-o // b)) for b in (64, 128, 256)
            if b <= max(WARP, -(-o // WARP) * WARP)] or [Schedule("thread", space, WARP, 1, -(-o // WARP))]
     out += [Schedule("warp", space, w, WARP, o // w) for w in _divisors_up_to(o, (1, 2, 4, 8))]
-    for t in (128, 256, 512, 1024):
-        if t <= max_threads and (t == 128 or t // 2 < r):
+    for t in (64, 128, 256, 512, 1024):
+        if t <= max_threads and (t == 64 or t // 2 < r):
             out.append(Schedule("block", space, 1, t, o))
+    # Where alignment allows, warp and block schedules read rows in 128-bit chunks (as XLA's
+    # row reductions do): a quarter of the load instructions, and of the per-thread work
+    # around them (the combine, per-row operands), for the same bytes; so no group is wider
+    # than a row's chunks.
+    aligned = r % VECTOR == 0 and r // VECTOR >= WARP
+    out = [s for s in out if not aligned or s.kind not in ("warp", "block")
+           or s.threads_per_group <= r // VECTOR]
     variants = []
     for s in out:
-        vectors = (1, VECTOR) if s.kind in ("warp", "block") and r % VECTOR == 0 \
-            and r // VECTOR >= s.threads_per_group else (1,)
-        for vector in vectors:
-            chunks = r // vector
-            variants.append(dataclasses.replace(s, vector=vector))
-            if reuse and chunks % s.threads_per_group == 0 and \
-                    s.points_per_thread <= MAX_CACHED_POINTS:
-                variants.append(dataclasses.replace(s, vector=vector, cached=True))
+        vector = VECTOR if aligned and s.kind in ("warp", "block") else 1
+        chunks = r // vector
+        variants.append(dataclasses.replace(s, vector=vector))
+        # One chunk per thread is straight-line code already (`_over_points`): the values of
+        # a stage stay in registers for the next without unrolling.
+        if reuse and chunks % s.threads_per_group == 0 and chunks > s.threads_per_group and \
+                s.points_per_thread <= MAX_CACHED_POINTS:
+            variants.append(dataclasses.replace(s, vector=vector, cached=True))
     out = variants
     for width in _divisors_up_to(o, (32, 16, 8)):
         for depth in (8, 16, 32):
@@ -274,6 +285,9 @@ class _Emitter:
         self.reduced: dict[str, Value] = {}
         self.constants: dict[str, ConstArray] = {}
         self.names = itertools.count()
+        # Stores of one scope waiting for the other lanes of their 16-byte group:
+        # (buffer, group offset, depth) -> {lane: (offset, value)}.
+        self.pending: dict[tuple[int, Ix, int], dict[int, tuple[Ix, Value]]] = {}
 
     def fresh(self, dtype: str) -> Value:
         return Value(f"v{next(self.names)}", dtype)
@@ -287,8 +301,54 @@ class _Emitter:
 
     def close_loop(self) -> list:
         depth = len(self.scopes) - 1
+        self.flush_stores(depth)
         self.cache = {k: v for k, v in self.cache.items() if v[1] < depth}
         return self.scopes.pop()
+
+    # -- global memory ---------------------------------------------------------------------
+    def load(self, buffer: int, shape: Shape, offset: Ix) -> tuple[Value, int]:
+        """buffer[offset]; an element of a 16-byte group is a lane of one 128-bit load of the
+        group, shared by the other lanes of the scope (whose extracts are emitted with it, so
+        that the vector itself dies at once)."""
+        dtype, depth = shape.dtype, self.index_depth(offset)
+        group = vector_group(shape, offset, dtype)
+        if group is None:
+            dst = self.fresh(dtype)
+            self.place(GlobalLoad(dst, buffer, offset), depth)
+            return dst, depth
+        base, lane = group
+        key = ("#lane", buffer, base)
+        if (*key, lane) not in self.cache:
+            vector = self.fresh(VECTOR_TYPES[dtype])
+            self.place(GlobalLoad(vector, buffer, base), depth)
+            for k in range(VECTOR_LANES):
+                dst = self.fresh(dtype)
+                self.place(VectorExtract(dst, vector, k), depth)
+                self.cache[(*key, k)] = (dst, depth)
+        return self.cache[(*key, lane)]
+
+    def store(self, buffer: int, shape: Shape, offset: Ix, value: Value) -> None:
+        """buffer[offset] = value in the innermost scope; the lanes of a 16-byte group go out
+        as one 128-bit store when the scope has stored all four (else one by one when the
+        scope closes, `flush_stores`)."""
+        depth = len(self.scopes) - 1
+        group = vector_group(shape, offset, value.dtype)
+        if group is None:
+            self.place(GlobalStore(buffer, offset, value), depth)
+            return
+        base, lane = group
+        lanes = self.pending.setdefault((buffer, base, depth), {})
+        lanes[lane] = (offset, value)
+        if len(lanes) == VECTOR_LANES:
+            vector = self.fresh(VECTOR_TYPES[value.dtype])
+            self.place(VectorPack(vector, [lanes[k][1] for k in range(VECTOR_LANES)]), depth)
+            self.place(GlobalStore(buffer, base, vector), depth)
+            del self.pending[buffer, base, depth]
+
+    def flush_stores(self, depth: int) -> None:
+        for key in [k for k in self.pending if k[2] == depth]:
+            for offset, value in self.pending.pop(key).values():
+                self.place(GlobalStore(key[0], offset, value), depth)
 
     def place(self, stmt, depth: int) -> None:
         self.scopes[depth].append(stmt)
@@ -350,10 +410,7 @@ class _Emitter:
         operand = lambda i: self.ops[op.operands[i]]
         match code:
             case "parameter":
-                offset = linearize(index, op.shape)
-                dst, depth = self.fresh(dtype), self.index_depth(offset)
-                self.place(GlobalLoad(dst, op.parameter_number, offset), depth)
-                return dst, depth
+                return self.load(op.parameter_number, op.shape, linearize(index, op.shape))
             case "constant":
                 return self.constant(op, index)
             case "iota":
@@ -648,9 +705,15 @@ class Points:
 def _over_points(em: _Emitter, points: Points, visit, reducers: list[str]) -> list[Value]:
     """Calls ``visit(point)`` at each of the thread's points; ``visit`` returns one value per
     reducer, combined in point order into the thread's partial results (starting from the
-    identity), which are returned."""
+    identity), which are returned.
+
+    When the threads cover the chunks in one pass (step >= chunks), there is no loop: each
+    thread's chunk is straight-line code at thread level, under an ``if`` when some threads
+    have none (and nothing is reduced), as XLA's loop kernels do. A loop would cost a
+    counter, a pointer per access (strength reduction) and a branch for a single trip."""
     chunks = points.count // points.vector
-    if points.unrolled:
+    single = points.step >= chunks
+    if points.unrolled or (single and value_range(points.member)[1] < chunks):
         partials = None
         for k in range(chunks // points.step):
             chunk = add(points.member, k * points.step)
@@ -668,6 +731,10 @@ def _over_points(em: _Emitter, points: Points, visit, reducers: list[str]) -> li
         per_chunk = values if per_chunk is None else [
             em.op(kind, value[0].dtype, partial, value)
             for kind, partial, value in zip(reducers, per_chunk, values)]
+    if single and not reducers:
+        body = em.close_loop()
+        em.place(If(points.member, ix(chunks), [IndexLet(chunk, points.member)] + body, "lt"), 0)
+        return []
     accumulates = []
     for kind, (value, _) in zip(reducers, per_chunk or []):
         init, _ = em.const(identity(kind, value.dtype), value.dtype)
@@ -731,11 +798,11 @@ def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, 
                 for i, shape, value_name in per_point:
                     index = _reshaped(at, ref_shape, shape)
                     value, _ = em.value(value_name, index)
-                    em.place(GlobalStore(first_output + i, linearize(index, shape), value),
-                             len(em.scopes) - 1)
+                    em.store(first_output + i, shape, linearize(index, shape), value)
                 return []
             _over_points(em, Points(member, r, sched.threads_per_group, sched.vector,
                                     sched.cached), store_point, [])
+            em.flush_stores(0)
         stores = []
         for i, shape, value_name in per_group:
             index = _reshaped(delinearize(ix(group), ref.shape), ref.shape, shape)
@@ -765,12 +832,12 @@ def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, 
             for i, shape, value_name in outs:
                 index = _reshaped(at, outs[0][1], shape)
                 value, _ = em.value(value_name, index)
-                em.place(GlobalStore(first_output + i, linearize(index, shape), value),
-                         len(em.scopes) - 1)
+                em.store(first_output + i, shape, linearize(index, shape), value)
             return []
         vector = sched.vector if n % sched.vector == 0 else 1
         _over_points(em, Points(add(scale(bid, threads), tid), n, threads * sched.grid_blocks,
                                 vector, False, f"e{n}"), store_element, [])
+        em.flush_stores(0)
         if len(outs) > 1 and _independent(pattern, [v for _, _, v in outs]):
             schemes.add("kernel_packing")
     kernel = Kernel(name, buffers, sched.grid, sched.block, shared, em.scopes[0], tid, bid,
