@@ -338,6 +338,11 @@ class Explorer:
     def run(self) -> FusionPlan:
         for vertex in reversed(self.index.participants):
             self.ready[vertex] = self.buildable_candidates(self.pattern_reduction(vertex))
+            # Producers also grow from what the code generator can build: when every top-k
+            # candidate holds an op it refuses, growing only from those would never yield
+            # a buildable pattern through this vertex.
+            growth = self.growth[vertex]
+            growth += [c for c in self.ready[vertex] if c not in growth]
         participants = self.index.participants
         xla = [frozenset((n,)) for n in participants]
         xla_us, xla_bytes = self.plan_cost(xla)
