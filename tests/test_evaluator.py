@@ -254,10 +254,14 @@ def _check_file_against_xla(path):
 
 
 # How much further from XLA's f64 result the evaluator's f32 result may be than XLA's own f32
-# result, on a whole step. Measured over the 12 workloads (inputs of _random_args): at most
-# 2.5x for an output leaf (ASR's log-probabilities, BERT's and DIEN's gradients); the evaluator
-# is as often the closer one (numpy sums pairwise, XLA:CPU mostly in order).
-DRIFT_FACTOR = 4.0
+# result, on a whole step. Measured over the 12 workloads (inputs of _random_args): up to 2.5x
+# on ASR, BERT and DIEN (where the evaluator is as often the closer one), 7.4x on the TF
+# Transformer's gradients (softmax backward on saturated rows: p * (g - sum(p * g)) with
+# p ~ 1 cancels, leaving the rounding of the row sums). XLA's own distance is not a fixed
+# yardstick either: the same output moves 2.5x between two XLA compiles of the module (once
+# as is, once with every entry value as an output). A wrong op or index moves outputs by
+# O(1) relative, 10^3x beyond this bound.
+DRIFT_FACTOR = 10.0
 
 
 @pytest.mark.slow
