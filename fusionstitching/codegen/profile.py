@@ -8,10 +8,11 @@ and global bytes from the spec. ``modeled_kernel_us`` prices it with the latency
 ``register_model`` follows the code the NVPTX backend produces, because that is what ptxas
 allocates registers for (observed in its PTX for the corpus kernels, LLVM O3):
 
-* a loop that runs at most once is a guarded body; a loop whose trip count is the same for
-  every start LLVM can prove (a lane ``tid % 32``; ``tid`` is only known below 1024) and at
-  most 8 (LLVM's unroll-max-upperbound) is fully unrolled when it stores nothing; all other
-  loops stay loops (loops that store were seen only partially unrolled);
+* a loop that runs at most once, or whose body never reads its variable (every iteration
+  does the same), is a guarded body; a loop whose trip count is the same for every start
+  LLVM can prove (a lane ``tid % 32``; ``tid`` is only known below 1024, ``bid`` not at all)
+  and at most 8 (LLVM's unroll-max-upperbound) is fully unrolled when it stores nothing; all
+  other loops stay loops (loops that store were seen only partially unrolled);
 * in unrolled code, a load of an input buffer at an address loaded before is reused (GVN;
   buffers are noalias and inputs read-only) unless a barrier lies between, and an op repeated
   on the same operands is computed once; what a branch (an ``If``, a loop some threads skip)
@@ -22,8 +23,15 @@ allocates registers for (observed in its PTX for the corpus kernels, LLVM O3):
   its last use (seen in the unrolled warp schedules: loads after the shuffles are hoisted
   above them);
 * a buffer's base address is a kernel parameter that ptxas reads from the constant bank where
-  it is needed (no register); a loop steps one 64-bit pointer per distinct access (loop
-  strength reduction) and one counter, and the indices that built them die in its preheader;
+  it is needed (no register); a loop steps one 64-bit pointer per distinct access whose index
+  is affine in its variable (loop strength reduction) and one counter, and the indices that
+  built them die in its preheader; a loop stepping 8 pointers or more steps the kernel
+  parameters' base registers themselves, which then live from the kernel's start (seen in
+  packed kernels: a later loop's pointers are live during the earlier loops); an access
+  whose index is not affine (a remainder, a gathered row) computes its address in the body
+  from its buffer's base, which ptxas for sm_90 loads into a register pair before the loop
+  (for sm_80 the multiply-add reads it from the constant bank; the model follows sm_90, the
+  default target);
   straight-line code keeps one 64-bit address per access pattern and adds constant offsets;
 * a multi-instruction op (libdevice, IEEE division and square root) holds temporaries;
 * scalar constants are immediates and predicates live in predicate registers: neither takes a
@@ -36,8 +44,11 @@ and their values enter the lifetimes through ``kernel_ir.defined_values/used_val
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
+
+import numpy as np
 
 import costmodel
 from costmodel.instructions import (GENERIC_CLASS, OVERLAPPED_LOAD, add_instructions,
@@ -59,6 +70,10 @@ POINTER_WIDTH = 2  # 64-bit addresses
 SEQUENCE_TEMPORARIES = 2
 # A loop's pointers are born after the preheader has read the indices they replace.
 PREHEADER = 0.75
+# A loop that steps this many pointers or more steps the buffers' base registers themselves
+# (NVPTX PTX of the corpus: every loop with 8 or more, and 3 of the 41 with 6 or 7), and those
+# hold the kernel parameters from the kernel's start.
+STEPPED_BASES = 8
 
 
 def trip_count(loop: Loop) -> int:
@@ -156,6 +171,8 @@ def _nested_body(stmt) -> list:
 class _RolledLoop:
     first: int  # position of the loop header
     extend: set  # keys that must survive to the loop's last position
+    pointers_born: float  # where its pointers are born: its preheader or the kernel's start
+    var: Var  # the loop's variable
 
 
 class _Lifetimes:
@@ -222,21 +239,26 @@ class _Lifetimes:
     def access(self, buffer: int, offset: Ix) -> None:
         """The registers that address ``buffer[offset]``, and the index variables it reads."""
         loop = self.rolled[-1] if self.rolled else None
-        if loop is not None and offset.vars() - set(self.unrolled):
+        if loop is not None and _steps_with(offset, loop.var):
             # Loop strength reduction: the preheader turns the indices into a pointer the
             # loop steps; they are read there, not in the loop.
             for var in offset.vars():
                 key = self.var_key.get(var, ("var", var.name))
                 if key in self.start and self.start[key] < loop.first:
                     self.at_preheader(loop, key)
-            pointer = ("pointer", id(loop), buffer, str(offset))
-            self.define(pointer, POINTER_WIDTH, at=loop.first + PREHEADER)
+            pointer = ("pointer", loop.first, buffer, str(offset))
+            self.define(pointer, POINTER_WIDTH, at=loop.pointers_born)
             loop.extend.add(pointer)
             self.use(pointer)
             return
+        if loop is not None:  # the buffer's base, held across the loop (sm_90)
+            base = ("base", loop.first, buffer)
+            self.define(base, POINTER_WIDTH, at=loop.first + PREHEADER)
+            loop.extend.add(base)
+            self.use(base)
         self.use_index(offset)
         pattern = tuple(sorted(self.unrolled_terms(offset)))
-        address = ("address", buffer, str(offset), pattern)
+        address = ("address", loop and loop.first, buffer, str(offset), pattern)  # in its loop
         self.define(address, POINTER_WIDTH)
         self.use(address)
 
@@ -348,7 +370,8 @@ class _Lifetimes:
     def unroll(self, s: Loop, trips: int) -> None:
         # A body some threads skip is a branch: what it loads or computes does not dominate
         # the code after it, so LLVM cannot reuse it there.
-        guarded = _trip_bounds(s, self.kernel)[0] == 0
+        bounds = _trip_bounds(s, self.kernel)
+        guarded = bounds is None or bounds[0] == 0
         if guarded:
             self.available.append({})
         outer_iteration = self.iteration
@@ -374,7 +397,10 @@ class _Lifetimes:
 
     def rolled_loop(self, s: Loop) -> None:
         self.use_index(s.start)
-        loop = _RolledLoop(first=self.pos, extend=set())
+        stepped = {(x.buffer, str(x.offset)) for x in _flatten(s.body)
+                   if isinstance(x, (GlobalLoad, GlobalStore)) and _steps_with(x.offset, s.var)}
+        loop = _RolledLoop(first=self.pos, extend=set(), var=s.var, pointers_born=(
+            0 if len(stepped) >= STEPPED_BASES else self.pos + PREHEADER))
         counter = self.var_key[s.var] = ("var", s.var.name, next(self.fresh))
         self.define(counter, 1)
         loop.extend.add(counter)
@@ -401,6 +427,30 @@ class _Lifetimes:
             live += change
             counts.append(live)
         return counts
+
+
+@functools.lru_cache(maxsize=4096)
+def _steps_with(index: Ix, var: Var) -> bool:
+    """Whether ``index`` is affine in ``var``, so that LLVM's loop strength reduction steps a
+    pointer for it. LLVM folds floor divisions and remainders that recombine
+    (``32*(e // 32) + (e % 32)`` is ``e``) but steps no other division or remainder, so
+    such indices are tried on a sample of their variables' values."""
+    if var not in index.vars():
+        return False
+    if all(isinstance(atom, Var) or var not in atom.arg.vars() for atom, _ in index.terms):
+        return True
+    names = {v.name: v for v in sorted(index.vars(), key=lambda v: v.name)}
+    sample = np.random.default_rng(0)
+    env = {name: sample.integers(0, max(v.extent - 1, 1), 16) for name, v in names.items()}
+    moves = index.evaluate({**env, var.name: env[var.name] + 1}) - index.evaluate(env)
+    return bool(np.all(moves == moves[0]))
+
+
+def _reads_var(body: list, var: Var) -> bool:
+    """Whether any index expression in ``body`` reads ``var``."""
+    return any(isinstance(value, Ix) and var in value.vars()
+               for s in _flatten(body) if dataclasses.is_dataclass(s)
+               for value in (getattr(s, f.name) for f in dataclasses.fields(s)))
 
 
 def _flatten(body: list):
@@ -441,10 +491,13 @@ def _trip_bounds(loop: Loop, kernel: Kernel) -> tuple[int, int] | None:
 def unrolled_trips(loop: Loop, kernel: Kernel) -> int | None:
     """How often LLVM repeats the body as straight-line code, or None if the loop stays a loop.
 
-    A loop that runs at most once is a guarded body. Otherwise LLVM unrolls fully only a trip
-    count that is the same for every start it can prove (``tid % 32`` has a range, ``tid``'s
-    is too wide), up to unroll-max-upperbound; loops that store were seen unrolled only
-    partially, which leaves their values short-lived, so they count as loops."""
+    A loop that runs at most once, or whose body never reads its variable (the stores of a
+    scalar, seen without a loop in the PTX), is a guarded body. Otherwise LLVM unrolls fully
+    only a trip count that is the same for every start it can prove (``tid % 32`` has a
+    range, ``tid``'s is too wide), up to unroll-max-upperbound; loops that store were seen
+    unrolled only partially, which leaves their values short-lived, so they count as loops."""
+    if not loop.accumulates and not _reads_var(loop.body, loop.var):
+        return 1
     bounds = _trip_bounds(loop, kernel)
     if bounds is None:
         return None
