@@ -102,6 +102,51 @@ def widened_to_f64(text: str) -> str:
     return "\n".join(lines)
 
 
+# How much further from XLA's f64 result an f32 execution of a whole step may be than XLA's
+# own f32 result. Measured over the 12 model-zoo workloads (tests/test_evaluator.py): up to
+# 2.5x on ASR, BERT and DIEN (the evaluator is as often the closer one), 7.4x on the TF
+# Transformer's gradients (softmax backward on saturated rows: p * (g - sum(p * g)) with
+# p ~ 1 cancels, leaving the rounding of the row sums). XLA's own distance is no fixed
+# yardstick either: the same output moves 2.5x between two XLA compiles of the module (as is,
+# and with every entry value as an output). A 1e-4 relative error in one rsqrt or erf of BERT
+# exceeds the bound 12x / 1.8x.
+DRIFT_FACTOR = 10.0
+
+
+def drift_problems(actual: list, xla: list, exact: list, rtol: float = 1e-5,
+                   atol: float = 1e-5) -> list[str]:
+    """Outputs where ``actual`` is not about as close to XLA's f64 result (``exact``, from
+    ``widened_to_f64``) as XLA's own f32 result (``xla``) is; empty when all are.
+
+    Per f32 output: max|actual - exact| <= DRIFT_FACTOR * max|xla - exact| + atol +
+    rtol * max|exact| over the elements finite in both references; NaNs and infinities where
+    XLA has them. Other element types must equal XLA's. A whole training step with random
+    weights amplifies f32 rounding 10^3x and more, so two correct f32 executions differ by
+    far more than a fixed tolerance allows; this bound follows the step's own sensitivity."""
+    if not len(actual) == len(xla) == len(exact):
+        return [f"{len(actual)} outputs, XLA has {len(xla)} (f64: {len(exact)})"]
+    problems = []
+    for i, (a, w, x) in enumerate(zip(actual, xla, exact)):
+        a, w, x = np.asarray(a), np.asarray(w), np.asarray(x)
+        if a.shape != w.shape or a.dtype != w.dtype:
+            problems.append(f"output {i}: {a.dtype}{list(a.shape)}, XLA {w.dtype}{list(w.shape)}")
+        elif a.dtype != np.float32:
+            if not np.array_equal(a, w):
+                problems.append(f"output {i}: {int((a != w).sum())} elements differ from XLA")
+        else:
+            finite = np.isfinite(x) & np.isfinite(w)
+            if not np.array_equal(a[~finite], w[~finite], equal_nan=True):
+                problems.append(f"output {i}: NaN/inf elements differ from XLA's")
+                continue
+            ours = np.abs(a[finite] - x[finite]).max(initial=0.0)
+            xlas = np.abs(w[finite] - x[finite]).max(initial=0.0)
+            scale = np.abs(x[finite]).max(initial=0.0)
+            if ours > DRIFT_FACTOR * xlas + atol + rtol * scale:
+                problems.append(f"output {i}: {ours:.3g} from XLA's f64 result, XLA's f32 "
+                                f"{xlas:.3g} (scale {scale:.3g})")
+    return problems
+
+
 def optimized_hlo_text(compiled) -> str:
     """The optimized HLO of a ``jax.jit(f).lower(...).compile()`` result, constants in full."""
     return hlo_module_text(compiled.runtime_executable().hlo_modules()[0])
