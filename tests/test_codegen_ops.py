@@ -92,6 +92,49 @@ SNIPPETS = {
   %w = s64[8,32]{1,0} convert(%cl)
   %f = f32[8,32]{1,0} convert(%w)
   ROOT %n = s32[8,32]{1,0} convert(%f)"""),
+    # Threefry-style random bits and their uniform floats (dropout in every training model):
+    # u32/u64 wrap-around arithmetic, logical shifts, unsigned compare/max/divide, constants
+    # above the signed range, u64 -> u32 high word, bits -> f32 through bitcast-convert.
+    "unsigned_random_bits": ("x: u32[8,32], y: u32[8,32]", """
+  %x = u32[8,32]{1,0} parameter(0)
+  %y = u32[8,32]{1,0} parameter(1)
+  %k = u32[] constant(2654435769)
+  %bk = u32[8,32]{1,0} broadcast(%k), dimensions={}
+  %a = u32[8,32]{1,0} add(%x, %bk)
+  %m = u32[8,32]{1,0} multiply(%a, %y)
+  %c13 = u32[] constant(13)
+  %b13 = u32[8,32]{1,0} broadcast(%c13), dimensions={}
+  %c19 = u32[] constant(19)
+  %b19 = u32[8,32]{1,0} broadcast(%c19), dimensions={}
+  %l = u32[8,32]{1,0} shift-left(%m, %b13)
+  %r = u32[8,32]{1,0} shift-right-logical(%m, %b19)
+  %o = u32[8,32]{1,0} or(%l, %r)
+  %xo = u32[8,32]{1,0} xor(%o, %y)
+  %d = u32[8,32]{1,0} divide(%xo, %y)
+  %rem = u32[8,32]{1,0} remainder(%xo, %y)
+  %cmp = pred[8,32]{1,0} compare(%d, %rem), direction=GT
+  %mx = u32[8,32]{1,0} maximum(%d, %rem)
+  %sel = u32[8,32]{1,0} select(%cmp, %mx, %xo)
+  %w = u64[8,32]{1,0} convert(%sel)
+  %g = u64[] constant(11400714819323198485)
+  %bg = u64[8,32]{1,0} broadcast(%g), dimensions={}
+  %w2 = u64[8,32]{1,0} multiply(%w, %bg)
+  %c32 = u64[] constant(32)
+  %b32 = u64[8,32]{1,0} broadcast(%c32), dimensions={}
+  %hi = u64[8,32]{1,0} shift-right-logical(%w2, %b32)
+  %h32 = u32[8,32]{1,0} convert(%hi)
+  %c9 = u32[] constant(9)
+  %b9 = u32[8,32]{1,0} broadcast(%c9), dimensions={}
+  %mant = u32[8,32]{1,0} shift-right-logical(%h32, %b9)
+  %one = u32[] constant(1065353216)
+  %bone = u32[8,32]{1,0} broadcast(%one), dimensions={}
+  %bits = u32[8,32]{1,0} or(%mant, %bone)
+  %f12 = f32[8,32]{1,0} bitcast-convert(%bits)
+  %fone = f32[] constant(1)
+  %bfone = f32[8,32]{1,0} broadcast(%fone), dimensions={}
+  %uniform = f32[8,32]{1,0} subtract(%f12, %bfone)
+  %asf = f32[8,32]{1,0} convert(%sel)
+  ROOT %out = (f32[8,32]{1,0}, f32[8,32]{1,0}, u32[8,32]{1,0}) tuple(%uniform, %asf, %h32)"""),
     "half_precision": ("x: bf16[4,64], y: f16[4,64]", """
   %x = bf16[4,64]{1,0} parameter(0)
   %y = f16[4,64]{1,0} parameter(1)
@@ -165,6 +208,10 @@ def _inputs(module, rng):
         dtype = p.shape.numpy_dtype
         if p.shape.dtype.startswith("s"):  # indices and divisors: small, some negative/zero
             out.append(rng.integers(-3, 18, p.shape.dims).astype(dtype))
+        elif p.shape.dtype.startswith("u"):  # random bits: the whole range, and some zeros
+            bits = rng.integers(0, np.iinfo(dtype).max, p.shape.dims, dtype=dtype,
+                                endpoint=True)
+            out.append(np.where(rng.random(p.shape.dims) < 0.1, 0, bits).astype(dtype))
         else:
             out.append(rng.standard_normal(p.shape.dims).astype(np.float32).astype(dtype))
     return out

@@ -224,7 +224,8 @@ def row_major(shape: Shape) -> Shape:
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Value:
-    """An SSA value of one thread. dtype: f32, f16, bf16, s32, s64 or pred."""
+    """An SSA value of one thread. dtype: f32, f16, bf16, s32, s64, u32, u64 or pred (or a
+    128-bit vector: f32x4, s32x4)."""
 
     name: str
     dtype: str
@@ -441,7 +442,8 @@ class Kernel:
         return "\n".join(head + _format_body(self.body, 1))
 
 
-DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "s32": 4, "s64": 8, "pred": 1,
+DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "s32": 4, "s64": 8, "u32": 4, "u64": 8,
+               "pred": 1,
                "f32x4": 16, "s32x4": 16}
 VECTOR_LANES = 4  # 32-bit lanes of a 128-bit global access
 # The vector type of a 128-bit access to elements of each 32-bit type, and back.

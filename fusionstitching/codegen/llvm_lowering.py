@@ -21,9 +21,11 @@ F32, F16 = ir.FloatType(), ir.HalfType()
 PTR = ir.PointerType()
 
 # Register types of values; bf16 is kept as its 16 bits and converted through f32.
-VALUE_TYPES = {"f32": F32, "f16": F16, "bf16": I16, "s32": I32, "s64": I64, "pred": I1,
+VALUE_TYPES = {"f32": F32, "f16": F16, "bf16": I16, "s32": I32, "s64": I64, "u32": I32,
+               "u64": I64, "pred": I1,
                "f32x4": ir.VectorType(F32, VECTOR_LANES), "s32x4": ir.VectorType(I32, VECTOR_LANES)}
-INT_TYPES = {"s32": I32, "s64": I64}
+INT_TYPES = {"s32": I32, "s64": I64, "u32": I32, "u64": I64}
+UNSIGNED = {"u32", "u64"}  # same registers as s32/s64; compare, divide, convert differ
 
 # Transcendental ops each backend calls (host: LLVM intrinsic or libm; GPU: libdevice).
 MATH_OPS = {"exponential", "log", "tanh", "power", "sine", "cosine", "tan", "atan2",
@@ -33,6 +35,12 @@ _ROUNDING = {"floor": "llvm.floor.f32", "ceil": "llvm.ceil.f32",
 STORAGE_TYPES = {**VALUE_TYPES, "pred": I8}
 
 _FCMP = {"EQ": "==", "NE": "!=", "LT": "<", "LE": "<=", "GT": ">", "GE": ">="}
+
+
+def two_complement(value: int, width: int) -> int:
+    """An integer of any signedness as the signed value of its `width` bits (LLVM's iN
+    constants; u32/u64 values above the signed range)."""
+    return (value + (1 << (width - 1))) % (1 << width) - (1 << (width - 1))
 
 
 class ThreadLowering:
@@ -74,7 +82,7 @@ class ThreadLowering:
         if array.dtype == "bf16":  # bf16 is stored as its 16 bits
             values = (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
         elems = [ir.Constant(ty, float(v) if isinstance(ty, (ir.FloatType, ir.HalfType))
-                             else int(v)) for v in values]
+                             else two_complement(int(v), ty.width)) for v in values]
         g = ir.GlobalVariable(self.module, ir.ArrayType(ty, len(elems)), array.name,
                               addrspace=addrspace)
         g.global_constant = True
@@ -165,7 +173,8 @@ class ThreadLowering:
         match s:
             case Const():
                 ty = VALUE_TYPES[s.dst.dtype]
-                self.values[s.dst] = ir.Constant(ty, int(s.value) if isinstance(ty, ir.IntType)
+                self.values[s.dst] = ir.Constant(ty, two_complement(int(s.value), ty.width)
+                                                 if isinstance(ty, ir.IntType)
                                                  else float(s.value))
             case IndexValue():
                 self.values[s.dst] = self.index(s.index)
@@ -240,11 +249,12 @@ class ThreadLowering:
 
     def compute(self, op: str, args: list[ir.Value], arg_types: list[str], dtype: str,
                 attr: str | None) -> ir.Value:
-        """One elementwise HLO op in f32, s32, s64 or pred (16-bit floats are widened to f32 by
+        """One elementwise HLO op in f32, s32, s64, u32, u64 or pred (16-bit floats are widened to f32 by
         the schedule, as XLA:GPU does)."""
         b = self.builder
         is_float = bool(arg_types) and arg_types[-1] == "f32"
         ty = args[-1].type if args else None
+        icmp = b.icmp_unsigned if arg_types and arg_types[-1] in UNSIGNED else b.icmp_signed
         match op:
             case "add":
                 return b.fadd(*args) if is_float else b.add(*args)
@@ -256,14 +266,16 @@ class ThreadLowering:
                 return b.fdiv(*args)
             case "remainder" if is_float:
                 return b.frem(*args)
+            case "divide" | "remainder" if arg_types[-1] in UNSIGNED:
+                return self.unsigned_division(op, *args)
             case "divide" | "remainder":
                 return self.integer_division(op, *args)
             case "maximum" | "minimum" if is_float:  # NaN-propagating, as in XLA
                 return self.intrinsic(f"llvm.{op}.f32", F32, args)
             case "maximum":
-                return b.select(b.icmp_signed(">", *args), *args)
+                return b.select(icmp(">", *args), *args)
             case "minimum":
-                return b.select(b.icmp_signed("<", *args), *args)
+                return b.select(icmp("<", *args), *args)
             case "clamp":  # clamp(lo, x, hi) = min(max(x, lo), hi)
                 lo, x, hi = args
                 return self.compute("minimum", [self.compute("maximum", [x, lo], arg_types[:2],
@@ -275,7 +287,7 @@ class ThreadLowering:
                 return self.intrinsic("llvm.fabs.f32", F32, args)
             case "abs":
                 zero = ir.Constant(ty, 0)
-                return b.select(b.icmp_signed("<", args[0], zero), b.neg(args[0]), args[0])
+                return b.select(icmp("<", args[0], zero), b.neg(args[0]), args[0])
             case "sign" if is_float:  # -1, +1, or x itself for +-0 and NaN
                 x = args[0]
                 one = ir.Constant(F32, 1.0)
@@ -285,8 +297,7 @@ class ThreadLowering:
                                          signed))
             case "sign":
                 x, zero = args[0], ir.Constant(ty, 0)
-                return b.sub(b.zext(b.icmp_signed(">", x, zero), ty),
-                             b.zext(b.icmp_signed("<", x, zero), ty))
+                return b.sub(b.zext(icmp(">", x, zero), ty), b.zext(icmp("<", x, zero), ty))
             case "sqrt" | "rsqrt":
                 return self.root(op, args[0])
             case "logistic":  # 1 / (1 + exp(-x))
@@ -303,7 +314,7 @@ class ThreadLowering:
                 if is_float:  # NE is unordered (true for NaN), the others ordered, as in XLA
                     return (b.fcmp_unordered if attr == "NE" else b.fcmp_ordered)(
                         _FCMP[attr], *args)
-                return b.icmp_signed(_FCMP[attr], *args)
+                return icmp(_FCMP[attr], *args)
             case "select":
                 return b.select(*args)
             case "and":
@@ -335,6 +346,16 @@ class ThreadLowering:
         if op == "divide":
             return b.select(by_zero, ir.Constant(ty, -1), b.sdiv(a, safe))
         return b.select(by_zero, a, b.srem(a, safe))
+
+    def unsigned_division(self, op: str, a: ir.Value, d: ir.Value) -> ir.Value:
+        """XLA's unsigned divide/remainder: x/0 = all ones, x%0 = x (no trap)."""
+        b = self.builder
+        ty = a.type
+        by_zero = b.icmp_unsigned("==", d, ir.Constant(ty, 0))
+        safe = b.select(by_zero, ir.Constant(ty, 1), d)
+        if op == "divide":
+            return b.select(by_zero, ir.Constant(ty, -1), b.udiv(a, safe))
+        return b.select(by_zero, a, b.urem(a, safe))
 
     def shift(self, op: str, a: ir.Value, n: ir.Value) -> ir.Value:
         """Shifts by >= the bit width give 0 (or the sign for arithmetic), as in XLA."""
@@ -372,22 +393,27 @@ class ThreadLowering:
                 quiet_nan = b.or_(high, ir.Constant(I16, 0x40))
                 return b.select(b.fcmp_unordered("uno", x, x), quiet_nan,
                                 b.trunc(b.lshr(rounded, ir.Constant(I32, 16)), I16))
-            case ("s32" | "s64"), "f32":
-                return b.sitofp(x, F32)
-            case "f32", ("s32" | "s64"):  # saturating, NaN -> 0, as XLA's convert
-                return self.intrinsic(f"llvm.fptosi.sat.{dst.replace('s', 'i')}.f32",
+            case _ if src in INT_TYPES and dst == "f32":
+                return (b.uitofp if src in UNSIGNED else b.sitofp)(x, F32)
+            case "f32", _ if dst in INT_TYPES:  # saturating, NaN -> 0, as XLA's convert
+                kind = "fptoui" if dst in UNSIGNED else "fptosi"
+                return self.intrinsic(f"llvm.{kind}.sat.i{INT_TYPES[dst].width}.f32",
                                       INT_TYPES[dst], [x])
-            case "s32", "s64":
-                return b.sext(x, I64)
-            case "s64", "s32":
-                return b.trunc(x, I32)
+            case _ if src in INT_TYPES and dst in INT_TYPES:
+                # Widening extends by the source's signedness; narrowing keeps the low bits.
+                width, target = INT_TYPES[src].width, INT_TYPES[dst]
+                if width == target.width:
+                    return x
+                if width > target.width:
+                    return b.trunc(x, target)
+                return (b.zext if src in UNSIGNED else b.sext)(x, target)
             case "pred", "f32":
                 return b.uitofp(x, F32)
-            case "pred", ("s32" | "s64"):
+            case "pred", _ if dst in INT_TYPES:
                 return b.zext(x, INT_TYPES[dst])
             case "f32", "pred":
                 return b.fcmp_unordered("!=", x, ir.Constant(F32, 0.0))
-            case ("s32" | "s64"), "pred":
+            case _, "pred" if src in INT_TYPES:
                 return b.icmp_signed("!=", x, ir.Constant(INT_TYPES[src], 0))
         raise CodegenError(f"convert {src} -> {dst}: no lowering for this conversion")
 

@@ -82,7 +82,8 @@ FLOAT_ONLY = MATH_OPS | {"sqrt", "rsqrt", "logistic", "is-finite", "floor", "cei
                          "round-nearest-afz", "round-nearest-even"}
 INT_ONLY = {"popcnt", "xor", "shift-left", "shift-right-logical", "shift-right-arithmetic"}
 NARROW_FLOATS = {"f16", "bf16"}  # stored as such, computed in f32 and rounded, as XLA:GPU does
-DTYPES = {"f32", "s32", "s64", "pred"} | NARROW_FLOATS
+INTS = {"s32", "s64", "u32", "u64"}
+DTYPES = {"f32", "pred"} | INTS | NARROW_FLOATS
 REDUCIBLE = {("f32", k) for k in ("add", "maximum", "minimum", "multiply")} | {
     (t, k) for t in ("s32", "s64") for k in ("add", "multiply", "maximum", "minimum")} | {
     ("pred", "and"), ("pred", "or")}
@@ -248,7 +249,7 @@ def enumerate_schedules(space: Space, device: Device, sizes: list[int],
 def _scalar(op: FlatOp) -> float | int | bool:
     value = parse_literal(op.literal or "", op.shape).reshape(-1)[0]
     return bool(value) if op.shape.dtype == "pred" else (
-        int(value) if op.shape.dtype in ("s32", "s64") else float(value))
+        int(value) if op.shape.dtype in INTS else float(value))
 
 
 def _slice_starts_strides(op: FlatOp) -> list[tuple[int, int]]:
@@ -473,7 +474,7 @@ class _Emitter:
         floats = bool(types & ({"f32"} | NARROW_FLOATS))
         if code in FLOAT_ONLY and not floats:
             raise CodegenError(f"{code} {op.name}: only floating-point {code} is supported")
-        if code in INT_ONLY and not types <= {"s32", "s64"}:
+        if code in INT_ONLY and not types <= INTS:
             raise CodegenError(f"{code} {op.name}: only integer {code} is supported")
         if code in ("and", "or", "not") and floats:
             raise CodegenError(f"{code} {op.name}: logical op on floats")
