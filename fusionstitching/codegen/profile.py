@@ -63,7 +63,8 @@ from .kernel_ir import (WARP, Barrier, BlockReduce, Compute, Const, GlobalLoad, 
 SHUFFLE_STEPS = WARP.bit_length() - 1  # xor butterfly over 32 lanes: 5 shuffles
 MAX_FULL_UNROLL_TRIPS = 8  # LLVM -unroll-max-upperbound: trip counts known only as a bound
 MAX_THREADS_PER_BLOCK = 1024  # range LLVM's llvm.nvvm.read.ptx.sreg.tid.x carries
-REGISTER_WIDTH = {"s64": 2, "f64": 2, "pred": 0}  # 32-bit registers per value; default 1
+# 32-bit registers per value; default 1 (a 128-bit vector load's value holds 4)
+REGISTER_WIDTH = {"s64": 2, "f64": 2, "pred": 0, "f32x4": 4, "s32x4": 4}
 POINTER_WIDTH = 2  # 64-bit addresses
 # Registers __nv_expf holds besides its operand and result at its widest point (its PTX from
 # the NVPTX backend), taken for every multi-instruction op sequence.
