@@ -65,11 +65,10 @@ def explain(args: argparse.Namespace) -> int:
     """Print the plan and why a node was or was not stitched; write the plan as DOT/SVG."""
     import costmodel
 
-    from . import codegen
     from .explain import explain_text, plan_dot, write_svg
-    from .explorer import explore
     from .graph import build_graph
     from .hlo.parser import parse_file
+    from .pipeline import Options, plan_module
 
     try:
         module = parse_file(args.file)
@@ -77,8 +76,8 @@ def explain(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     graph = build_graph(module)
-    plan = explore(graph, lambda nodes: codegen.can_stitch(module, nodes), args.explorer,
-                   costmodel.load_device(args.target))
+    plan = plan_module(graph, Options(target=args.target, explorer=args.explorer),
+                       costmodel.load_device(args.target))
     try:
         print(explain_text(graph, plan, args.node))
     except KeyError as exc:

@@ -63,8 +63,7 @@ def stitch_module(module: Module, options: Options | None = None,
 
     graph = build_graph(module)
     t0 = time.perf_counter()
-    plan = explore(graph, lambda nodes: codegen.can_stitch(module, nodes), options.explorer,
-                   device)
+    plan = plan_module(graph, options, device)
     times.explore = time.perf_counter() - t0
 
     kernels: list[StitchedKernel] = []
@@ -84,6 +83,36 @@ def stitch_module(module: Module, options: Options | None = None,
     return result
 
 
+def plan_module(graph: OpGraph, options: Options, device) -> FusionPlan:
+    """The fusion plan of ``graph``, asking the code generator the question the pipeline
+    will: can it build the pattern, and does the kernel pass the cost guard below? So the
+    explorer plans around patterns that would be given back to XLA instead of losing them."""
+
+    def can_stitch(nodes: list[str]) -> tuple[bool, str]:
+        try:
+            spec = codegen.generate(graph.module, nodes, "probe", {"name": options.target})
+        except codegen.CodegenError as exc:
+            return False, str(exc)
+        slower = _slower_than_xla(graph, spec, device, options.target)
+        if slower:
+            return False, slower
+        return True, f"ok: {spec.why}; {', '.join(spec.schemes)}"
+
+    return explore(graph, can_stitch, options.explorer, device)
+
+
+def _slower_than_xla(graph: OpGraph, spec, device, target: str) -> str | None:
+    """No negative optimization: why a stitched kernel modeled slower than the XLA kernels it
+    replaces is not used (None when it is faster)."""
+    stitched_us = modeled_kernel_us(spec, device)
+    xla_us = sum(_xla_kernel_us(graph, n, device) for n in spec.nodes
+                 if graph.nodes[n].is_kernel)
+    if stitched_us < xla_us:
+        return None
+    return (f"stitched kernel modeled at {stitched_us:.2f} us is not faster than XLA's "
+            f"kernels at {xla_us:.2f} us (modeled, {target})")
+
+
 def _c_name(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)
 
@@ -96,16 +125,10 @@ def _build_kernel(graph, pattern, name, options, device, times, fallbacks):
         times.codegen += time.perf_counter() - t0
         fallbacks.append(Fallback("codegen", list(pattern.nodes), _reason(exc)))
         return None
-    # No negative optimization: a stitched kernel modeled slower than the XLA kernels it
-    # replaces is not used.
-    stitched_us = modeled_kernel_us(spec, device)
-    xla_us = sum(_xla_kernel_us(graph, n, device) for n in pattern.nodes
-                 if graph.nodes[n].is_kernel)
-    if stitched_us >= xla_us:
+    slower = _slower_than_xla(graph, spec, device, options.target)
+    if slower:
         times.codegen += time.perf_counter() - t0
-        fallbacks.append(Fallback("cost", list(pattern.nodes), (
-            f"stitched kernel modeled at {stitched_us:.2f} us is not faster than XLA's "
-            f"kernels at {xla_us:.2f} us (modeled, {options.target})")))
+        fallbacks.append(Fallback("cost", list(pattern.nodes), slower))
         return None
     try:
         host = codegen.compile_host(spec) if options.verify or options.host else None
