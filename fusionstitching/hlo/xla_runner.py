@@ -103,14 +103,16 @@ def widened_to_f64(text: str) -> str:
 
 
 # How much further from XLA's f64 result an f32 execution of a whole step may be than XLA's
-# own f32 result. Measured over the 12 model-zoo workloads (tests/test_evaluator.py): up to
-# 2.5x on ASR, BERT and DIEN (the evaluator is as often the closer one), 7.4x on the TF
-# Transformer's gradients (softmax backward on saturated rows: p * (g - sum(p * g)) with
-# p ~ 1 cancels, leaving the rounding of the row sums). XLA's own distance is no fixed
-# yardstick either: the same output moves 2.5x between two XLA compiles of the module (as is,
-# and with every entry value as an output). A 1e-4 relative error in one rsqrt or erf of BERT
-# exceeds the bound 12x / 1.8x.
-DRIFT_FACTOR = 10.0
+# own f32 result. Measured over the model-zoo workloads (tests/test_evaluator.py, evaluator
+# vs XLA:CPU): at most 2.5x per output on ASR, BERT and DIEN, where the evaluator is as often
+# the closer one (numpy sums pairwise, XLA:CPU mostly in order); XLA's own distance moves
+# 2.5x between two compiles of the same module (as is, and with every entry value as an
+# output). A 1e-4 relative error in one rsqrt or erf of BERT exceeds the bound 15x / 2x.
+# Not covered: the Transformers' gradients, where the evaluator is systematically ~10x
+# further than XLA (TF: 10.5x and 14x on two outputs, so its workload test fails; the gap
+# opens in the softmax-backward fusion p * (g - sum(p * g)), from operands that are as
+# close to f64 as XLA's, while no op of the evaluator there is off by more than 1 ulp).
+DRIFT_FACTOR = 4.0
 
 
 def drift_problems(actual: list, xla: list, exact: list, rtol: float = 1e-5,
