@@ -49,6 +49,7 @@ kernels were or were not stitched.
 """
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,17 +101,21 @@ class Explorer:
         self.index = GraphIndex(graph)
         self.model = PatternModel(self.index)
         self.top_k, self.beam_width, self.max_pattern = top_k, beam_width, max_pattern
-        self.profile_of = profile_of or (lambda nodes: self.model.profile(frozenset(nodes)))
+        self.profile_of = profile_of
         self.evaluator = costmodel.delta.delta_evaluator(device)
         levels = memory_levels(device)
         self._global, self._shared = levels["global"], levels["shared"]
         self._can_stitch = can_stitch
         self._buildable: dict[frozenset[str], tuple[bool, str]] = {}
+        # GraphIndex.traffic of every pattern priced: candidates, then the same kernels again
+        # in the plans of every beam, XLA's and the connected-region baseline's.
+        self._traffic: dict[frozenset[str], tuple[int, int, int, int]] = {}
         self._profiles: dict[frozenset[str], KernelProfile] = {}  # of kernels in plans
         self._latency: dict[frozenset[str], float] = {}
         self._packs: dict[tuple, tuple[bool, float]] = {}  # remote fusion's verdicts
         # The delta-evaluator's penalty of each kernel alone (see the module docstring).
-        self._alone = {n: self.evaluator.evaluate(self.model.summary(frozenset((n,)))).penalty_us
+        self._alone = {n: self.evaluator.evaluate(
+            self.model.summary(frozenset((n,)), self.traffic(frozenset((n,))))).penalty_us
                        for n in self.index.participants}
         # Decisions as (pattern, ok, reason): the latest per pattern and all of them in
         # order; ``run`` turns them into ``Decision``s (nodes in topological order) once.
@@ -146,8 +151,17 @@ class Explorer:
     def _profile(self, nodes: frozenset[str]) -> KernelProfile:
         profile = self._profiles.get(nodes)
         if profile is None:
-            profile = self._profiles[nodes] = self.profile_of(self._ordered(nodes))
+            profile = self._profiles[nodes] = (
+                self.model.profile(nodes, self.traffic(nodes)) if self.profile_of is None
+                else self.profile_of(self._ordered(nodes)))
         return profile
+
+    def traffic(self, nodes: frozenset[str]) -> tuple[int, int, int, int]:
+        """``GraphIndex.traffic`` of ``nodes``, computed once per pattern."""
+        traffic = self._traffic.get(nodes)
+        if traffic is None:
+            traffic = self._traffic[nodes] = self.index.traffic(nodes)
+        return traffic
 
     # -- 1. candidate patterns --------------------------------------------------------------
 
@@ -163,7 +177,7 @@ class Explorer:
                     self._decide(s, False, f"more than {self.max_pattern} kernels")
                     entry = cache[s] = None
                     continue
-                traffic = self.index.traffic(s)
+                traffic = self.traffic(s)
                 bound = (self._global.time_us(traffic[2]) + self._global.time_us(traffic[3])
                          - self._shared.time_us(traffic[3])
                          + (len(s) - 1) * costmodel.LAUNCH_US)
@@ -332,10 +346,23 @@ class Explorer:
     def plan_cost(self, kernels: list[frozenset[str]]) -> tuple[float, int]:
         """(modeled us, bytes) of a plan given as all of its memory-intensive kernels."""
         us = sum(self.latency_us(k) for k in kernels)
-        nbytes = sum(sum(self.index.traffic(k)[:2]) for k in kernels)
+        nbytes = sum(sum(self.traffic(k)[:2]) for k in kernels)
         return us, nbytes
 
     def run(self) -> FusionPlan:
+        # The explorer allocates millions of small objects (candidate sets, traffic tuples)
+        # that are freed by reference counting; the cyclic collector would only rescan the
+        # growing heap over and over (time superlinear in the graph's size, 17% of a 10k-node
+        # run), so it is paused for the exploration and restored afterwards.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._explore()
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _explore(self) -> FusionPlan:
         for vertex in reversed(self.index.participants):
             self.ready[vertex] = self.buildable_candidates(self.pattern_reduction(vertex))
             # Producers also grow from what the code generator can build: when every top-k
