@@ -217,7 +217,10 @@ def random_inputs(module: Module, seed: int = 0) -> list[np.ndarray]:
         if dtype == np.bool_:
             args.append(rng.random(shape.dims) < 0.5)
         elif np.issubdtype(dtype, np.integer):
-            args.append(rng.integers(0, 8, size=shape.dims).astype(dtype))
+            # Integer parameters are mostly indices (tokens, segments, labels), masks and step
+            # counters: 0 and 1 are valid for all of them; larger values index out of range
+            # (JAX's gathers then fill NaN, and every output of BERT was NaN, comparing equal).
+            args.append(rng.integers(0, 2, size=shape.dims).astype(dtype))
         else:
             args.append(rng.standard_normal(shape.dims).astype(dtype))
     return args
@@ -237,6 +240,14 @@ def execute_stitched(result: StitchResult, args: list[np.ndarray]):
         progressed = False
         for inst in list(pending):
             kernel = owner.get(inst.name)
+            if kernel is None and inst.opcode == "get-tuple-element":
+                producer = owner.get(inst.operands[0])
+                if producer is not None and id(producer) in done_kernels:
+                    # Part of a stitched multi-output fusion: its kernel wrote it if anything
+                    # outside the pattern reads it, else nothing needs it.
+                    pending.remove(inst)
+                    progressed = True
+                    continue
             if kernel is None:
                 if all(op in values for op in inst.operands):
                     values[inst.name] = evaluate_instruction(
@@ -297,12 +308,16 @@ def compare(expected, actual, rtol: float = 1e-5, atol: float = 1e-5) -> tuple[b
             return False, float("inf"), float("inf")
         if np.issubdtype(e.dtype, np.floating) or e.dtype.kind == "V":
             e64, a64 = e.astype(np.float64), a.astype(np.float64)
-            same_nan = np.isnan(e64) == np.isnan(a64)
-            diff = np.where(np.isnan(e64) | np.isnan(a64), 0.0, np.abs(e64 - a64))
+            # NaN matches NaN and an infinity itself; only finite pairs have an error (a NaN
+            # or inf in the tolerance term would fail every comparison, even of equal arrays).
+            exact = (e64 == a64) | (np.isnan(e64) & np.isnan(a64))
+            finite = np.isfinite(e64) & np.isfinite(a64)
+            diff = np.abs(np.subtract(e64, a64, out=np.zeros_like(e64), where=finite))
+            scale = np.where(finite, np.abs(e64), 0.0)
             if diff.size:
                 max_abs = max(max_abs, float(diff.max()))
-                max_rel = max(max_rel, float((diff / np.maximum(np.abs(e64), 1e-30)).max()))
-            ok &= bool(same_nan.all()) and bool((diff <= atol + rtol * np.abs(e64)).all())
+                max_rel = max(max_rel, float((diff / np.maximum(scale, 1e-30)).max()))
+            ok &= bool((exact | (finite & (diff <= atol + rtol * scale))).all())
         else:
             ok &= bool(np.array_equal(e, a))
     return ok, max_abs, max_rel
@@ -312,14 +327,16 @@ def verify(result: StitchResult, seed: int = 0) -> Verify:
     """Run XLA's plan and the stitched plan on the same random inputs and compare.
 
     References: XLA itself running the module (where jaxlib can compile the text) and the
-    numpy evaluator; the stitched plan must match every reference that ran."""
+    numpy evaluator; the stitched plan must match every reference that ran, within 1e-5 or,
+    failing that, be about as close to XLA's f64 result for the module as XLA's f32 is."""
     from .hlo.evaluator import evaluate
-    from .hlo.xla_runner import run_hlo_with_xla
+    from .hlo.xla_runner import drift_problems, run_hlo_with_xla, widened_to_f64
 
     args = random_inputs(result.module, seed)
     references = {"evaluator": evaluate(result.module, args)}
+    text = str(result.module)
     try:
-        references["xla"] = run_hlo_with_xla(str(result.module), args)
+        references["xla"] = run_hlo_with_xla(text, args)
     except Exception as exc:  # noted, not fatal: the evaluator still checks
         result.report.fallbacks.append(Fallback("verify", [], f"XLA could not run the module "
                                                               f"as a reference: {_reason(exc)}"))
@@ -330,6 +347,19 @@ def verify(result: StitchResult, seed: int = 0) -> Verify:
         outcome.ok &= ok
         outcome.max_abs_err = max(outcome.max_abs_err, max_abs)
         outcome.max_rel_err = max(outcome.max_rel_err, max_rel)
+    if not outcome.ok and "xla" in references:
+        # A whole step amplifies f32 rounding far past 1e-5, so two correct f32 executions
+        # differ by more: then the yardstick is XLA's own distance from its f64 result
+        # (xla_runner.DRIFT_FACTOR, measured on the model-zoo workloads).
+        try:
+            exact = run_hlo_with_xla(widened_to_f64(text), [
+                a.astype(np.float64) if a.dtype == np.float32 else a for a in args])
+        except Exception as exc:  # the 1e-5 verdict stands
+            result.report.fallbacks.append(Fallback(
+                "verify", [], f"XLA could not run the module in f64: {_reason(exc)}"))
+        else:
+            outcome.ok = not drift_problems(_leaves(stitched), _leaves(references["xla"]),
+                                            _leaves(exact))
     return outcome
 
 

@@ -139,3 +139,24 @@ def test_a_stitched_kernel_modeled_slower_than_xlas_is_left_to_xla(monkeypatch):
     assert report.fs.bytes == report.xla.bytes
     assert not result.plan.patterns and not report.fallbacks
     assert any(not d.ok and "not faster than XLA's" in d.reason for d in result.plan.decisions)
+
+
+def test_verify_compare_matches_nan_with_nan_and_infinities_with_themselves():
+    """Adam's sqrt of a random negative second moment gives NaN in XLA's result too: equal
+    arrays with NaN or inf must compare equal (they failed with max error 0 before)."""
+    from fusionstitching.pipeline import compare
+
+    x = np.array([np.nan, np.inf, -np.inf, 1.0], np.float32)
+    assert compare(x, x.copy()) == (True, 0.0, 0.0)
+    for wrong in ([1.0, np.inf, -np.inf, 1.0], [np.nan, -np.inf, -np.inf, 1.0],
+                  [np.nan, np.inf, -np.inf, 1.001]):
+        assert not compare(x, np.array(wrong, np.float32))[0], wrong
+
+
+def test_dien_training_step_verifies_with_its_nans():
+    """The stitched DIEN training step (JAX, XLA:CPU) against XLA and the evaluator: Adam's
+    NaNs must be where XLA puts them, finite values within tolerance."""
+    report = stitch_module(parse_file(DATA / "dien_train_small_jax_cpu.hlo"),
+                           Options(ptxas=False, verify=True)).report
+    assert report.verify.ran and report.verify.ok, (report.verify, report.fallbacks)
+    assert report.fs.mem_kernels < report.xla.mem_kernels
