@@ -175,6 +175,67 @@ def test_dump_of_a_hooked_tf_job_replays_offline(tmp_path):
         assert r["verify"]["ok"] and r["fs"]["mem_kernels"] == 1 <= r["xla"]["mem_kernels"], r
 
 
+# A step with an int64 variable (64-bit values in TF's module) and a LayerNorm to stitch; with
+# the hook on, it waits for the background build and trial so the stitched executable runs,
+# then reports jax's default dtype, and again after the script enables x64 itself.
+X64_SCRIPT = textwrap.dedent("""
+    import json, os
+    import tensorflow as tf
+
+    counter = tf.Variable(tf.constant(2**40, tf.int64))
+    gamma = tf.Variable(tf.ones([256]))
+    x = tf.reshape(tf.range(64 * 256, dtype=tf.float32) % 7.0, [64, 256])
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        counter.assign_add(1)
+        mean, var = tf.nn.moments(x, axes=[-1], keepdims=True)
+        gamma.assign_sub(1e-3 * tf.reduce_mean((x - mean) * tf.math.rsqrt(var + 1e-5), 0))
+        return tf.reduce_mean(((x - mean) * tf.math.rsqrt(var + 1e-5) * gamma) ** 2), counter
+
+    hooked = os.environ.get("FUSIONSTITCHING")
+    results = [step(x)]
+    if hooked:
+        from tf_hooks import tf_hook
+        compiled = tf_hook.last_compiled(step)
+        compiled.builder.join()
+    results.append(step(x))  # starts the trial on a background thread
+    if hooked:
+        compiled.executor.trial_thread.join()
+    results += [step(x) for _ in range(2)]
+
+    import jax
+    import jax.numpy as jnp
+    default = str(jnp.zeros(1).dtype)
+    jax.config.update("jax_enable_x64", True)  # the user's own choice, kept by the hook
+    results.append(step(x))
+    print(json.dumps({"results": [[float(r), int(c)] for r, c in results][-3:],
+                      "counter": int(counter.numpy()), "gamma": float(gamma.numpy().sum()),
+                      "default": default, "after_user_x64": str(jnp.zeros(1).dtype)}))
+""")
+
+
+def test_hook_keeps_jax_32_bit_default_outside_tfs_module(tmp_path):
+    """TF's module runs with 64-bit jax types (its int64 variable keeps its values, built,
+    tried on a background thread and run stitched) without switching the process: a hooked
+    function leaves ``jnp.zeros(1)`` float32, and a user's own x64 setting stays."""
+    script = tmp_path / "x64_scope.py"
+    script.write_text(X64_SCRIPT)
+    expected, got, stderr, _, _, (report,) = compare_runs(
+        str(script), tmp_path, "", "--async --keep=stitched")
+    assert got["default"] == "float32" and got["after_user_x64"] == "float64", got
+    assert got["counter"] == expected["counter"] == 2**40 + 5
+    np.testing.assert_allclose([r for r, _ in got["results"]],
+                               [r for r, _ in expected["results"]], rtol=1e-5)
+    assert got["gamma"] == pytest.approx(expected["gamma"], rel=1e-6)
+    runtime = report["runtime"]
+    assert runtime["mode"] == "async" and runtime["trial_call"] == 2, runtime
+    assert runtime["kept"] == "stitched" and runtime["swapped_at_call"] == 3, \
+        (runtime, report["fallbacks"], stderr[-2000:])
+    assert report["verify"]["ran"] and report["verify"]["ok"], report["verify"]
+    assert 0 < report["fs"]["mem_kernels"] < report["xla"]["mem_kernels"]
+
+
 @pytest.mark.slow  # ~60 s: 7 host kernels built on a shared 2-core machine
 def test_bert_like_encoder_inference_equals_tf(tmp_path):
     _, _, stderr, plain_out, hooked_out, reports = compare_runs(

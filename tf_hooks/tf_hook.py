@@ -19,13 +19,22 @@ Per concrete function (one input signature), the first call builds a ``TfCompile
 3. ``runtime.build.build_stitched`` stitches, compiles and swaps exactly as for JAX.
 
 Calls run TF's own function until the stitched executable is built (at once, or on a
-background thread with ``--async``); on the next call the stitched executable runs on the
-same inputs *before* TF's call (TF's call writes the variables), its outputs and variable
-updates are compared with TF's (always: a training step that drifts is worse than a slow
-one), and both executables are timed on those inputs unless ``--keep=stitched``. From then
-on a call reads the variables, runs the stitched executable on tensors shared through
-DLPack (no copies on the CPU) and assigns the updated values back to the variables, so the
-training state is TF's as if TF had run the step.
+background thread with ``--async``). Which one then runs is decided by
+``runtime.executor.Executor`` (``TfExecutor``), as for JAX: the next call is answered by
+TF and keeps copies of the module's parameters (its inputs and the variables, read *before*
+TF's call writes them) and of TF's outputs and updated variables; on those copies the
+stitched executable's outputs and variable updates are compared with TF's (always: a
+training step that drifts is worse than a slow one) and, unless ``--keep=stitched``, timed
+against TF's module compiled by jaxlib, in that call or, with ``--async``, on a background
+thread while calls keep running TF; a candidate faster there is confirmed on real calls
+that each run one of TF's function and the stitched executable. Once swapped in, a call
+reads the variables, runs the stitched executable on tensors shared through DLPack (no
+copies on the CPU) and assigns the updated values back to the variables, so the training
+state is TF's as if TF had run the step.
+
+TF's module has 64-bit values (Keras's iteration counter), so jax traces, compiles and runs
+it inside ``jax.enable_x64(True)``, a per-thread context: the rest of the process (a user's
+own JAX code) keeps its 32-bit default.
 
 A call made while another tf.function is being traced (Keras: ``one_step_on_data`` inside
 ``multi_step_on_iterator``) puts a ``tf.py_function`` into that graph that does the same.
@@ -276,14 +285,13 @@ def _hlo_primitive():
 def hlo_function(hlo_text: str, module):
     """(jax function of the flat parameters returning the flat results, parameter avals).
 
-    jax runs with 64-bit types here: TF's int64 values (Keras's iteration counter) must keep
-    their type through the module."""
+    Call it, and trace, compile and run what it returns, inside ``jax.enable_x64(True)``:
+    TF's int64 values (Keras's iteration counter) must keep their type through the module."""
     import jax
     from jax._src.lib import xla_client as xc
 
     from fusionstitching.capture import _route_around_copies
 
-    jax.config.update("jax_enable_x64", True)
     proto = xc.hlo.hlo_module_from_text(_route_around_copies(hlo_text))
     stablehlo = xc._xla.mlir.hlo_to_stablehlo(proto.as_serialized_hlo_module_proto())
     root = module.entry.root.shape
@@ -322,13 +330,8 @@ class TfCompiled:
         self.fallbacks: list = []
         self.unsupported: str | None = None
         self.signature: Signature | None = None
-        self.built = None  # runtime.build.Built
-        self.reference = None  # jax Compiled of TF's module (XLA:CPU through jaxlib)
-        self.active = None  # None: TF's own function; else the stitched jax Compiled
-        self.candidate = None
-        self.checked = None  # report.Verify of the deciding call
+        self.executor = None  # tf_executor(), set once built: until then TF runs calls
         self.builder: threading.Thread | None = None
-        self._deciding = threading.Lock()
         self._noted: set = set()
         self.dump_prefix = None
         if flags.dump_to:
@@ -348,8 +351,8 @@ class TfCompiled:
             self._unsupported("tf-hlo", f"{type(exc).__name__}: {_first_line(exc)}")
             return
         if self.flags.async_compile:
-            self.builder = threading.Thread(target=self._build, args=(hlo_text,), daemon=True,
-                                            name=f"fusionstitching-{self.name}")
+            self.builder = threading.Thread(target=self._background_build, args=(hlo_text,),
+                                            daemon=True, name=f"fusionstitching-{self.name}")
             self.builder.start()
         else:
             self._build(hlo_text)
@@ -373,45 +376,49 @@ class TfCompiled:
                 args, kwargs = tf.nest.map_structure(example, (args, kwargs))
             return self.function.experimental_get_compiler_ir(*args, **kwargs)(stage="hlo")
 
+    def _background_build(self, hlo_text: str) -> None:
+        from fusionstitching.runtime.executor import lower_thread_priority
+
+        lower_thread_priority()  # the build takes only the CPU the training loop leaves
+        self._build(hlo_text)
+
     def _build(self, hlo_text: str) -> None:
+        import jax
+
         from fusionstitching.hlo.parser import parse_module
         from fusionstitching.jit import original_jax_jit
-        from fusionstitching.runtime.build import BuildError, build_stitched
+        from fusionstitching.runtime.build import build_stitched
 
         started = time.perf_counter()
-        try:
-            text, alias = split_alias(hlo_text)
-            module = parse_module(text, source=f"<tf {self.name}>")
-            self.signature = signature(self.concrete, module, alias)
-            run, in_avals = hlo_function(text, module)
-            # jax's own jit also when the jax hook has replaced jax.jit (FUSIONSTITCHING=1)
-            lowered = original_jax_jit()(run, keep_unused=True).lower(*in_avals)
-            self.reference = lowered.compile()
-            if self.dump_prefix:
-                self._dump(hlo_text, self.reference.as_text())
-            built = build_stitched(lowered, self.reference, self.options, self.cache_dir,
-                                   self.dump_prefix)
-        except Unsupported as exc:
-            self._unsupported("signature", str(exc))
-            return
-        except BuildError as exc:
-            self._fail(exc.stage, exc.reason)
-            return
-        except Exception as exc:  # never fail the user's job: TF's own function runs
-            self._fail("runtime", f"{type(exc).__name__}: {_first_line(exc)}")
-            return
-        finally:
-            self.info.build_s = round(time.perf_counter() - started, 3)
-        self.built = built
-        self.fallbacks.extend(built.stitched_report.fallbacks)
-        plan = built.stitched_report.fs
-        self.info.stitched_plan = {"kernels": plan.kernels, "mem_kernels": plan.mem_kernels,
-                                   "patterns": plan.patterns or 0}
-        if built.stitched is None:
-            self.info.state, self.info.why = "settled", "nothing was stitched"
-        else:
-            self.info.state = "pending"
-            self.candidate = built.stitched  # last: the next call may pick it up
+        with jax.enable_x64(True):
+            try:
+                text, alias = split_alias(hlo_text)
+                module = parse_module(text, source=f"<tf {self.name}>")
+                self.signature = signature(self.concrete, module, alias)
+                run, in_avals = hlo_function(text, module)
+                # jax's own jit also when the jax hook has replaced jax.jit (FUSIONSTITCHING=1)
+                lowered = original_jax_jit()(run, keep_unused=True).lower(*in_avals)
+                reference = lowered.compile()  # TF's module compiled by XLA:CPU (jaxlib)
+                if self.dump_prefix:
+                    self._dump(hlo_text, reference.as_text())
+            except Unsupported as exc:
+                self._unsupported("signature", str(exc))
+                return
+            except Exception as exc:  # never fail the user's job: TF's own function runs
+                self._unsupported("runtime", f"{type(exc).__name__}: {_first_line(exc)}")
+                return
+            executor = tf_executor()(reference, self.name, verify=True, keep=self.flags.keep,
+                                    background=self.flags.async_compile, reference="tf",
+                                    info=self.info, compiled=self)
+            try:
+                built = build_stitched(lowered, reference, self.options, self.cache_dir,
+                                       self.dump_prefix)
+            except Exception as exc:  # never fail the user's job: TF's own function runs
+                executor.build_failed(exc)
+                self.info.build_s = round(time.perf_counter() - started, 3)
+            else:
+                executor.built_ok(built, time.perf_counter() - started)
+        self.executor = executor  # last: the next call may start the trial
         self._dump_report()
 
     def _dump(self, tf_hlo: str, optimized: str) -> None:
@@ -440,16 +447,6 @@ class TfCompiled:
         self.fallbacks.append(Fallback(stage, [], why))
         self.info.state, self.info.kept, self.info.why = "fallback", "tf", f"{stage}: {why}"
 
-    def _fail(self, stage: str, why: str) -> None:
-        """The stitched executable is dropped for good; TF's own function runs."""
-        from fusionstitching.report import Fallback
-
-        log.warning("fusionstitching: %s runs on TF's own XLA executable (%s): %s",
-                    self.name, stage, why)
-        self.fallbacks.append(Fallback(stage, [], why))
-        self.candidate = self.active = None
-        self.info.state, self.info.kept, self.info.why = "fallback", "tf", f"{stage}: {why}"
-
     def note_tf_call(self, why: str) -> None:
         """One call ran as TF (the function is otherwise handled): say so once per reason."""
         from fusionstitching.report import Fallback
@@ -462,21 +459,14 @@ class TfCompiled:
     # -- calls ------------------------------------------------------------------------
     def __call__(self, flat: list) -> list:
         """Flat outputs of one eager call (``flat``: the function's flat tensor inputs)."""
-        self.info.calls += 1
-        if self.candidate is not None and self._deciding.acquire(blocking=False):
-            try:
-                if self.candidate is not None:
-                    return self._decide(self.candidate, flat)
-            finally:
-                self._deciding.release()
-        active = self.active
-        if active is None:
+        import jax
+
+        executor = self.executor
+        if executor is None:  # still building
+            self.info.calls += 1
             return self._tf(flat)
-        try:
-            return self._stitched(active, flat)
-        except Exception as exc:  # our kernels or the transfer failed: TF answers
-            self._fail("execute", f"{type(exc).__name__}: {_first_line(exc)}")
-            return self._tf(flat)
+        with jax.enable_x64(True):
+            return executor(flat)
 
     def in_graph(self, flat: list) -> list:
         """The call inside another function's graph: a ``tf.py_function`` that runs
@@ -512,66 +502,31 @@ class TfCompiled:
             tf.raw_ops.AssignVariableOp(resource=sig.variables[var][0], value=value)
         return tensors[:sig.num_outputs]
 
-    def _stitched(self, executable, flat: list) -> list:
-        return self._write_back(executable(*self._params(flat)))
-
-    def _decide(self, candidate, flat: list) -> list:
-        """Run the candidate, then TF (whose call is this call's result and writes the
-        variables), compare everything, time both executables, keep one."""
-        import jax
-        import tensorflow as tf
-
-        from fusionstitching import pipeline
-        from fusionstitching.report import Verify
-        from fusionstitching.runtime.executor import settle
-
-        params = self._params(flat)
-        try:
-            got = jax.device_get(candidate(*params))
-        except Exception as exc:
-            self._fail("execute", f"{type(exc).__name__}: {_first_line(exc)}")
-            return self._tf(flat)
-        outputs = self._tf(flat)
-        sig = self.signature
-        expected = [o.numpy() for o in outputs] + [
-            tf.raw_ops.ReadVariableOp(resource=sig.variables[v][0],
-                                      dtype=sig.variables[v][1]).numpy() for v in sig.updates]
-        ok, max_abs, max_rel = pipeline.compare(expected, got, 1e-5, 1e-5)
-        self.checked = Verify(ran=True, ok=ok, max_abs_err=max_abs, max_rel_err=max_rel,
-                              against=["tensorflow (same call, outputs and variables)"])
-        if not ok:
-            self._fail("verify", f"outputs or variable updates differ from TF's on call "
-                                 f"{self.info.calls} (max abs err {max_abs:.3g}, max rel err "
-                                 f"{max_rel:.3g})")
-            return outputs
-        if settle(self.info, self.flags.keep, self.reference, candidate, params, {},
-                  reference_label="tf", note=" (TF's module compiled by jaxlib)") == "stitched":
-            self.active = candidate
-        self.candidate = None
-        return outputs
-
     # -- report -----------------------------------------------------------------------
     def reports(self, wait_s: float = 0.0) -> list:
-        if self.builder is not None:
-            self.builder.join(wait_s)
+        deadline = time.monotonic() + wait_s
+        for thread in (self.builder, self.executor and self.executor.trial_thread):
+            if thread is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
         return [self.report()]
 
     def report(self):
         from fusionstitching.jit import JitReport, _fallback_report
 
-        built = self.built
+        executor = self.executor
+        built = executor.built if executor is not None else None
+        fallbacks = self.fallbacks + (executor.fallbacks if executor is not None else [])
         if built is None:
-            base, cache = _fallback_report(self.name, self.options, self.fallbacks), None
+            base, cache = _fallback_report(self.name, self.options, fallbacks), None
         else:
-            base = built.stitched_report if self.active is not None or \
-                self.candidate is not None else built.xla_report
+            base = built.stitched_report if executor.runs_stitched() else built.xla_report
             cache = dataclasses.asdict(built.cache)
         fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)
                   if f.name in {g.name for g in dataclasses.fields(JitReport)}}
         fields["module"] = self.name
-        fields["fallbacks"] = list(self.fallbacks)
-        if self.checked is not None:
-            fields["verify"] = self.checked
+        fields["fallbacks"] = fallbacks
+        if executor is not None and executor.checked.ran:
+            fields["verify"] = executor.checked
         fields.update(runtime=dataclasses.asdict(self.info), cache=cache)
         return JitReport(**fields)
 
@@ -581,6 +536,53 @@ class TfCompiled:
 
             _write(self.dump_prefix + ".report.json",
                    json.dumps(self.report().to_json(), indent=1))
+
+
+@functools.cache
+def tf_executor():
+    """The class ``TfExecutor``: ``runtime.executor.Executor`` whose calls are TF calls.
+    Defined on first use: importing this module (at start-up) must not import the runtime.
+
+    ``xla`` is TF's module compiled by jaxlib (the trial times it against the stitched
+    executable) and stands for TF's own function when a call runs it; a stitched call reads
+    the variables, runs the stitched executable and assigns the updates. The trial keeps
+    copies of the module's parameters read before TF's call (which writes the variables)
+    and, as expected outputs, TF's outputs and the variables TF wrote."""
+    from fusionstitching.runtime.executor import Executor, _copies
+
+    @dataclass
+    class TfExecutor(Executor):
+        compiled: "TfCompiled | None" = None
+
+        def _execute(self, executable, args, kwargs):
+            (flat,) = args
+            if executable is self.xla:
+                return self.compiled._tf(flat)
+            return self.compiled._write_back(executable(*self.compiled._params(flat)))
+
+        def _call_errors(self) -> tuple:
+            return (Exception,)  # our kernels, or the hand-over to TF: TF answers the call
+
+        def _trial_call(self, args, kwargs):
+            import numpy as np
+            import tensorflow as tf
+
+            (flat,) = args
+            compiled, sig = self.compiled, self.compiled.signature
+            params = _copies(compiled._params(flat))  # before TF's call writes the variables
+            outputs = compiled._tf(flat)
+            updated = [tf.raw_ops.ReadVariableOp(resource=sig.variables[v][0],
+                                                 dtype=sig.variables[v][1]) for v in sig.updates]
+            expected = [np.array(t) for t in outputs + updated]  # copies: TF reuses buffers
+            return (params, {}), outputs, expected
+
+        def _checked_trial(self, *trial) -> None:
+            import jax
+
+            with jax.enable_x64(True):  # per thread: the background trial's thread too
+                super()._checked_trial(*trial)
+
+    return TfExecutor
 
 
 def _to_jax(tensor):

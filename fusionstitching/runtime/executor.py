@@ -33,6 +33,12 @@ donated inputs before every call to rule this out would undo the donation).
 Donated arguments: both executables donate what ``jax.jit`` was told to donate (the rewritten
 module keeps XLA's ``input_output_alias``). The trial never runs on the caller's buffers, and
 each of its runs gets fresh copies of the donated inputs.
+
+A front end whose calls are not jax calls (tf_hooks: a TF call reads variables and assigns
+their updates) subclasses ``Executor`` and overrides how a call runs one executable
+(``_execute``), what the trial call keeps (``_trial_call``) and which errors of a stitched
+call fall back (``_call_errors``); ``reference`` names the executable the stitched one
+replaces in the report and the messages.
 """
 from __future__ import annotations
 
@@ -86,6 +92,7 @@ class Executor:
     background: bool = False  # async_compile: trial on a thread, confirmation on real calls
     rtol: float = 1e-5
     atol: float = 1e-5
+    reference: str = "xla"  # label of what calls run when the stitched executable does not
     info: RuntimeInfo = field(default_factory=RuntimeInfo)
     fallbacks: list[Fallback] = field(default_factory=list)
     built: Built | None = None
@@ -111,7 +118,7 @@ class Executor:
                                    "patterns": plan.patterns or 0}
         if built.stitched is None:
             failed = self.fallbacks[-1] if self.fallbacks else None
-            self._settle("xla", f"{failed.stage}: {failed.reason}" if failed
+            self._settle(self.reference, f"{failed.stage}: {failed.reason}" if failed
                          else "nothing was stitched")
             return
         self.candidate = built.stitched
@@ -126,12 +133,13 @@ class Executor:
         self.fail(stage, [], why)
 
     def fail(self, stage: str, nodes: list[str], why: str) -> None:
-        log.warning("fusionstitching: %s runs on XLA's own kernels (%s): %s",
-                    self.name, stage, why)
+        log.warning("fusionstitching: %s runs on %s's own kernels (%s): %s",
+                    self.name, self.reference.upper(), stage, why)
         self.fallbacks.append(Fallback(stage, nodes, why))
         self.candidate = None
         self.active = self.xla
-        self.info.state, self.info.kept, self.info.why = "fallback", "xla", f"{stage}: {why}"
+        self.info.state, self.info.kept = "fallback", self.reference
+        self.info.why = f"{stage}: {why}"
 
     def _settle(self, kept: str, why: str) -> None:
         if kept == "stitched":
@@ -154,21 +162,35 @@ class Executor:
         return self._run(self.active, args, kwargs)
 
     def _run(self, executable, args, kwargs):
+        if executable is self.xla:
+            return self._execute(executable, args, kwargs)
+        try:
+            return self._execute(executable, args, kwargs)
+        except self._call_errors() as exc:  # XLA or one of our kernels failed
+            self.fail("execute", [], reason(exc))
+            return self._execute(self.xla, args, kwargs)
+
+    def _execute(self, executable, args, kwargs):
+        """One call run by one executable (``self.xla`` or the stitched one)."""
+        return executable(*args, **kwargs)
+
+    def _call_errors(self) -> tuple:
+        """Errors of a stitched call after which XLA's executable answers it."""
         import jax
 
-        if executable is self.xla:
-            return executable(*args, **kwargs)
-        try:
-            return executable(*args, **kwargs)
-        except jax.errors.JaxRuntimeError as exc:  # XLA or one of our kernels failed
-            self.fail("execute", [], reason(exc))
-            return self.xla(*args, **kwargs)
+        return (jax.errors.JaxRuntimeError,)
+
+    def _trial_call(self, args, kwargs):
+        """Answer the call with XLA's executable; returns (the trial's inputs as ``(args,
+        kwargs)`` of the executables, the call's result, the trial's expected outputs)."""
+        inputs = _copies((args, kwargs))  # before XLA's run: it may donate the originals
+        result = self.xla(*args, **kwargs)
+        return inputs, result, _copies(result)
 
     def _start_trial(self, args, kwargs):
         """This call is answered by XLA; copies of its inputs and outputs are the trial's."""
-        inputs = _copies((args, kwargs))  # before XLA's run: it may donate the originals
-        expected = self.xla(*args, **kwargs)
-        trial = (self.candidate, inputs, _copies(expected))
+        inputs, result, expected = self._trial_call(args, kwargs)
+        trial = (self.candidate, inputs, expected)
         self.info.state, self.info.trial_call = "trial", self.info.calls
         if self.background:
             self.trial_thread = threading.Thread(target=self._background_trial, args=trial,
@@ -177,7 +199,7 @@ class Executor:
             self.trial_thread.start()
         else:
             self._checked_trial(*trial)
-        return expected
+        return result
 
     def _background_trial(self, *trial) -> None:
         lower_thread_priority()
@@ -203,9 +225,11 @@ class Executor:
             ok, max_abs, max_rel = pipeline.compare(leaves(expected), leaves(got), self.rtol,
                                                     self.atol)
             self.checked = Verify(ran=True, ok=ok, max_abs_err=max_abs, max_rel_err=max_rel,
-                                  against=[f"xla (inputs of call {self.info.trial_call})"])
+                                  against=[f"{self.reference} (inputs of call "
+                                           f"{self.info.trial_call})"])
             if not ok:
-                self.fail("verify", [], f"outputs differ from XLA's on the inputs of call "
+                self.fail("verify", [], f"outputs differ from {self.reference.upper()}'s on "
+                                        f"the inputs of call "
                                         f"{self.info.trial_call} (max abs err {max_abs:.3g}, "
                                         f"max rel err {max_rel:.3g}, rtol {self.rtol}, "
                                         f"atol {self.atol})")
@@ -215,7 +239,7 @@ class Executor:
             return
         xla_s, stitched_s = best_times(self.xla, candidate, lambda: self._fresh(inputs))
         where = "off the call path" if self.background else "in the call"
-        kept = record_choice(self.info, xla_s, stitched_s, "xla",
+        kept = record_choice(self.info, xla_s, stitched_s, self.reference,
                              f"measured {where} on the inputs of call {self.info.trial_call}")
         if kept == "stitched" and self.background:
             self.info.state = "timing"  # confirm on real calls
@@ -233,16 +257,16 @@ class Executor:
         executable = self.candidate if label == "stitched" else self.xla
         started = time.perf_counter()
         try:
-            out = jax.block_until_ready(executable(*args, **kwargs))
-        except jax.errors.JaxRuntimeError as exc:
+            out = jax.block_until_ready(self._execute(executable, args, kwargs))
+        except self._call_errors() as exc:
             if label == "xla":
                 raise
             self.fail("execute", [], reason(exc))
-            return self.xla(*args, **kwargs)
+            return self._execute(self.xla, args, kwargs)
         self._samples[label].append(time.perf_counter() - started)
         if all(len(s) >= TIMING_ROUNDS for s in self._samples.values()):
             kept = record_choice(self.info, min(self._samples["xla"]),
-                                 min(self._samples["stitched"]), "xla",
+                                 min(self._samples["stitched"]), self.reference,
                                  f"measured on calls {self._first_timed_call}-"
                                  f"{self.info.calls}, each running "
                                  f"one executable")
@@ -270,23 +294,6 @@ def record_choice(info, reference_s: float, stitched_s: float, reference_label: 
     info.xla_us, info.stitched_us = round(reference_s * 1e6, 1), round(stitched_s * 1e6, 1)
     info.why = f"{where}: stitched {info.stitched_us} us vs XLA {info.xla_us} us"
     return "stitched" if stitched_s < reference_s else reference_label
-
-
-def settle(info, keep: str, reference, candidate, args, kwargs, reference_label: str = "xla",
-           note: str = "") -> str:
-    """Decide in one call which executable keeps running (both timed on the call's inputs
-    unless ``keep="stitched"``), record why in ``info``; returns the label kept ("stitched"
-    or ``reference_label``). For executables that do not donate their inputs."""
-    if keep == "fastest":
-        reference_s, stitched_s = best_times(reference, candidate, lambda: (args, kwargs))
-        kept = record_choice(info, reference_s, stitched_s, reference_label,
-                             f"measured on call {info.calls}{note}")
-    else:
-        kept, info.why = "stitched", "keep='stitched'"
-    info.state, info.kept = "settled", kept
-    if kept == "stitched":
-        info.swapped_at_call = info.calls + 1
-    return kept
 
 
 def best_times(reference, stitched, inputs) -> tuple[float, float]:
