@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import gc
 import math
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -84,6 +85,10 @@ class _Beam:
     score: float
     pending: frozenset[str]  # covered nodes at or after the current vertex
     chosen: tuple | None  # (Candidate, parent chain)
+    # ``pending`` sorted by topological position (positions and names), so the nodes at or
+    # after a vertex are a suffix found by bisection instead of a scan of the whole set.
+    positions: tuple[int, ...] = ()
+    names: tuple[str, ...] = ()
 
     def patterns(self) -> list[Candidate]:
         out, link = [], self.chosen
@@ -167,8 +172,9 @@ class Explorer:
 
     def _top_k(self, sets: list[frozenset[str]], cache: dict) -> list[Candidate]:
         """The top-k acyclic candidates among ``sets`` by f, scoring in order of f's bound.
-        ``cache`` holds, per set, [bound, traffic, f or None, first kernel's position]."""
-        order = self.index.order
+        ``cache`` holds, per set, [bound, traffic, f or None]. Every set holds the vertex
+        and kernels after it, so ties in the bound are broken by size alone (then by the
+        order of ``sets``: the sort is stable)."""
         bounded = []
         for s in dict.fromkeys(sets):
             entry = cache.get(s)
@@ -181,14 +187,14 @@ class Explorer:
                 bound = (self._global.time_us(traffic[2]) + self._global.time_us(traffic[3])
                          - self._shared.time_us(traffic[3])
                          + (len(s) - 1) * costmodel.LAUNCH_US)
-                entry = cache[s] = [bound, traffic, None, min(order[n] for n in s)]
+                entry = cache[s] = [bound, traffic, None]
             if entry is not None:
-                bounded.append((-entry[0], len(s), entry[3], s))
-        bounded.sort(key=lambda t: t[:3])
+                bounded.append((-entry[0], len(s), s))
+        bounded.sort(key=lambda t: t[:2])
         kept: list[Candidate] = []
-        for position, (negative_bound, _, _, s) in enumerate(bounded):
+        for position, (negative_bound, _, s) in enumerate(bounded):
             if len(kept) == self.top_k and -negative_bound <= kept[-1].score:
-                for _, _, _, rest in bounded[position:]:
+                for _, _, rest in bounded[position:]:
                     if rest not in self._latest:
                         self._decide(rest, False, f"not in the top {self.top_k}: f <= "
                                      f"{cache[rest][0]:.3f} us (bound) <= {kept[-1].score:.3f}")
@@ -278,16 +284,20 @@ class Explorer:
             if not options:
                 continue
             here = order[vertex]
+            placed = [sorted((order[n], n) for n in cand.nodes) for cand in options]
             grown: dict = {}
             for beam in beams:
                 grown.setdefault((beam.pending, round(beam.score, 9)), beam)
                 if vertex in beam.pending:
                     continue
-                live = frozenset(n for n in beam.pending if order[n] >= here)
-                for cand in options:
+                first = bisect_left(beam.positions, here)
+                live_pairs = list(zip(beam.positions[first:], beam.names[first:]))
+                live = frozenset(beam.names[first:])
+                for cand, cand_pairs in zip(options, placed):
                     if cand.nodes.isdisjoint(live):
+                        positions, names = zip(*sorted(live_pairs + cand_pairs))
                         new = _Beam(beam.score + cand.score, live | cand.nodes,
-                                    (cand, beam.chosen))
+                                    (cand, beam.chosen), positions, names)
                         grown.setdefault((new.pending, round(new.score, 9)), new)
             beams = sorted(grown.values(), key=lambda b: -b.score)[:self.beam_width]
         return [b.patterns() for b in beams]
