@@ -10,6 +10,16 @@ and the hook's own decision with ``keep=fastest`` (stitched vs XLA, measured on 
 The stitched kernels run as host code here (no GPU): the numbers say how our host kernels and
 the hand-over compare with TF's XLA:CPU, not what a GPU would do.
 
+A second table is what a training loop feels with ``--async`` and ``keep=fastest``: every
+step's time, grouped by the executor's state when the step started (building: TF runs while
+the stitched executable is built on a background thread; pending: the step that TF answers
+and whose inputs the trial copies; trial: TF runs while the trial verifies and times on a
+background thread; timing: confirmation steps, each running TF or the stitched executable;
+settled: the decision's executable), median and max next to TF alone's. No step should pay
+for the decision: the max of each state is the number to compare with TF's max. The async
+run follows the two above, so its build finds their plans in the cache (the compiles of TF's
+module and of the stitched one still run on the background thread).
+
     python benchmarks/bench_tf_step.py [--calls 30] [--cache_dir DIR]
 """
 from __future__ import annotations
@@ -45,14 +55,33 @@ def step_times(function, args, calls: int) -> list[float]:
     return times
 
 
+def steps_by_state(function, args, calls: int, limit_s: float) -> dict[str, list[float]]:
+    """Hooked steps with --async until the executor has settled (or ``limit_s``), then
+    ``calls`` more; each step's time under the executor state it started in."""
+    by_state: dict[str, list[float]] = {}
+    compiled, after, started = None, 0, time.perf_counter()
+    while after < calls:
+        info = compiled.info if compiled is not None else None
+        state = "first call (TF's HLO, build starts)" if info is None else \
+            f"settled ({info.kept})" if info.state == "settled" else info.state
+        by_state.setdefault(state, []).extend(step_times(function, args, 1))
+        compiled = tf_hook.last_compiled(function)
+        if compiled.info.state in ("settled", "fallback") or \
+                time.perf_counter() - started > limit_s:
+            after += 1
+    return by_state
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--cache_dir", default=None)
+    parser.add_argument("--limit_s", type=float, default=600,
+                        help="async run: stop waiting for the executor to settle after this")
     opts = parser.parse_args()
     import tensorflow as tf  # noqa: F401  (the hook wraps TF's class below)
 
-    rows = []
+    rows, async_rows = [], []
     for script, (name, arg_names) in FUNCTIONS.items():
         # Run the script once (one call / one step) to get its function and arguments.
         path = os.path.join(HERE, "tf_scripts", script)
@@ -75,6 +104,14 @@ def main() -> None:
                 rows.append((script, name, tf_times, hooked[2:], build_s, report))
             else:
                 rows[-1] += (report.runtime,)
+        tf_hook.install(flag_parsing.Flags(keep="fastest", async_compile=True,
+                                           cache_dir=opts.cache_dir))
+        try:
+            by_state = steps_by_state(function, args, opts.calls, opts.limit_s)
+        finally:
+            tf_hook.uninstall()
+        async_rows.append((script, name, tf_times, by_state,
+                           tf_hook.last_compiled(function).info))
     print(f"{'function':<28}{'TF ms (median/best)':>22}{'stitched ms (median/best)':>28}"
           f"{'XLA kernels':>13}{'stitched':>10}{'build s':>9}   keep=fastest decides")
     for script, name, tf_times, fs_times, build_s, report, fastest in rows:
@@ -85,6 +122,15 @@ def main() -> None:
               f"{fastest['kept']} ({fastest['why']})")
     print("(mem kernels = memory-intensive kernels of the entry computation; times measured "
           "on this CPU, host kernels)")
+    print("\n--async, keep=fastest: step times by executor state (ms)")
+    print(f"{'function':<28}{'state':<38}{'steps':>6}{'median':>9}{'max':>9}")
+    for script, name, tf_times, by_state, info in async_rows:
+        label = script + ":" + name
+        for state, times in [("TF alone", tf_times), *by_state.items()]:
+            print(f"{label:<28}{state:<38}{len(times):>6}"
+                  f"{statistics.median(times) * 1e3:>9.2f}{max(times) * 1e3:>9.2f}")
+            label = ""
+        print(f"{'':<28}decision: {info.kept} ({info.why})")
 
 
 if __name__ == "__main__":
