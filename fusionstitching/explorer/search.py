@@ -53,6 +53,7 @@ import gc
 import math
 from bisect import bisect_left
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import costmodel
@@ -72,6 +73,21 @@ TOP_K = 3  # paper 5.2
 BEAM_WIDTH = 3  # paper 5.3
 MAX_PATTERN_KERNELS = 16  # bounds each candidate's cost; on the synthetic bench 16 gave fewer kernels than 8 or 32
 BUILD_TRIES = 2 * TOP_K  # can_stitch queries per vertex beyond the accepted ones
+
+
+@contextmanager
+def _collector_paused():
+    """The explorer allocates millions of small objects (candidate sets, traffic tuples,
+    decisions) that reference counting frees; the cyclic collector would only rescan the
+    growing heap over and over (17% of a 10k-node run, more on larger graphs), so it is
+    paused while the explorer builds its index and explores, then restored."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @dataclass(frozen=True)
@@ -103,8 +119,6 @@ class Explorer:
                  beam_width: int = BEAM_WIDTH, max_pattern: int = MAX_PATTERN_KERNELS,
                  profile_of: ProfileOf | None = None):
         self.graph, self.device = graph, device
-        self.index = GraphIndex(graph)
-        self.model = PatternModel(self.index)
         self.top_k, self.beam_width, self.max_pattern = top_k, beam_width, max_pattern
         self.profile_of = profile_of
         self.evaluator = costmodel.delta.delta_evaluator(device)
@@ -118,10 +132,13 @@ class Explorer:
         self._profiles: dict[frozenset[str], KernelProfile] = {}  # of kernels in plans
         self._latency: dict[frozenset[str], float] = {}
         self._packs: dict[tuple, tuple[bool, float]] = {}  # remote fusion's verdicts
-        # The delta-evaluator's penalty of each kernel alone (see the module docstring).
-        self._alone = {n: self.evaluator.evaluate(
-            self.model.summary(frozenset((n,)), self.traffic(frozenset((n,))))).penalty_us
-                       for n in self.index.participants}
+        with _collector_paused():
+            self.index = GraphIndex(graph)
+            self.model = PatternModel(self.index)
+            # The delta-evaluator's penalty of each kernel alone (see the module docstring).
+            self._alone = {n: self.evaluator.evaluate(self.model.summary(
+                frozenset((n,)), self.traffic(frozenset((n,))))).penalty_us
+                for n in self.index.participants}
         # Decisions as (pattern, ok, reason): the latest per pattern and all of them in
         # order; ``run`` turns them into ``Decision``s (nodes in topological order) once.
         self._latest: dict[frozenset[str], tuple[bool, str]] = {}
@@ -360,17 +377,8 @@ class Explorer:
         return us, nbytes
 
     def run(self) -> FusionPlan:
-        # The explorer allocates millions of small objects (candidate sets, traffic tuples)
-        # that are freed by reference counting; the cyclic collector would only rescan the
-        # growing heap over and over (time superlinear in the graph's size, 17% of a 10k-node
-        # run), so it is paused for the exploration and restored afterwards.
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with _collector_paused():
             return self._explore()
-        finally:
-            if enabled:
-                gc.enable()
 
     def _explore(self) -> FusionPlan:
         for vertex in reversed(self.index.participants):
