@@ -446,13 +446,14 @@ class Explorer:
         """Every decision in order (for ``explain``); fills ``self.decisions``."""
         ordered: dict[frozenset[str], tuple[str, ...]] = {}
         history = []
+        last: dict[frozenset[str], Decision] = {}  # a pattern's latest is its last in order
         for nodes, ok, reason in self._history:
             names = ordered.get(nodes)
             if names is None:
                 names = ordered[nodes] = tuple(self._ordered(nodes))
-            history.append(Decision(names, ok, reason))
-        self.decisions = {nodes: Decision(ordered[nodes], ok, reason)
-                          for nodes, (ok, reason) in self._latest.items()}
+            decision = last[nodes] = Decision(names, ok, reason)
+            history.append(decision)
+        self.decisions = {nodes: last[nodes] for nodes in self._latest}
         return history
 
 
