@@ -205,9 +205,10 @@ def enumerate_schedules(space: Space, device: Device, sizes: list[int],
         # prologues such as Adam's bias corrections, which XLA computes in kernels of their own).
         for block, vector, steps in itertools.product((128, 256, 512), vectors, (1, 4, 16)):
             chunks = -(-n // vector)
-            # Fewer chunks than a warp: launch just those threads (XLA launches one thread
-            # for a scalar kernel); idle lanes would only evaluate the bounds guard.
-            block = min(block, chunks if chunks < WARP else -(-chunks // WARP) * WARP)
+            # No more warps than the chunks need. Whole warps even for fewer chunks (XLA
+            # launches one thread for a scalar kernel): our GPU launcher starts 32 * num_warps
+            # threads (runtime/gpu.py), and the idle lanes only evaluate the bounds guard.
+            block = min(block, -(-chunks // WARP) * WARP)
             grid = -(-n // (block * vector * steps))
             out.append(Schedule("loop", space, block, 1, grid, vector))
         return list(dict.fromkeys(out))
