@@ -66,7 +66,7 @@ SHUFFLE_STEPS = WARP.bit_length() - 1  # xor butterfly over 32 lanes: 5 shuffles
 MAX_FULL_UNROLL_TRIPS = 8  # LLVM -unroll-max-upperbound: trip counts known only as a bound
 MAX_THREADS_PER_BLOCK = 1024  # range LLVM's llvm.nvvm.read.ptx.sreg.tid.x carries
 # 32-bit registers per value; default 1 (a 128-bit vector load's value holds 4)
-REGISTER_WIDTH = {"s64": 2, "f64": 2, "pred": 0, "f32x4": 4, "s32x4": 4}
+REGISTER_WIDTH = {"s64": 2, "u64": 2, "f64": 2, "pred": 0, "f32x4": 4, "s32x4": 4}
 POINTER_WIDTH = 2  # 64-bit addresses
 # Registers per thread that keep an SM full (65536 registers / 2048 threads on sm_80, sm_90).
 FULL_OCCUPANCY_REGISTERS = 32
