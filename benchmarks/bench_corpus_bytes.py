@@ -23,7 +23,6 @@ import collections
 import concurrent.futures
 import json
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-DATA = REPO / "tests" / "data" / "hlo"
+from benchmarks.corpus_table import DATA, run_child  # noqa: E402
+
 TARGET = "h100"
 BOUND = 0.15  # issue 7: stitched bytes within 15% of compulsory bytes
 
@@ -74,18 +74,6 @@ def workload_files() -> list[str]:
                   and e.get("kind") == "workload")
 
 
-def run_one(name: str, timeout: float) -> dict:
-    try:
-        proc = subprocess.run([sys.executable, "-c", _CHILD, str(DATA / name)], cwd=REPO,
-                              capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"did not finish within {timeout:.0f} s"}
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines() or ["no output"]
-        return {"error": lines[-1][:200]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def cause_key(reason: str) -> str:
     """A refusal with the instruction names, shapes and numbers blanked."""
     reason = re.sub(r"%?[\w.\-]+\.\d+\b", "N", reason)  # instruction names (fusion.12)
@@ -102,7 +90,7 @@ def main(argv=None) -> int:
     names = workload_files()
     started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(opts.jobs) as pool:
-        results = dict(zip(names, pool.map(lambda n: run_one(n, opts.timeout), names)))
+        results = dict(zip(names, pool.map(lambda n: run_child(_CHILD, n, opts.timeout), names)))
     lines = [f"{'module':42s} {'XLA bytes':>12s} {'stitched':>12s} {'compulsory':>12s} "
              f"{'stitched/compulsory':>20s}"]
     totals = [0, 0, 0]

@@ -69,9 +69,11 @@ def selected_files(manifest: dict) -> list[str]:
     return sorted(rows, key=lambda n: (manifest[n].get("kind") != "workload", n))
 
 
-def run_one(name: str, timeout: float) -> dict:
+def run_child(child: str, name: str, timeout: float) -> dict:
+    """``child`` (a Python program printing one JSON line last) on corpus file ``name``, in a
+    process of its own so that one module's failure or time-out is one row's."""
     try:
-        proc = subprocess.run([sys.executable, "-c", _CHILD, str(DATA / name)], cwd=REPO,
+        proc = subprocess.run([sys.executable, "-c", child, str(DATA / name)], cwd=REPO,
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"pipeline did not finish within {timeout:.0f} s"}
@@ -98,7 +100,7 @@ def _row(name: str, entry: dict, result: dict) -> str:
 def results_table(manifest: dict, jobs: int, timeout: float) -> str:
     names = selected_files(manifest)
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        results = dict(zip(names, pool.map(lambda n: run_one(n, timeout), names)))
+        results = dict(zip(names, pool.map(lambda n: run_child(_CHILD, n, timeout), names)))
     header = ("| model | framework | target | XLA mem kernels | stitched mem kernels | "
               "XLA bytes | stitched bytes | compulsory bytes | fallbacks | pipeline s | "
               "paper Table 2: XLA → FS mem kernels |\n|" + "---|" * 11)
