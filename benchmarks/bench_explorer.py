@@ -131,7 +131,7 @@ def bench_corpus(device, codegen_kind: str, only: str) -> None:
           f"{'greedy k':>8} {'beam k':>6} {'wall s':>7} {'cpu s':>6} {'queries':>8} "
           f"{'query s':>8}   (modeled, {device.name}; code generator: {codegen_kind})")
     slowest = (0.0, "")
-    for path in sorted(glob.glob("tests/data/hlo/*.hlo")):
+    for path in sorted(glob.glob("tests/data/hlo/*.hlo*")):
         if only not in Path(path).name:
             continue
         module = parse_file(path)

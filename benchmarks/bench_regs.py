@@ -70,4 +70,4 @@ def main(paths: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or sorted(glob.glob("tests/data/hlo/*.hlo")))
+    main(sys.argv[1:] or sorted(glob.glob("tests/data/hlo/*.hlo*")))

@@ -1,4 +1,4 @@
-"""Regenerate the HLO test corpus: tests/data/hlo/*.hlo + manifest.json, and the XLA dump
+"""Regenerate the HLO test corpus: tests/data/hlo/*.hlo[.gz] + manifest.json, and the XLA dump
 folder tests/data/dumps/tf_layernorm_cpu/.
 
     python benchmarks/make_corpus.py        # from anywhere; ~30 minutes on 2 cores, no GPU
@@ -19,6 +19,7 @@ them).
 from __future__ import annotations
 
 import functools
+import gzip
 import itertools
 import json
 import os
@@ -51,6 +52,7 @@ source_info_util.register_exclusion(__file__)
 HLO_DIR = REPO / "tests" / "data" / "hlo"
 DUMP_DIR = REPO / "tests" / "data" / "dumps" / "tf_layernorm_cpu"
 REGENERATE = "python benchmarks/make_corpus.py"
+COMPRESS_ABOVE = 64 * 1024  # bytes of HLO text
 
 # (file label, capture target, classic). Classic = XLA:GPU without triton-softmax-rewriter.
 TARGETS = [("cpu", "cpu", False), ("h100_classic", "h100", True), ("h100", "h100", False),
@@ -192,8 +194,20 @@ def all_entries():
     return itertools.chain(corpus_entries(), library_entries())
 
 
+def write_module(name: str, text: str) -> str:
+    """Write one module; one larger than COMPRESS_ABOVE is gzipped (``NAME.gz``, no time stamp,
+    so a rerun gives the same bytes): the training steps are most of the corpus's size. Returns
+    the file name written."""
+    data = text.encode("utf-8")
+    if len(data) <= COMPRESS_ABOVE:
+        (HLO_DIR / name).write_bytes(data)
+        return name
+    (HLO_DIR / f"{name}.gz").write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+    return f"{name}.gz"
+
+
 def write_hlo_corpus() -> dict:
-    for old in HLO_DIR.glob("*.hlo"):
+    for old in [*HLO_DIR.glob("*.hlo"), *HLO_DIR.glob("*.hlo.gz")]:
         old.unlink()
     manifest = {}
     for name, meta, capture_thunk in all_entries():
@@ -205,7 +219,7 @@ def write_hlo_corpus() -> dict:
             manifest[name] = {**meta, "skipped": reason, "regenerate": REGENERATE}
             print(f"{name}: SKIPPED ({reason})", flush=True)
             continue
-        (HLO_DIR / name).write_text(text)
+        name = write_module(name, text)
         manifest[name] = {**meta, "parameters": entry_parameters(text), "regenerate": REGENERATE}
         print(f"{name}: {len(text)} chars, {time.perf_counter() - started:.1f} s", flush=True)
     (HLO_DIR / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")

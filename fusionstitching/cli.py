@@ -12,13 +12,13 @@ from .hlo.ir import HloParseError
 
 
 def collect_hlo_files(paths: list[str]) -> list[Path]:
-    """Files named on the command line, and inside folders: ``*.hlo`` files and XLA dump
-    files (``*after_optimizations.txt``)."""
+    """Files named on the command line, and inside folders: ``*.hlo`` files (also gzipped,
+    ``*.hlo.gz``) and XLA dump files (``*after_optimizations.txt``)."""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
             files += sorted(f for f in p.rglob("*") if f.is_file() and (
-                f.suffix == ".hlo" or f.name.endswith("after_optimizations.txt")))
+                f.name.endswith((".hlo", ".hlo.gz", "after_optimizations.txt"))))
         else:
             files.append(p)
     return files

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fusionstitching.hlo.parser import parse_file
+from fusionstitching.hlo.parser import parse_file, read_hlo_text
 
 DATA = Path(__file__).parent / "data" / "hlo"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
@@ -17,7 +17,7 @@ REQUIRED = {"model", "framework", "target", "classic", "how", "regenerate"}
 
 
 def test_manifest_lists_every_file_and_every_file_exists():
-    on_disk = {p.name for p in DATA.glob("*.hlo")}
+    on_disk = {p.name for p in DATA.glob("*.hlo*")}  # *.hlo and gzipped *.hlo.gz
     assert on_disk == set(FILES)
     for name, entry in MANIFEST.items():
         assert REQUIRED <= set(entry), name
@@ -26,6 +26,15 @@ def test_manifest_lists_every_file_and_every_file_exists():
             assert not (DATA / name).exists()
         else:
             assert entry["parameters"], name
+
+
+def test_corpus_stays_a_few_megabytes():
+    """Issue 4: the corpus is checked in, so it stays small; large modules are gzipped
+    (make_corpus.COMPRESS_ABOVE)."""
+    total = sum(p.stat().st_size for p in DATA.iterdir() if p.is_file())
+    assert total < 4_000_000, f"{total} bytes"
+    for name in FILES:
+        assert name.endswith(".gz") or (DATA / name).stat().st_size <= 64 * 1024, name
 
 
 def test_corpus_holds_the_papers_workloads():
@@ -59,7 +68,7 @@ def test_file_parses_and_agrees_with_xla_instruction_count(name):
     path = DATA / name
     module = parse_file(path)
     ours = sum(len(c.instructions) for c in module.computations)
-    assert ours == _xla_instruction_count(path.read_text())
+    assert ours == _xla_instruction_count(read_hlo_text(path))
     params = [{"dtype": p.shape.dtype, "shape": list(p.shape.dims)}
               for p in sorted(module.entry.parameters, key=lambda p: p.parameter_number)]
     assert params == MANIFEST[name]["parameters"]

@@ -156,7 +156,7 @@ def test_verify_compare_matches_nan_with_nan_and_infinities_with_themselves():
 def test_dien_training_step_verifies_with_its_nans():
     """The stitched DIEN training step (JAX, XLA:CPU) against XLA and the evaluator: Adam's
     NaNs must be where XLA puts them, finite values within tolerance."""
-    report = stitch_module(parse_file(DATA / "dien_train_small_jax_cpu.hlo"),
+    report = stitch_module(parse_file(DATA / "dien_train_small_jax_cpu.hlo.gz"),
                            Options(ptxas=False, verify=True)).report
     assert report.verify.ran and report.verify.ok, (report.verify, report.fallbacks)
     assert report.fs.mem_kernels < report.xla.mem_kernels

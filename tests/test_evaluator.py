@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 
 from fusionstitching.hlo.evaluator import UnsupportedOp, evaluate, parse_literal  # noqa: E402
 from fusionstitching.hlo.ir import Shape  # noqa: E402
-from fusionstitching.hlo.parser import parse_file, parse_module  # noqa: E402
+from fusionstitching.hlo.parser import parse_file, parse_module, read_hlo_text  # noqa: E402
 from fusionstitching.hlo.xla_runner import (  # noqa: E402
     drift_problems, optimized_hlo_text, run_hlo_with_xla, widened_to_f64)
 
@@ -236,9 +236,10 @@ def _random_args(module):
 # All XLA:CPU micro-model dumps, plus XLA:GPU ones of one size (GPU layouts: bitcasts,
 # transposes, kCustom). The model-zoo workloads (``*_small_*``) take XLA about a minute each to
 # recompile: they run in the slow set.
-HLO_FILES = sorted(p for p in DATA.glob("*_cpu.hlo") if "_small_" not in p.name) + sorted(
-    DATA.glob("*_64x256_*_[ah]100*.hlo"))
-WORKLOAD_FILES = sorted(p for p in DATA.glob("*_small_*_cpu.hlo"))
+# (``*.hlo*``: the larger files are gzipped, ``*.hlo.gz``.)
+HLO_FILES = sorted(p for p in DATA.glob("*_cpu.hlo*") if "_small_" not in p.name) + sorted(
+    DATA.glob("*_64x256_*_[ah]100*.hlo*"))
+WORKLOAD_FILES = sorted(p for p in DATA.glob("*_small_*_cpu.hlo*"))
 
 
 @pytest.mark.parametrize("path", HLO_FILES, ids=lambda p: p.name)
@@ -250,7 +251,7 @@ def _check_file_against_xla(path):
     module = parse_file(path)
     args = _random_args(module)
     got = _leaves(evaluate(module, args))
-    _assert_matches(got, run_hlo_with_xla(path.read_text(), args), rtol=1e-5, atol=1e-5)
+    _assert_matches(got, run_hlo_with_xla(read_hlo_text(path), args), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -268,7 +269,7 @@ def test_workload_file_matches_xla(path):
     close to the exact result as XLA is (xla_runner.DRIFT_FACTOR: what it is measured on, and
     the TF Transformer, which exceeds it and is open). A real error (a wrong op, index or
     reduction) moves outputs by far more than rounding does."""
-    text = path.read_text()
+    text = read_hlo_text(path)
     module = parse_file(path)
     args = _random_args(module)
     got = _leaves(evaluate(module, args))

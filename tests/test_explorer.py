@@ -13,7 +13,7 @@ from fusionstitching.graph.traffic import memory_intensive_regions, pattern_traf
 from fusionstitching.hlo.parser import parse_file, parse_module
 
 H100 = costmodel.load_device("h100")
-CORPUS = sorted(glob.glob("tests/data/hlo/*.hlo"))
+CORPUS = sorted(glob.glob("tests/data/hlo/*.hlo*"))
 
 ADD = """HloModule t
 %add (a: f32[], b: f32[]) -> f32[] {

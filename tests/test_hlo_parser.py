@@ -2,6 +2,7 @@
 (jaxlib), the constructs JAX / TF / XLA:GPU print, error positions, and robustness."""
 from __future__ import annotations
 
+import gzip
 import random
 import re
 import time
@@ -10,18 +11,20 @@ from pathlib import Path
 import pytest
 
 from fusionstitching.hlo.ir import HloParseError, Shape
-from fusionstitching.hlo.parser import parse_file, parse_module, parse_shape
+from fusionstitching.hlo.parser import parse_file, parse_module, parse_shape, read_hlo_text
 from fusionstitching.hlo.printer import format_shape, print_instruction, print_module
 
 DATA = Path(__file__).parent / "data"
 
 
 def _corpus() -> list[Path]:
-    """Every HLO text file under tests/data (``*.txt`` only when it is an HLO module, since
-    XLA dump folders also hold buffer-assignment reports and the like)."""
-    files = [p for p in sorted(DATA.rglob("*")) if p.suffix in (".hlo", ".txt") and p.is_file()]
+    """Every HLO file under tests/data (``*.hlo``, gzipped ``*.hlo.gz``, and ``*.txt`` only
+    when it is an HLO module, since XLA dump folders also hold buffer-assignment reports and
+    the like)."""
+    files = [p for p in sorted(DATA.rglob("*"))
+             if p.name.endswith((".hlo", ".hlo.gz", ".txt")) and p.is_file()]
     return [p for p in files
-            if p.suffix == ".hlo" or p.read_text().lstrip().startswith("HloModule")]
+            if p.suffix != ".txt" or p.read_text().lstrip().startswith("HloModule")]
 
 
 CORPUS = _corpus()
@@ -48,7 +51,7 @@ def test_corpus_is_not_empty():
 
 @pytest.mark.parametrize("path", CORPUS, ids=IDS)
 def test_round_trip(path):
-    text = path.read_text()
+    text = read_hlo_text(path)
     module = parse_file(path)
     printed = print_module(module)
     assert parse_module(printed) == module
@@ -65,7 +68,7 @@ def test_agrees_with_xla_parser(path):
     ours = {c.name: {i.name: (i.opcode, format_shape(i.shape)) for i in c.instructions}
             for c in module.computations}
     theirs = {}
-    for comp in _xla_parse(path.read_text()).computations():
+    for comp in _xla_parse(read_hlo_text(path)).computations():
         insts = {}
         for inst in comp.instructions():
             # ``%name = SHAPE OPCODE(...)``: tuple shapes contain spaces but no '=' or ' op('.
@@ -98,7 +101,7 @@ _MUTANTS = max(12, min(60, 2400 // max(1, len(CORPUS))))
 
 @pytest.mark.parametrize("path", CORPUS, ids=IDS)
 def test_fuzzed_input_parses_or_raises_hlo_parse_error(path):
-    text = path.read_text()
+    text = read_hlo_text(path)
     rng = random.Random(f"{path.name}")
     start = time.perf_counter()
     parse_module(text)
@@ -362,6 +365,24 @@ def test_error_message_names_file_line_and_column(tmp_path):
         parse_file(path)
     assert str(info.value).startswith(f"{path}:5:19: expected dimension size, got 'x'")
     assert (info.value.source, info.value.line, info.value.column) == (str(path), 5, 19)
+
+
+def test_gzipped_file_parses_and_damaged_files_name_the_file(tmp_path):
+    text = _module("  ROOT %a = f32[] constant(1)")
+    packed = tmp_path / "m.hlo.gz"
+    packed.write_bytes(gzip.compress(text.encode()))
+    assert parse_file(packed) == parse_module(text)
+    assert parse_file(packed).source == str(packed)
+    truncated = tmp_path / "cut.hlo.gz"
+    truncated.write_bytes(gzip.compress(text.encode())[:20])
+    with pytest.raises(HloParseError, match=f"^{re.escape(str(truncated))}:1:1: not a readable gzip"):
+        parse_file(truncated)
+    binary = tmp_path / "bin.hlo"
+    binary.write_bytes(text.encode().replace(b"constant", b"const\xffnt"))
+    with pytest.raises(HloParseError) as info:
+        parse_file(binary)
+    assert "not UTF-8 text" in str(info.value)
+    assert (info.value.line, info.value.column) == (4, text.splitlines()[3].index("constant") + 6)
 
 
 def test_module_level_errors():

@@ -19,7 +19,7 @@ import pytest
 from benchmarks.models import micro
 from fusionstitching import capture, pipeline
 from fusionstitching.codegen import find_ptxas
-from fusionstitching.hlo.parser import parse_module
+from fusionstitching.hlo.parser import parse_file, parse_module
 from fusionstitching.runtime import gpu
 from fusionstitching.runtime.rewrite import RewriteError
 
@@ -33,7 +33,7 @@ needs_cuda_plugin = pytest.mark.skipif(
 
 
 def _stitched(name: str):
-    module = parse_module((DATA / name).read_text())
+    module = parse_file(DATA / name)
     return module, pipeline.stitch_module(module, pipeline.Options(target="h100"))
 
 
@@ -47,7 +47,7 @@ def layernorm():
 @pytest.fixture(scope="module")
 def dien():
     """DIEN inference for H100: kernels with several outputs (tuple-shaped custom calls)."""
-    module, result = _stitched("dien_infer_small_jax_h100_classic.hlo")
+    module, result = _stitched("dien_infer_small_jax_h100_classic.hlo.gz")
     assert any(len(k.spec.outputs) > 1 for k in result.kernels)
     return module, result
 

@@ -20,7 +20,9 @@ either a Module or an HloParseError -- never a Python-level IndexError or Recurs
 from __future__ import annotations
 
 import bisect
+import gzip
 import re
+import zlib
 from pathlib import Path
 
 from .ir import ELEMENT_BITS, Computation, HloParseError, Instruction, Module, Shape
@@ -53,9 +55,27 @@ def parse_module(text: str, source: str = "<string>") -> Module:
     return _Parser(text, source).module()
 
 
-def parse_file(path) -> Module:
+def read_hlo_text(path) -> str:
+    """The text of an HLO file; a ``.gz`` file (a gzipped dump, a large corpus module) is
+    decompressed. A file that is not UTF-8 text, or a damaged ``.gz``, is an HloParseError
+    naming where (so a bad file is reported like a syntax error, never a traceback)."""
     path = Path(path)
-    return parse_module(path.read_text(), source=str(path))
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise HloParseError(str(path), 1, 1, f"not a readable gzip file ({exc})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        before = data[:exc.start]
+        line, column = before.count(b"\n") + 1, exc.start - (before.rfind(b"\n") + 1) + 1
+        raise HloParseError(str(path), line, column, "not UTF-8 text") from None
+
+
+def parse_file(path) -> Module:
+    return parse_module(read_hlo_text(path), source=str(path))
 
 
 def parse_shape(text: str, source: str = "<shape>") -> Shape:
