@@ -32,7 +32,7 @@ class FlatOp:
     attrs: dict[str, str] = field(default_factory=dict)
     literal: str | None = None
     parameter_number: int | None = None
-    reducer: str | None = None  # reduce: opcode of its single-op to_apply computation
+    reducer: str | None = None  # reduce, scatter: opcode of its single-op to_apply computation
 
     @property
     def dimensions(self) -> tuple[int, ...]:
@@ -51,7 +51,8 @@ class Pattern:
         return {op.name: op for op in self.ops}
 
 
-# Combiners a reduction may use: a single binary op over the computation's two parameters.
+# Combiners a reduction (or a scatter) may use: a single binary op over the computation's two
+# parameters.
 REDUCERS = {"add", "maximum", "minimum", "multiply", "and", "or"}
 
 _NO_OPS = {"get-tuple-element", "tuple", "parameter"}
@@ -64,8 +65,8 @@ def reducer_of(module: Module, inst: Instruction) -> str:
     body = [i for i in comp.instructions if i.opcode != "parameter"]
     if len(params) != 2 or body != [root] or set(root.operands) != params \
             or root.opcode not in REDUCERS:
-        ops = ", ".join(i.opcode for i in body)
-        raise CodegenError(f"reduce {inst.name}: to_apply {comp.name} is not a single "
+        ops = ", ".join(i.opcode for i in body) or f"returns its parameter {root.name}"
+        raise CodegenError(f"{inst.opcode} {inst.name}: to_apply {comp.name} is not a single "
                            f"add/maximum/minimum/multiply/and/or ({ops})")
     return root.opcode
 
@@ -103,12 +104,12 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
         return name
 
     def add_op(inst: Instruction, name: str, operands: list[str]) -> str:
-        reducer = reducer_of(module, inst) if inst.opcode in ("reduce", "reduce-window") \
+        reducer = reducer_of(module, inst) if inst.opcode in ("reduce", "reduce-window", "scatter") \
             else None
         if inst.opcode in ("fusion", "call", "while", "conditional") or (
                 inst.called_computations and reducer is None):
             raise CodegenError(f"{inst.opcode} {inst.name} calls a computation; only fusions "
-                               f"at entry level and reductions are stitched")
+                               f"at entry level, reductions and scatters are stitched")
         ops.append(FlatOp(name, inst.opcode, inst.shape, operands, dict(inst.attrs),
                           inst.literal, reducer=reducer))
         return name

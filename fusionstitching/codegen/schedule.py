@@ -35,6 +35,20 @@ dynamic-update-slice, gather, iota, constants), so every op is computed at a sym
 the current thread: producers of several consumers are recomputed (thread composition), with
 value CSE per scope (paper 4.5). Data-dependent indices (gather, dynamic-slice) and clamped
 positions (pad, concatenate) become `DynamicIndex` variables clamped into their operand.
+
+Scatter (XLA's embedding gradients: a scatter-add of token rows into a zero or parameter
+table) is computed in the *gather form*: element ``o`` of the result is a loop over the update
+windows in order, starting from the operand's element at ``o`` and combining each window's
+element that lands on ``o`` (windows that do not fit the operand are skipped, as XLA does). So
+a scatter is one more op computable at any index: its operand (a broadcast zero), its updates'
+producers and its consumers (the optimizer's update of the table) stitch into the same kernel,
+and nothing needs a grid-wide order. XLA:GPU instead scatters in place with atomics; that needs
+the result buffer initialised with the operand before any update lands (a second launch, or
+an operand that is a kernel input aliased to the output) and ends the kernel at the scatter,
+because no thread knows when the last atomic on an element happened. The gather form combines
+every element in the order XLA:CPU does (update windows in row-major order of the scatter
+dims), on both backends, so it is exact and deterministic; its price is windows x output
+elements, so it is refused beyond MAX_SCATTER_WINDOWS windows.
 """
 from __future__ import annotations
 
@@ -68,6 +82,9 @@ VECTOR = 4  # f32 elements in a 128-bit global access
 # Unrolled stages keep each cached producer's points in registers: at most this many per thread
 # (16 f32 per value keeps LayerNorm's x, its centered copy and the output under 64 registers).
 MAX_CACHED_POINTS = 16
+# A scatter in the gather form costs (update windows) x (output elements): beyond this many
+# windows XLA's own scatter (in place, atomics) is the better kernel.
+MAX_SCATTER_WINDOWS = 1024
 
 UNARY = {"abs", "negate", "exponential", "exponential-minus-one", "log", "log-plus-one", "sqrt",
          "rsqrt", "cbrt", "tanh", "logistic", "sine", "cosine", "tan", "floor", "ceil",
@@ -357,7 +374,7 @@ class _Emitter:
 
     # -- small value builders --------------------------------------------------------------
     def const(self, value, dtype: str) -> tuple[Value, int]:
-        key = ("#const", dtype, value)
+        key = ("#const", dtype, repr(value))  # repr: -0.0 == 0.0 but is another constant
         if key not in self.cache:
             dst = self.fresh(dtype)
             self.place(Const(dst, value), 0)
@@ -455,6 +472,8 @@ class _Emitter:
                 return self.dynamic_update_slice(op, index)
             case "gather":
                 return self.gather(op, index)
+            case "scatter":
+                return self.scatter(op, index)
             case "reduce":
                 self.check_locality(op, index)
                 return self.reduced[op.name], 0
@@ -609,6 +628,75 @@ class _Emitter:
         for d, out_dim in zip(windowed, offset_dims):
             operand_index[d] = add(operand_index[d], index[out_dim])
         return self.value(op.operands[0], tuple(operand_index))
+
+    def scatter(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
+        """Element ``index`` of scatter(operand, indices, updates) in the gather form (module
+        docstring): the operand's element combined, in update-window order, with the element of
+        every update window that covers it; windows that do not fit the operand are skipped."""
+        if len(op.operands) != 3:
+            raise CodegenError(f"scatter {op.name}: variadic scatters are not supported")
+        if _int_list(op, "input_batching_dims"):
+            raise CodegenError(f"scatter {op.name}: batching dims are not supported")
+        operand, indices, updates = (self.ops[o].shape for o in op.operands)
+        dtype = op.shape.dtype
+        if (dtype, op.reducer) not in REDUCIBLE:
+            raise CodegenError(f"scatter {op.name}: combiner {op.reducer} over {dtype} "
+                               f"is not supported")
+        if indices.dtype != "s32":
+            # A wider index narrowed to s32 could wrap into range instead of being skipped.
+            raise CodegenError(f"scatter {op.name}: {indices.dtype} indices are not supported "
+                               f"(s32 only)")
+        window_dims = _int_list(op, "update_window_dims")
+        to_operand = _int_list(op, "scatter_dims_to_operand_dims")
+        vector_dim = int(op.attrs["index_vector_dim"])
+        scatter_dims = [d for d in range(updates.rank) if d not in window_dims]
+        extents = tuple(updates.dims[d] for d in scatter_dims)
+        windows = math.prod(extents)
+        if windows > MAX_SCATTER_WINDOWS:
+            raise CodegenError(f"scatter {op.name}: {windows} update windows; every output "
+                               f"element would scan them all (at most {MAX_SCATTER_WINDOWS})")
+        windowed = [d for d in range(operand.rank) if d not in _int_list(op, "inserted_window_dims")]
+        size = [1] * operand.rank
+        for d, u in zip(windowed, window_dims):
+            size[d] = updates.dims[u]
+        init = self.value(op.operands[0], index)
+        depth = max(self.index_depth(*index), init[1])
+        window_var = Var(f"w{next(self.names)}", windows)
+        self.open_loop(window_var)
+        batch = list(delinearize(ix(window_var), row_major(Shape("s32", extents, ()))))
+        starts: list[tuple[Value, int] | None] = [None] * operand.rank
+        for k, d in enumerate(to_operand):
+            at = batch[:vector_dim] + [ix(k)] + batch[vector_dim:] \
+                if vector_dim < indices.rank else batch
+            starts[d] = self.value(op.operands[1], tuple(at))
+        valid, offset = [], [ix(0)] * operand.rank
+        for d, (i, n, start) in enumerate(zip(index, operand.dims, starts)):
+            if start is None and size[d] == n:  # the window spans the dimension
+                offset[d] = i
+                continue
+            position = self.index_value(i)
+            if start is not None:
+                # XLA skips a window that does not fit the operand (no clamping).
+                valid.append(self.in_range(start, 0, n - size[d] + 1))
+                position = self.op("subtract", "s32", position, start)
+            valid.append(self.in_range(position, 0, size[d]))
+            if size[d] > 1:
+                offset[d] = self.dynamic(position, size[d])
+        at: list[Ix] = [ix(0)] * updates.rank
+        for k, u in enumerate(scatter_dims):
+            at[u] = batch[k]
+        for d, u in zip(windowed, window_dims):
+            at[u] = offset[d]
+        update = self.value(op.operands[2], tuple(at))
+        # Elements no window covers combine with the combiner's identity; -0.0 for a float
+        # sum, since x + -0.0 is x for every x (+0.0 would turn an operand's -0.0 into +0.0).
+        neutral = -0.0 if (op.reducer, dtype) == ("add", "f32") else identity(op.reducer, dtype)
+        masked = self.op("select", dtype, self.all_of(valid), update, self.const(neutral, dtype))
+        body = self.close_loop()
+        result = self.fresh(dtype)
+        self.place(Loop(window_var, ix(0), windows, 1, body,
+                        [Accumulate(result, op.reducer, init[0], masked[0])]), depth)
+        return result, depth
 
     def check_locality(self, op: FlatOp, index: tuple[Ix, ...]) -> None:
         """A reduction's value is only available at the result its thread group reduced."""

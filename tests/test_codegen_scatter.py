@@ -1,0 +1,165 @@
+"""Scatter in the code generator (gather form, schedule.py): embedding-gradient scatter-adds
+with duplicate and out-of-bounds indices, their operands, updates' producers and consumers
+stitched into one kernel, run on the host backend and compared with XLA:CPU (jaxlib) running
+the same module, bit for bit (the gather form combines in XLA:CPU's order; the producers here
+are correctly rounded ops, so that the comparison sees the order alone); the same kernels
+assemble with ptxas (sm_80, sm_90) without spills; the forms it does not build are refused
+with their reason."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from fusionstitching.codegen import (can_stitch, compile_host, compile_nvptx, find_ptxas,
+                                     generate)
+from fusionstitching.hlo.parser import parse_module
+from fusionstitching.hlo.xla_runner import run_hlo_with_xla
+from test_codegen_ops import TRIVIAL, _inputs, check_against_xla
+
+COMBINERS = """
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+%add_s32 (a: s32[], b: s32[]) -> s32[] {
+  %a = s32[] parameter(0)
+  %b = s32[] parameter(1)
+  ROOT %s = s32[] add(%a, %b)
+}
+%max (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] maximum(%a, %b)
+}
+%assign (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  ROOT %b = f32[] parameter(1)
+}
+"""
+
+# The test inputs (`_inputs`, seed 0) draw s32 parameters from -3..17: with 40 indices into
+# 8 rows, rows repeat (duplicates are summed in order) and many windows fall outside the
+# table (skipped); `test_indices_repeat_and_fall_outside` checks that they do.
+SNIPPETS = {
+    # XLA:GPU's form in the corpus (bert/dien/transformer train): update_window_dims={1,2},
+    # indices [N,1], the updates computed by a producer in the same kernel, the table's
+    # optimizer step consuming the scatter in the same kernel.
+    "embedding_gradient": """
+  %table = f32[8,4]{1,0} parameter(0)
+  %idx = s32[40,1]{1,0} parameter(1)
+  %g = f32[40,1,4]{2,1,0} parameter(2)
+  %grad = f32[40,1,4]{2,1,0} multiply(%g, %g)
+  %sc = f32[8,4]{1,0} scatter(%table, %idx, %grad), update_window_dims={1,2}, inserted_window_dims={}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add
+  %lr = f32[] constant(0.125)
+  %lrb = f32[8,4]{1,0} broadcast(%lr), dimensions={}
+  %step = f32[8,4]{1,0} multiply(%sc, %lrb)
+  ROOT %new = f32[8,4]{1,0} subtract(%table, %step)""",
+    # jnp.zeros(...).at[idx].add(x): a broadcast-zero operand, indices [N] (implicit index
+    # vector), the row dimension inserted.
+    "zero_table_inserted_dim": """
+  %idx = s32[40]{0} parameter(0)
+  %x = f32[40,4]{1,0} parameter(1)
+  %zero = f32[] constant(0)
+  %z = f32[8,4]{1,0} broadcast(%zero), dimensions={}
+  %t = f32[40,4]{1,0} multiply(%x, %x)
+  ROOT %sc = f32[8,4]{1,0} scatter(%z, %idx, %t), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add""",
+    # 2-d windows at 2-d starts: a window reaching past the operand's edge is skipped whole,
+    # not clamped; integer sums; a reduction consuming the scatter.
+    "windows_2d_integer": """
+  %op = s32[9,7]{1,0} parameter(0)
+  %idx = s32[6,2]{1,0} parameter(1)
+  %u = s32[6,3,2]{2,1,0} parameter(2)
+  %sc = s32[9,7]{1,0} scatter(%op, %idx, %u), update_window_dims={1,2}, inserted_window_dims={}, scatter_dims_to_operand_dims={0,1}, index_vector_dim=1, to_apply=%add_s32
+  %z = s32[] constant(0)
+  %rows = s32[9]{0} reduce(%sc, %z), dimensions={1}, to_apply=%add_s32
+  ROOT %out = (s32[9,7]{1,0}, s32[9]{0}) tuple(%sc, %rows)""",
+    # A maximum combiner, scatter dims in the middle of the updates, a transposed layout.
+    "max_column_layout": """
+  %op = f32[8,5]{0,1} parameter(0)
+  %idx = s32[3,4]{1,0} parameter(1)
+  %u = f32[3,5,4]{2,1,0} parameter(2)
+  ROOT %sc = f32[8,5]{0,1} scatter(%op, %idx, %u), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=2, to_apply=%max""",
+}
+
+
+def module(body: str):
+    return parse_module(f"HloModule m\n{COMBINERS}\nENTRY %main {{\n{body}\n}}\n")
+
+
+@functools.cache
+def snippet(name: str):
+    m = module(SNIPPETS[name])
+    nodes = [i.name for i in m.entry.instructions if i.opcode not in TRIVIAL]
+    return m, nodes, generate(m, nodes, name)
+
+
+@pytest.mark.parametrize("name", list(SNIPPETS))
+def test_scatter_pattern_is_one_kernel_equal_to_xla_bit_for_bit(name):
+    m, nodes, spec = snippet(name)
+    assert spec.nodes == nodes and spec.modeled_us > 0
+    check_against_xla(m, spec, rtol=0, atol=0)
+
+
+def test_indices_repeat_and_fall_outside():
+    """The inputs the comparisons above run on exercise both sides of XLA's scatter rules."""
+    m, _, _ = snippet("embedding_gradient")
+    idx = _inputs(m, np.random.default_rng(0))[1].reshape(-1)
+    inside = idx[(idx >= 0) & (idx < 8)]
+    assert len(np.unique(inside)) < len(inside)  # duplicates
+    assert ((idx < 0) | (idx >= 8)).any()  # out of bounds
+
+
+def test_the_updates_and_the_scatter_result_stay_inside_the_kernel():
+    """The gradient rows and the scatter's result are not materialised: the kernel reads the
+    table, indices and raw gradient and writes only the updated table."""
+    _, _, spec = snippet("embedding_gradient")
+    assert [n for n, _ in spec.inputs] == ["table", "idx", "g"] or \
+        sorted(n for n, _ in spec.inputs) == ["g", "idx", "table"]
+    assert [n for n, _ in spec.outputs] == ["new"]
+    assert spec.write_bytes == 8 * 4 * 4
+
+
+def test_rows_no_window_reaches_keep_a_negative_zero_operand():
+    """x + -0.0 is x for every x; a +0.0 identity would turn the operand's -0.0 into +0.0
+    (assert_allclose does not see signs: they are compared here)."""
+    m = module(SNIPPETS["zero_table_inserted_dim"].replace("constant(0)", "constant(-0.0)"))
+    nodes = [i.name for i in m.entry.instructions if i.opcode not in TRIVIAL]
+    spec = generate(m, nodes, "k")
+    args = _inputs(m, np.random.default_rng(0))
+    (want,) = run_hlo_with_xla(str(m), args)
+    number = {p.name: p.parameter_number for p in m.entry.parameters}
+    (got,) = compile_host(spec)(*[args[number[n]] for n, _ in spec.inputs])
+    assert np.signbit(want).any()
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    np.testing.assert_array_equal(got, want)
+
+
+REFUSED = {
+    "assign": ("%add", "%assign", "scatter sc: to_apply assign is not a single "
+                                  "add/maximum/minimum/multiply/and/or (returns its parameter b)"),
+    "s64 indices": ("s32[40]{0} parameter(0)", "s64[40]{0} parameter(0)",
+                    "scatter sc: s64 indices are not supported (s32 only)"),
+    "too many windows": ("40", "2000", "scatter sc: 2000 update windows; every output element "
+                                       "would scan them all (at most 1024)"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_unsupported_scatters_are_refused_with_a_reason(case):
+    old, new, reason = REFUSED[case]
+    m = module(SNIPPETS["zero_table_inserted_dim"].replace(old, new))
+    ok, why = can_stitch(m, ["z", "t", "sc"])
+    assert not ok and why == reason
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_ptxas_assembles_every_scatter_kernel_without_spills(arch):
+    if find_ptxas() is None:
+        pytest.skip("find_ptxas() is None: no ptxas on PATH or in nvidia-cuda-nvcc")
+    for name in SNIPPETS:
+        _, _, spec = snippet(name)
+        kernel = compile_nvptx(spec, arch)
+        assert kernel.cubin and kernel.spills == 0, name
