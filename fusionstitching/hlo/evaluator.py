@@ -8,7 +8,9 @@ Layouts only matter where XLA semantics read the physical buffer: ``bitcast``.
 
 Numerics follow XLA:CPU: arithmetic happens in the instruction's element type, except that
 f16/bf16/f8 elementwise math is done in f32 and rounded back (XLA:CPU upcasts those too).
-Reductions use numpy's summation order, which differs from XLA's; compare with tolerances.
+Float dots, convolutions and reduces accumulate in f64 and round once (``_accumulation_dtype``):
+XLA sums in an order of its own, so no order of ours is bit-exact, and only a sum at least as
+accurate as XLA's keeps a whole step's drift from f64 no larger than XLA's.
 
 Scalar computations (reducers, comparators, scatter combiners, ``map`` bodies) are evaluated
 *lifted*: their parameters are whole arrays instead of scalars. Elementwise ops broadcast, so
@@ -204,6 +206,22 @@ def _elementwise(fn):
         result = fn(*[_widen(np.asarray(x)) for x in operands])
         return np.asarray(result).astype(inst.shape.numpy_dtype, copy=False)
     return op
+
+
+def _accumulation_dtype(out: np.dtype) -> np.dtype:
+    """Where dots, convolutions and reduces of ``out`` elements accumulate.
+
+    Floats in f64, rounded once to ``out``: numpy's own f32 sums are less accurate than
+    XLA:CPU's. Its f32 matmul adds the K products in sequence (the TF Transformer's attention
+    logits, K=16: 2.7 ulps mean error, XLA:CPU's dot 1.6) and a reduce over a major dimension
+    adds row after row (512 rows: 2.7 ulps mean, XLA:CPU 0.4); test_sums_are_as_accurate_as_xla
+    in tests/test_evaluator.py. Integers in 64 bits: the same bits as wrapping in the narrower
+    type, after the final cast."""
+    if out.kind == "f" or out in _NARROW_FLOATS:  # bf16/f8 are not numpy kind "f"
+        return np.dtype(np.float64)
+    if out.kind == "c":
+        return np.dtype(np.complex128)
+    return np.dtype(np.int64) if out.kind in "biu" else out
 
 
 def _is_float(x: np.ndarray) -> bool:
@@ -558,9 +576,10 @@ def _reduce_arrays(ev, comp: Computation, inputs: list, inits: list, axes: tuple
     if count == 0:
         return [np.broadcast_to(init, out_shape) for init in inits]
     if ufunc is not None:
-        x, init = _widen(inputs[0]), _widen(inits[0])
-        partial = ufunc.reduce(x, axis=axes, dtype=x.dtype)
-        return [np.asarray(ufunc(partial, init)).astype(inputs[0].dtype)]
+        x = inputs[0]
+        acc = _accumulation_dtype(x.dtype)
+        partial = ufunc.reduce(x.astype(acc), axis=axes, dtype=acc)
+        return [np.asarray(ufunc(partial, inits[0].astype(acc))).astype(x.dtype)]
     # General (e.g. variadic argmax) reducers: XLA may combine elements in any order, so combine
     # the two halves of the reduced elements pairwise: log2(count) lifted calls.
     parts = [np.transpose(x, kept + list(axes)).reshape(out_shape + (count,)) for x in inputs]
@@ -779,12 +798,6 @@ def _scatter(ev, inst, operands):
 
 # ----------------------------------------------------------------------------------------------
 # Linear algebra
-
-
-def _accumulation_dtype(out: np.dtype) -> np.dtype:
-    if out in _NARROW_FLOATS:
-        return np.dtype(np.float32)
-    return np.dtype(np.int64) if out.kind in "biu" else out  # integers wrap on the final cast
 
 
 def _dot(ev, inst, operands):
