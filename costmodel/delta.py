@@ -97,22 +97,33 @@ class DeltaEvaluator:
         self._occupancy: dict[tuple[int, int], Occupancy] = {}
 
     def evaluate(self, p: PatternSummary) -> DeltaBreakdown:
+        return DeltaBreakdown(
+            self.reduced_mem_us(p.register_bytes, p.shared_bytes),
+            (p.kernels_merged - 1) * LAUNCH_US,
+            self.penalty_us(p.grid_blocks, p.threads_per_block, p.max_shared_memory,
+                            p.instructions, p.global_bytes))
+
+    # The two terms separately, from plain numbers: the explorer bounds f by the first
+    # before it builds anything for the second (see PatternSummary for the arguments).
+
+    def reduced_mem_us(self, register_bytes: int, shared_bytes: int) -> float:
         # Registers cost nothing to keep a value in (see the module docstring).
-        reduced_mem = (self._global.time_us(p.register_bytes) + self._global.time_us(p.shared_bytes)
-                       - self._shared.time_us(p.shared_bytes))
-        reduced_calls = (p.kernels_merged - 1) * LAUNCH_US
-        key = (p.threads_per_block, p.max_shared_memory)
+        return (self._global.time_us(register_bytes) + self._global.time_us(shared_bytes)
+                - self._shared.time_us(shared_bytes))
+
+    def penalty_us(self, grid_blocks: int, threads_per_block: int, max_shared_memory: int,
+                   instructions: Mapping[str, float], global_bytes: int) -> float:
+        key = (threads_per_block, max_shared_memory)
         occ = self._occupancy.get(key)
         if occ is None:
-            occ = self._occupancy[key] = occupancy(self.device, p.threads_per_block,
-                                                   PENALTY_REGISTERS, p.max_shared_memory)
+            occ = self._occupancy[key] = occupancy(self.device, threads_per_block,
+                                                   PENALTY_REGISTERS, max_shared_memory)
         if occ.active_blocks_per_sm == 0:  # the fused kernel cannot launch: never fuse
-            return DeltaBreakdown(reduced_mem, reduced_calls, float("inf"))
-        _, _, cycles = compute_cycles(self.device, p.grid_blocks, p.threads_per_block, occ,
-                                      p.instructions, self._costs)
-        memory_us = p.global_bytes * self._global.us_per_byte
-        penalty = overlap_us(cycles * self._us_per_cycle, memory_us) - memory_us
-        return DeltaBreakdown(reduced_mem, reduced_calls, penalty)
+            return float("inf")
+        _, _, cycles = compute_cycles(self.device, grid_blocks, threads_per_block, occ,
+                                      instructions, self._costs)
+        memory_us = global_bytes * self._global.us_per_byte
+        return overlap_us(cycles * self._us_per_cycle, memory_us) - memory_us
 
     def score(self, p: PatternSummary) -> float:
         return self.evaluate(p).score

@@ -147,6 +147,38 @@ def test_traffic_index_agrees_with_pattern_traffic(path):
             assert index.traffic(frozenset(pattern))[:2] == pattern_traffic(graph, pattern)
 
 
+
+@pytest.mark.parametrize("name", ["layernorm_64x256_jax_cpu.hlo", "bert_train_small_jax_h100.hlo.gz",
+                                  "dien_train_small_tf_h100.hlo.gz",
+                                  "transformer_train_small_jax_cpu.hlo.gz"])
+def test_joined_patterns_recount_only_what_changed_and_agree(name):
+    """The explorer grows a candidate from a known one (its traffic, gathered facts and
+    acyclicity): each must equal the same computed from scratch."""
+    graph = build_graph(parse_file(f"tests/data/hlo/{name}"))
+    explorer = Explorer(graph, accept_all, H100)
+    index, model = explorer.index, explorer.model
+    outcomes = set()
+    for region in memory_intensive_regions(graph):
+        for i in range(len(region)):  # overlapping windows of the topological order
+            a, b = frozenset(region[i:i + 3]), frozenset(region[i + 1:i + 6:2])
+            union = a | b
+            for base in (a, b):  # grown by later kernels, and by earlier ones
+                assert index.traffic(union, base, index.traffic(base)) == index.traffic(union)
+                assert model.gather(union, base, model.gather(base)) == model.gather(union)
+            if b and not index.creates_cycle(a) and not index.creates_cycle(b):
+                cyclic = index.creates_cycle(union)
+                assert index.joins_cycle(a, b, union) == cyclic
+                assert index.joins_cycle(b, a, union) == cyclic
+                outcomes.add(cyclic)
+    assert False in outcomes
+
+
+def test_joining_acyclic_patterns_finds_the_cycle_through_an_outside_kernel():
+    index = Explorer(build_graph(parse_module(CYCLE)), accept_all, H100).index
+    assert index.joins_cycle(frozenset("a"), frozenset("c"), frozenset("ac"))  # a -> dot -> c
+    assert index.joins_cycle(frozenset("ab"), frozenset("bc"), frozenset("abc"))
+    assert not index.joins_cycle(frozenset("a"), frozenset("b"), frozenset("ab"))
+
 INDEPENDENT = """
 HloModule two
 ENTRY %main (x: f32[64,64], y: f32[32,32]) -> (f32[64,64], f32[32,32]) {

@@ -6,7 +6,9 @@
   patterns; no-ops are transparent, opaque kernels bound the regions but still carry paths.
 - Per-kernel traffic facts (the values it reads and writes, identified as in
   ``graph.traffic``) so that a pattern's bytes are summed over the pattern's own edges, not
-  over the whole graph as ``traffic.pattern_traffic`` does (tests check both agree).
+  over the whole graph as ``traffic.pattern_traffic`` does (tests check both agree), and a
+  pattern grown from one whose bytes are known recounts only the values the new kernels
+  touch.
 
 Cycle check (paper Figure 6). Fusing a pattern P is cyclic iff some path leaves P and
 re-enters it through an outside kernel. A kernel u can reach a kernel w only if
@@ -16,7 +18,8 @@ the highest such kernel's level. Cost per check: the kernels and edges reachable
 boundary inside that level range -- in a layered graph, the one or two layers the
 pattern spans, whatever the graph's size. Worst case (a pattern spanning the whole graph's
 depth) it is O(V + E); patterns are capped in size (``MAX_PATTERN_KERNELS``), so in practice
-each check is local.
+each check is local. Joining two acyclic patterns (``joins_cycle``) only searches from each
+side's own kernels towards the other's.
 """
 from __future__ import annotations
 
@@ -67,26 +70,42 @@ class KernelDag:
     # -- reachability --------------------------------------------------------------------
 
     def creates_cycle(self, pattern: frozenset[str]) -> bool:
-        """Does a path leave ``pattern`` and come back through an outside kernel?
+        """Does a path leave ``pattern`` and come back through an outside kernel?"""
+        return self._comes_back(pattern, pattern, pattern)
 
-        A path can only come back into a pattern kernel that has a producer outside, and
-        only from a lower level: the search from the pattern's outside consumers stops at
-        the highest such kernel's level."""
+    def joins_cycle(self, a: frozenset[str], b: frozenset[str], union: frozenset[str]) -> bool:
+        """``creates_cycle(union)`` for ``union = a | b`` of two acyclic patterns. A path
+        that leaves the union and comes back to the side it left would make that side
+        cyclic, so it goes from a's own kernels to b's or back: only those two searches
+        run, and joining one earlier vertex to a pattern searches from that vertex alone
+        (nothing in the pattern reaches back to it)."""
+        only_a, only_b = a - b, b - a
+        return (self._comes_back(only_a, only_b, union)
+                or self._comes_back(only_b, only_a, union))
+
+    def _comes_back(self, sources: frozenset[str], targets: frozenset[str],
+                    pattern: frozenset[str]) -> bool:
+        """Does a path from ``sources`` leave ``pattern`` and re-enter it at ``targets``?
+
+        A path can only come back into a target that has a producer outside, and only from
+        a lower level: the search from the sources' outside consumers stops at the highest
+        such target's level."""
         level, succs, preds = self.level, self.succs, self.preds
         top = -1
-        for n in pattern:
+        for n in targets:
             if level[n] > top:
                 for p in preds[n]:
                     if p not in pattern:
                         top = level[n]
                         break
-        stack = [u for n in pattern for u in succs[n] if u not in pattern and level[u] < top]
+        stack = [u for n in sources if level[n] + 1 < top
+                 for u in succs[n] if u not in pattern and level[u] < top]
         seen = set(stack)
         while stack:
             for w in succs[stack.pop()]:
-                if w in pattern:
+                if w in targets:
                     return True
-                if w not in seen and level[w] < top:
+                if w not in seen and w not in pattern and level[w] < top:
                     seen.add(w)
                     stack.append(w)
         return False
@@ -117,13 +136,13 @@ class GraphIndex(KernelDag):
                 self.produced[v[0]].append(v)
         self.bytes = {v: value_bytes(graph, v)
                       for v in set(self.value_users) | self.outputs}
-        # The same facts as flat tuples, for ``traffic``'s inner loops:
-        # reads: (producer, value, bytes); writes: (bytes, users, returned?, via shared?).
-        self._reads = {k: tuple((v[0], v, self.bytes[v]) for v in self.consumes[k])
-                       for k in self.kernels}
-        self._writes = {k: tuple((self.bytes[v], tuple(self.value_users.get(v, ())),
-                                  v in self.outputs, nodes[k].op_class == OpClass.REDUCTION)
-                                 for v in self.produced[k]) for k in self.kernels}
+        # The same facts flat, for ``traffic``'s inner loops: per value (producer, bytes,
+        # users, returned?, via shared?); per kernel the values it reads or writes.
+        self._values = {v: (v[0], size, tuple(self.value_users.get(v, ())), v in self.outputs,
+                            v[0] in nodes and nodes[v[0]].op_class == OpClass.REDUCTION)
+                        for v, size in self.bytes.items()}
+        self._touches = {k: tuple(dict.fromkeys(self.consumes[k] + self.produced[k]))
+                         for k in self.kernels}
 
         # Per-kernel facts for the kernel profile.
         self.elements: dict[str, int] = {}  # the iteration space a kernel's threads cover
@@ -148,36 +167,64 @@ class GraphIndex(KernelDag):
 
     # -- traffic ---------------------------------------------------------------------------
 
-    def traffic(self, pattern: Iterable[str]) -> tuple[int, int, int, int]:
+    def traffic(self, pattern: Iterable[str], base: frozenset[str] = frozenset(),
+                base_traffic: tuple[int, int, int, int] = (0, 0, 0, 0)
+                ) -> tuple[int, int, int, int]:
         """(bytes read, bytes written, register bytes, shared bytes) of one kernel made of
         ``pattern``: reads and writes as ``traffic.pattern_traffic``; register/shared bytes
         are the global accesses the unfused kernels spent on the values the pattern keeps on
         chip (every access counted, as ``costmodel.delta.PatternSummary`` wants). A value a
         reduction produces crosses threads, so it goes through shared memory; every other
-        value stays in the registers of the thread that computed it."""
+        value stays in the registers of the thread that computed it.
+
+        Each value counts on its own, through its producer and users alone, so when
+        ``base``, a subset of ``pattern``, has ``base_traffic``, only the values the other
+        kernels read or write are recounted: the explorer grows candidates by a vertex or
+        by another candidate and pays for what changed."""
         inside = pattern if isinstance(pattern, (set, frozenset)) else set(pattern)
-        read_values: dict = {}
-        writes = register = shared = 0
-        for n in inside:
-            for producer, value, size in self._reads[n]:
-                if producer not in inside:
-                    read_values[value] = size
-            for size, users, returned, via_shared in self._writes[n]:
-                internal = 0
+        touches, values = self._touches, self._values
+        reads, writes, register, shared = base_traffic
+        for value in {v for n in (inside - base if base else inside) for v in touches[n]}:
+            producer, size, users, returned, via_shared = values[value]
+            if producer not in inside:  # read once, unless ``base`` already reads it
                 for u in users:
-                    if u in inside:
-                        internal += 1
-                escapes = returned or internal < len(users)
-                if escapes:
-                    writes += size
-                if internal:
-                    saved = size * internal + (0 if escapes else size)
-                    if via_shared:
-                        shared += saved
-                    else:
-                        register += saved
-        reads = sum(read_values.values())
+                    if u in base:
+                        break
+                else:
+                    reads += size
+                continue
+            internal = internal_before = 0
+            for u in users:
+                if u in inside:
+                    internal += 1
+                    if u in base:
+                        internal_before += 1
+            if producer in base:  # recounted: take back what ``base`` counted
+                written, kept = _written_and_kept(size, len(users), returned, internal_before)
+                writes -= written
+                if via_shared:
+                    shared -= kept
+                else:
+                    register -= kept
+            elif internal_before:  # ``base`` read it from the added kernel that makes it
+                reads -= size
+            written, kept = _written_and_kept(size, len(users), returned, internal)
+            writes += written
+            if via_shared:
+                shared += kept
+            else:
+                register += kept
         return reads, writes, register, shared
+
+
+def _written_and_kept(size: int, users: int, returned: bool, internal: int) -> tuple[int, int]:
+    """A value made inside a pattern, ``internal`` of its ``users`` inside too: (bytes
+    written to global memory, bytes of the unfused kernels' global accesses kept on chip).
+    It is written when something outside needs it; each use inside, and the write when
+    nothing outside needs it, stays on chip."""
+    escapes = returned or internal < users
+    written = size if escapes else 0
+    return written, (size * internal + size - written if internal else 0)
 
 
 def _elements(shape) -> int:

@@ -1,4 +1,4 @@
-"""Kernel profiles and delta-evaluator summaries of candidate patterns, from the graph alone.
+"""Kernel profiles of candidate patterns, from the graph alone.
 
 The code generator knows the real launch of a pattern only after scheduling it, which is
 too slow to run per candidate, so the explorer models a pattern's kernel simply:
@@ -20,13 +20,13 @@ too slow to run per candidate, so the explorer models a pattern's kernel simply:
 - Bytes: ``GraphIndex.traffic`` (the same counting as ``graph.traffic.pattern_traffic``).
 
 A code generator that can report a real ``KernelProfile`` plugs in through the explorer's
-``profile_of`` parameter; the delta-evaluator summary keeps using this model.
+``profile_of`` parameter; the delta-evaluator's penalty keeps using this model.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from operator import add
 
-from costmodel import KernelProfile, PatternSummary, estimate_registers
+from costmodel import KernelProfile, estimate_registers
 
 from .index import GraphIndex
 
@@ -45,32 +45,39 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 class PatternModel:
-    """Profiles and summaries of patterns of one graph."""
+    """Profiles of patterns of one graph, from facts gathered over their kernels."""
 
     def __init__(self, index: GraphIndex):
         self.index = index
+        # The op classes of the graph's kernels in one fixed order: work is a vector over
+        # them, and instructions are listed (and their cycles summed) in that order whatever
+        # the order the pattern's kernels are visited in.
+        self.classes = tuple(sorted({cls for n in index.participants for cls in index.mix[n]}))
         # Per kernel: (elements, rows or 0, instructions per element times elements), so a
-        # pattern's profile is one pass of sums and maxima over its kernels.
+        # pattern's facts are sums and maxima over its kernels.
         self._facts = {n: (index.elements[n], index.rows.get(n, 0),
-                           tuple((cls, count * index.elements[n])
-                                 for cls, count in index.mix[n].items()))
+                           tuple(index.mix[n].get(cls, 0.0) * index.elements[n]
+                                 for cls in self.classes))
                        for n in index.participants}
+        self._nothing = (0, 0, 0, (0.0,) * len(self.classes))
 
-    def _gather(self, nodes: Iterable[str]):
-        """(largest iteration space, most reduction rows, reductions, summed work by class)."""
+    def gather(self, nodes: frozenset[str], base: frozenset[str] = frozenset(),
+               base_facts: tuple | None = None) -> tuple:
+        """(largest iteration space, most reduction rows, reductions, summed work by class) of
+        ``nodes``; when ``base``, a subset, has ``base_facts``, only the other kernels are
+        added. Work is a sum of whole numbers (counts times elements), exact in floating
+        point in any order, so the facts do not depend on how the pattern was grown."""
         facts = self._facts
-        elements = rows = reductions = 0
-        work: dict[str, float] = {}
-        for n in nodes:
-            e, r, mix = facts[n]
+        elements, rows, reductions, work = base_facts if base else self._nothing
+        for n in (nodes - base if base else nodes):
+            e, r, w = facts[n]
             if e > elements:
                 elements = e
             if r:
                 reductions += 1
                 if r > rows:
                     rows = r
-            for cls, w in mix:
-                work[cls] = work.get(cls, 0.0) + w
+            work = tuple(map(add, work, w))
         return elements, rows, reductions, work
 
     @staticmethod
@@ -83,12 +90,14 @@ class PatternModel:
             return _ceil_div(rows, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, False
         return rows, ROW_BLOCK_THREADS, True
 
-    def profile(self, nodes: frozenset[str], traffic=None) -> KernelProfile:
-        reads, writes, _, _ = traffic or self.index.traffic(nodes)
-        elements, rows, reductions, work = self._gather(nodes)
+    def launch(self, facts: tuple, reads: int, writes: int
+               ) -> tuple[int, int, int, dict[str, float]]:
+        """(grid blocks, threads per block, shared bytes per block, instructions per thread)
+        of the kernel with gathered ``facts`` that reads and writes these global bytes."""
+        elements, rows, reductions, work = facts
         grid, block, block_composition = self._launch(elements, rows, reductions)
         threads = grid * block
-        instructions = {cls: w / threads for cls, w in work.items()}
+        instructions = {cls: w / threads for cls, w in zip(self.classes, work) if w}
         if reductions:
             shuffles = WARP_REDUCE_SHUFFLES * reductions
             instructions["shfl"] = instructions.get("shfl", 0.0) + shuffles
@@ -97,20 +106,16 @@ class PatternModel:
                     instructions[cls] = instructions.get(cls, 0.0) + float(reductions)
         instructions["ld_global"] = reads / ELEMENT_BYTES / threads
         instructions["st_global"] = writes / ELEMENT_BYTES / threads
+        smem = REDUCTION_SMEM_BYTES * reductions if block_composition else 0
+        return grid, block, smem, instructions
+
+    def profile(self, nodes: frozenset[str], traffic=None, facts=None) -> KernelProfile:
+        reads, writes, _, _ = traffic or self.index.traffic(nodes)
+        grid, block, smem, instructions = self.launch(facts or self.gather(nodes), reads, writes)
         return KernelProfile(
             grid_blocks=grid, threads_per_block=block,
             regs_per_thread=estimate_registers([min(2 * len(nodes), MAX_LIVE_VALUES)]),
-            smem_bytes=REDUCTION_SMEM_BYTES * reductions if block_composition else 0,
-            instructions=instructions, bytes_read=reads, bytes_written=writes)
-
-    def summary(self, nodes: frozenset[str], traffic=None) -> PatternSummary:
-        traffic = traffic or self.index.traffic(nodes)
-        p = self.profile(nodes, traffic)
-        return PatternSummary(
-            register_bytes=traffic[2], shared_bytes=traffic[3], kernels_merged=len(nodes),
-            grid_blocks=p.grid_blocks, threads_per_block=p.threads_per_block,
-            max_shared_memory=p.smem_bytes, instructions=p.instructions,
-            global_bytes=p.bytes_read + p.bytes_written)
+            smem_bytes=smem, instructions=instructions, bytes_read=reads, bytes_written=writes)
 
 
 def packed_profile(parts: list[KernelProfile]) -> KernelProfile:

@@ -58,7 +58,6 @@ from dataclasses import dataclass
 
 import costmodel
 from costmodel import KernelProfile, kernel_latency_us
-from costmodel.delta import memory_levels
 
 from ..graph import OpGraph
 from .baseline import connected_region_plan
@@ -122,13 +121,13 @@ class Explorer:
         self.top_k, self.beam_width, self.max_pattern = top_k, beam_width, max_pattern
         self.profile_of = profile_of
         self.evaluator = costmodel.delta.delta_evaluator(device)
-        levels = memory_levels(device)
-        self._global, self._shared = levels["global"], levels["shared"]
         self._can_stitch = can_stitch
         self._buildable: dict[frozenset[str], tuple[bool, str]] = {}
-        # GraphIndex.traffic of every pattern priced: candidates, then the same kernels again
-        # in the plans of every beam, XLA's and the connected-region baseline's.
+        # GraphIndex.traffic and PatternModel.gather of the patterns later ones grow from
+        # (each kernel alone, kept candidates) and, for traffic, of the kernels of every plan
+        # priced (every beam's, XLA's and the connected-region baseline's).
         self._traffic: dict[frozenset[str], tuple[int, int, int, int]] = {}
+        self._facts: dict[frozenset[str], tuple] = {}
         self._profiles: dict[frozenset[str], KernelProfile] = {}  # of kernels in plans
         self._latency: dict[frozenset[str], float] = {}
         self._packs: dict[tuple, tuple[bool, float]] = {}  # remote fusion's verdicts
@@ -136,9 +135,11 @@ class Explorer:
             self.index = GraphIndex(graph)
             self.model = PatternModel(self.index)
             # The delta-evaluator's penalty of each kernel alone (see the module docstring).
-            self._alone = {n: self.evaluator.evaluate(self.model.summary(
-                frozenset((n,)), self.traffic(frozenset((n,))))).penalty_us
-                for n in self.index.participants}
+            self._alone = {}
+            for n in self.index.participants:
+                single = frozenset((n,))
+                facts = self._facts[single] = self.model.gather(single)
+                self._alone[n] = self._penalty_us(self.traffic(single), facts)
         # Decisions as (pattern, ok, reason): the latest per pattern and all of them in
         # order; ``run`` turns them into ``Decision``s (nodes in topological order) once.
         self._latest: dict[frozenset[str], tuple[bool, str]] = {}
@@ -174,7 +175,8 @@ class Explorer:
         profile = self._profiles.get(nodes)
         if profile is None:
             profile = self._profiles[nodes] = (
-                self.model.profile(nodes, self.traffic(nodes)) if self.profile_of is None
+                self.model.profile(nodes, self.traffic(nodes), self._facts.get(nodes))
+                if self.profile_of is None
                 else self.profile_of(self._ordered(nodes)))
         return profile
 
@@ -185,28 +187,41 @@ class Explorer:
             traffic = self._traffic[nodes] = self.index.traffic(nodes)
         return traffic
 
+    def _penalty_us(self, traffic, facts) -> float:
+        """The delta-evaluator's T_penalty of the kernel with ``traffic`` and gathered
+        ``facts`` (PatternModel.gather)."""
+        grid, block, smem, instructions = self.model.launch(facts, traffic[0], traffic[1])
+        return self.evaluator.penalty_us(grid, block, smem, instructions,
+                                         traffic[0] + traffic[1])
+
     # -- 1. candidate patterns --------------------------------------------------------------
 
-    def _top_k(self, sets: list[frozenset[str]], cache: dict) -> list[Candidate]:
-        """The top-k acyclic candidates among ``sets`` by f, scoring in order of f's bound.
-        ``cache`` holds, per set, [bound, traffic, f or None]. Every set holds the vertex
-        and kernels after it, so ties in the bound are broken by size alone (then by the
-        order of ``sets``: the sort is stable)."""
+    def _top_k(self, joins: list[tuple[frozenset[str], frozenset[str], frozenset[str]]],
+               cache: dict) -> list[Candidate]:
+        """The top-k acyclic candidates among ``joins`` by f, scoring in order of f's bound.
+        A join (s, a, b) is a set s = a | b of two acyclic patterns, a one whose facts are
+        known (a kept candidate or one kernel), so s's facts and cycle check only look at
+        what b adds. ``cache`` holds, per set, [bound, traffic, f or None, a, b, facts or
+        None]. Every set
+        holds the vertex and kernels after it, so ties in the bound are broken by size alone
+        (then by the order of ``joins``: the sort is stable)."""
         bounded = []
-        for s in dict.fromkeys(sets):
+        listed = set()
+        for s, a, b in joins:
+            if s in listed:
+                continue
+            listed.add(s)
             entry = cache.get(s)
             if entry is None:
                 if len(s) > self.max_pattern:
                     self._decide(s, False, f"more than {self.max_pattern} kernels")
                     entry = cache[s] = None
                     continue
-                traffic = self.traffic(s)
-                bound = (self._global.time_us(traffic[2]) + self._global.time_us(traffic[3])
-                         - self._shared.time_us(traffic[3])
+                traffic = self.index.traffic(s, a, self._traffic[a])
+                bound = (self.evaluator.reduced_mem_us(traffic[2], traffic[3])
                          + (len(s) - 1) * costmodel.LAUNCH_US)
-                entry = cache[s] = [bound, traffic, None]
-            if entry is not None:
-                bounded.append((-entry[0], len(s), s))
+                entry = cache[s] = [bound, traffic, None, a, b, None]
+            bounded.append((-entry[0], len(s), s))
         bounded.sort(key=lambda t: t[:2])
         kept: list[Candidate] = []
         for position, (negative_bound, _, s) in enumerate(bounded):
@@ -219,13 +234,14 @@ class Explorer:
             entry = cache[s]
             score = entry[2]
             if score is None:
-                score = entry[2] = self._score(s, entry[1])
+                score = entry[2] = self._score(s, entry)
             if score == float("-inf"):
                 continue
             if len(kept) == self.top_k and score <= kept[-1].score:
                 self._decide(s, False, f"not in the top {self.top_k}: f = {score:.3f} us")
                 continue
             kept.append(Candidate(s, score))
+            self._traffic[s], self._facts[s] = entry[1], entry[5]  # later joins start here
             kept.sort(key=lambda c: -c.score)
             self._decide(s, True, f"candidate: f = {score:+.3f} us (delta-evaluator)")
             if len(kept) > self.top_k:
@@ -234,19 +250,20 @@ class Explorer:
                              f"not in the top {self.top_k}: f = {dropped.score:.3f} us")
         return kept
 
-    def _score(self, s: frozenset[str], traffic) -> float:
+    def _score(self, s: frozenset[str], entry: list) -> float:
         """f of one candidate (see the module docstring), -inf when it is cyclic."""
-        if self.index.creates_cycle(s):
+        bound, traffic, _, a, b, _ = entry
+        if self.index.joins_cycle(a, b, s):
             self._decide(s, False, "cycle: a path leaves the pattern and re-enters it "
                                    "through an outside kernel")
             return float("-inf")
-        breakdown = self.evaluator.evaluate(self.model.summary(s, traffic))
+        facts = entry[5] = self.model.gather(s, a, self._facts[a])
         alone = self._alone
         # fsum: exact, so the score does not depend on the set's iteration order (string
         # hashing differs per process) and plans are the same on every run.
         alone_penalty = math.fsum([alone[n] for n in s])
-        return (breakdown.reduced_mem_us + breakdown.reduced_calls_us
-                - max(0.0, breakdown.penalty_us - alone_penalty))
+        # the bound is T_reduced_mem + T_reduced_calls
+        return bound - max(0.0, self._penalty_us(traffic, facts) - alone_penalty)
 
     def pattern_reduction(self, vertex: str) -> list[Candidate]:
         """PatternReduction(C_vertex): top-k candidates with ``vertex`` as producer; every
@@ -254,18 +271,24 @@ class Explorer:
         consumers = self.index.consumers[vertex]
         cache: dict = {}
         pool: dict[frozenset[str], Candidate] = {}
+        alone = frozenset((vertex,))
 
         def reduce(group: list[str]) -> list[Candidate]:
             if len(group) == 1:
-                c = group[0]
-                sets = [frozenset((vertex, c))] + [cand.nodes | {vertex}
-                                                   for cand in self.growth.get(c, ())]
+                c = frozenset(group)
+                joins = [(c | alone, c, alone)] + [(cand.nodes | alone, cand.nodes, alone)
+                                                   for cand in self.growth.get(group[0], ())]
             else:
                 half = len(group) // 2
                 left, right = reduce(group[:half]), reduce(group[half:])
-                sets = ([x.nodes for x in left + right]
-                        + [a.nodes | b.nodes for a in left for b in right])
-            kept = self._top_k(sets, cache)
+                # already in ``cache``: each joined with itself
+                joins = [(x.nodes, x.nodes, x.nodes) for x in left + right]
+                for x in left:
+                    for y in right:
+                        a, b = (x.nodes, y.nodes) if len(x.nodes) >= len(y.nodes) \
+                            else (y.nodes, x.nodes)
+                        joins.append((a | b, a, b))
+            kept = self._top_k(joins, cache)
             pool.update((c.nodes, c) for c in kept)
             return kept
 
