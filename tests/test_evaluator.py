@@ -262,13 +262,13 @@ def test_workload_file_matches_xla(path):
     A fixed tolerance does not fit these: with random, unscaled weights a step amplifies f32
     rounding by 10^3 and more (XLA's own f32 result is 1300 ulps from its f64 result on ASR's
     output, up to 1.2e-3 absolute on DIEN's TF gradients), while each op of the evaluator is
-    within a few ulps of f64 on the same f32 operands (dot, convolution, reduce: <= 3.5 eps
-    times sum|x|; the sum reduce-windows of the Transformers, 32 terms in order: <= 12 ulps of
-    the largest output; elementwise ops <= 1 ulp). So the evaluator and XLA:CPU differ by
-    rounding propagated through the step; what must hold is that the evaluator is about as
-    close to the exact result as XLA is (xla_runner.DRIFT_FACTOR: what it is measured on, and
-    the TF Transformer, which exceeds it and is open). A real error (a wrong op, index or
-    reduction) moves outputs by far more than rounding does."""
+    within a few ulps of f64 on the same f32 operands (dot, convolution, reduce: summed in f64
+    and rounded once; the sum reduce-windows of the Transformers, 32 terms in order as XLA:CPU
+    adds them: <= 12 ulps of the largest output; elementwise ops <= 1 ulp). So the evaluator
+    and XLA:CPU differ by rounding propagated through the step; what must hold is that the
+    evaluator is about as close to the exact result as XLA is (xla_runner.DRIFT_FACTOR: what it
+    is measured on, and why the TF Transformer's step comes close to it). A real error (a wrong
+    op, index or reduction) moves outputs by far more than rounding does."""
     text = read_hlo_text(path)
     module = parse_file(path)
     args = _random_args(module)
