@@ -85,6 +85,8 @@ MAX_CACHED_POINTS = 16
 # A scatter in the gather form costs (update windows) x (output elements): beyond this many
 # windows XLA's own scatter (in place, atomics) is the better kernel.
 MAX_SCATTER_WINDOWS = 1024
+# Up to this many windows a scatter is straight-line code, beyond it a loop over the windows.
+UNROLLED_SCATTER_WINDOWS = 32
 
 UNARY = {"abs", "negate", "exponential", "exponential-minus-one", "log", "log-plus-one", "sqrt",
          "rsqrt", "cbrt", "tanh", "logistic", "sine", "cosine", "tan", "floor", "ceil",
@@ -660,38 +662,56 @@ class _Emitter:
         for d, u in zip(windowed, window_dims):
             size[d] = updates.dims[u]
         init = self.value(op.operands[0], index)
+        # Elements no window covers combine with the combiner's identity; -0.0 for a float
+        # sum, since x + -0.0 is x for every x (+0.0 would turn an operand's -0.0 into +0.0).
+        neutral = self.const(-0.0 if (op.reducer, dtype) == ("add", "f32") else
+                             identity(op.reducer, dtype), dtype)
+
+        def window_value(window: Ix) -> tuple[Value, int]:
+            """The element of update window ``window`` landing on ``index``, else neutral."""
+            batch = list(delinearize(window, row_major(Shape("s32", extents, ()))))
+            starts: list[tuple[Value, int] | None] = [None] * operand.rank
+            for k, d in enumerate(to_operand):
+                at = batch[:vector_dim] + [ix(k)] + batch[vector_dim:] \
+                    if vector_dim < indices.rank else batch
+                starts[d] = self.value(op.operands[1], tuple(at))
+            valid, offset = [], [ix(0)] * operand.rank
+            for d, (i, n, start) in enumerate(zip(index, operand.dims, starts)):
+                if start is None and size[d] == n:  # the window spans the dimension
+                    offset[d] = i
+                    continue
+                position = self.index_value(i)
+                if start is not None and size[d] == 1:
+                    # start == i: the window fits, since 0 <= i < n.
+                    valid.append(self.compare(position, start, "EQ"))
+                    continue
+                if start is not None:
+                    # XLA skips a window that does not fit the operand (no clamping).
+                    valid.append(self.in_range(start, 0, n - size[d] + 1))
+                    position = self.op("subtract", "s32", position, start)
+                valid.append(self.in_range(position, 0, size[d]))
+                if size[d] > 1:
+                    offset[d] = self.dynamic(position, size[d])
+            at: list[Ix] = [ix(0)] * updates.rank
+            for k, u in enumerate(scatter_dims):
+                at[u] = batch[k]
+            for d, u in zip(windowed, window_dims):
+                at[u] = offset[d]
+            update = self.value(op.operands[2], tuple(at))
+            return self.op("select", dtype, self.all_of(valid), update, neutral)
+
+        if windows <= UNROLLED_SCATTER_WINDOWS:
+            # Straight-line code: the windows' loads are independent, so they are all in
+            # flight at once, and the indices (the same for every element) are loaded once
+            # per thread instead of once per element.
+            result = init
+            for w in range(windows):
+                result = self.op(op.reducer, dtype, result, window_value(ix(w)))
+            return result
         depth = max(self.index_depth(*index), init[1])
         window_var = Var(f"w{next(self.names)}", windows)
         self.open_loop(window_var)
-        batch = list(delinearize(ix(window_var), row_major(Shape("s32", extents, ()))))
-        starts: list[tuple[Value, int] | None] = [None] * operand.rank
-        for k, d in enumerate(to_operand):
-            at = batch[:vector_dim] + [ix(k)] + batch[vector_dim:] \
-                if vector_dim < indices.rank else batch
-            starts[d] = self.value(op.operands[1], tuple(at))
-        valid, offset = [], [ix(0)] * operand.rank
-        for d, (i, n, start) in enumerate(zip(index, operand.dims, starts)):
-            if start is None and size[d] == n:  # the window spans the dimension
-                offset[d] = i
-                continue
-            position = self.index_value(i)
-            if start is not None:
-                # XLA skips a window that does not fit the operand (no clamping).
-                valid.append(self.in_range(start, 0, n - size[d] + 1))
-                position = self.op("subtract", "s32", position, start)
-            valid.append(self.in_range(position, 0, size[d]))
-            if size[d] > 1:
-                offset[d] = self.dynamic(position, size[d])
-        at: list[Ix] = [ix(0)] * updates.rank
-        for k, u in enumerate(scatter_dims):
-            at[u] = batch[k]
-        for d, u in zip(windowed, window_dims):
-            at[u] = offset[d]
-        update = self.value(op.operands[2], tuple(at))
-        # Elements no window covers combine with the combiner's identity; -0.0 for a float
-        # sum, since x + -0.0 is x for every x (+0.0 would turn an operand's -0.0 into +0.0).
-        neutral = -0.0 if (op.reducer, dtype) == ("add", "f32") else identity(op.reducer, dtype)
-        masked = self.op("select", dtype, self.all_of(valid), update, self.const(neutral, dtype))
+        masked = window_value(ix(window_var))
         body = self.close_loop()
         result = self.fresh(dtype)
         self.place(Loop(window_var, ix(0), windows, 1, body,
