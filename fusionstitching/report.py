@@ -31,6 +31,7 @@ class Verify:
     max_abs_err: float = 0.0
     max_rel_err: float = 0.0
     against: list[str] = field(default_factory=list)  # which references were compared
+    not_run: str = ""  # why verification could not run (ran is False)
 
 
 @dataclass
@@ -116,6 +117,8 @@ def format_summary(report: Report) -> str:
     if v.ran:
         lines.append(f"  verify: {'OK' if v.ok else 'MISMATCH'} against {', '.join(v.against)} "
                      f"(max abs err {v.max_abs_err:.3g}, max rel err {v.max_rel_err:.3g})")
+    elif v.not_run:
+        lines.append(f"  verify: not run: {v.not_run}")
     for fb in report.fallbacks:
         lines.append(f"  left to XLA [{fb.stage}] {fb.nodes}: {fb.reason}")
     t = report.times_s

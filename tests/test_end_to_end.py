@@ -93,6 +93,20 @@ def test_replay_cli_reports_parse_errors_with_location(tmp_path, capsys):
     assert f"{bad}:4:" in capsys.readouterr().err
 
 
+def test_replay_verify_says_why_a_module_cannot_run_here(tmp_path, capsys):
+    """Collectives and token parameters have no single-host execution: the report says
+    verification did not run and why, instead of a traceback (the plan is still reported)."""
+    parser_inputs = DATA / "parser"
+    files = [str(parser_inputs / "parser_collectives_jax_h100.hlo"),
+             str(parser_inputs / "parser_token_consts_jax_cpu.hlo")]
+    out = tmp_path / "out.json"
+    assert cli_main(["replay", *files, "--verify", "--no-ptxas", "--json", str(out)]) == 0
+    collectives, tokens = (r["verify"] for r in json.loads(out.read_text()))
+    assert not collectives["ran"] and "all-reduce-start" in collectives["not_run"]
+    assert not tokens["ran"] and "token[]" in tokens["not_run"]
+    assert "verify: not run: this machine cannot execute the module" in capsys.readouterr().out
+
+
 def test_replay_of_an_unchanged_tf_scripts_xla_dump_folder(tmp_path):
     # tests/data/dumps/tf_layernorm_cpu: XLA_FLAGS=--xla_dump_to from its script.py
     dumps = Path(__file__).parent / "data" / "dumps"
