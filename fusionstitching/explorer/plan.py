@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a 10^5-node exploration makes ~10^6 of them
 class Decision:
     """One fusion decision with its reason, as XLA's FusionDecision: ``explain`` shows these."""
 

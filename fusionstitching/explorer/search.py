@@ -55,6 +55,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import itemgetter
 
 import costmodel
 from costmodel import KernelProfile, kernel_latency_us
@@ -99,7 +100,7 @@ def _collector_paused():
             gc.enable()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Candidate:
     nodes: frozenset[str]
     score: float  # delta-evaluator f, us (modeled)
@@ -211,9 +212,8 @@ class Explorer:
         A join (s, a, b) is a set s = a | b of two acyclic patterns, a one whose facts are
         known (a kept candidate or one kernel), so s's facts and cycle check only look at
         what b adds. ``cache`` holds, per set, [bound, traffic, f or None, a, b, facts or
-        None]. Every set
-        holds the vertex and kernels after it, so ties in the bound are broken by size alone
-        (then by the order of ``joins``: the sort is stable)."""
+        None]. Every set holds the vertex and kernels after it, so ties in the bound are
+        broken by size alone (then by the order of ``joins``: the sort is stable)."""
         bounded = []
         listed = set()
         for s, a, b in joins:
@@ -231,7 +231,7 @@ class Explorer:
                          + (len(s) - 1) * costmodel.LAUNCH_US)
                 entry = cache[s] = [bound, traffic, None, a, b, None]
             bounded.append((-entry[0], len(s), s))
-        bounded.sort(key=lambda t: t[:2])
+        bounded.sort(key=itemgetter(0, 1))
         kept: list[Candidate] = []
         for position, (negative_bound, _, s) in enumerate(bounded):
             if len(kept) == self.top_k and -negative_bound <= kept[-1].score:
@@ -267,10 +267,9 @@ class Explorer:
                                    "through an outside kernel")
             return float("-inf")
         facts = entry[5] = self.model.gather(s, a, self._facts[a])
-        alone = self._alone
         # fsum: exact, so the score does not depend on the set's iteration order (string
         # hashing differs per process) and plans are the same on every run.
-        alone_penalty = math.fsum([alone[n] for n in s])
+        alone_penalty = math.fsum(map(self._alone.__getitem__, s))
         # the bound is T_reduced_mem + T_reduced_calls
         return bound - max(0.0, self._penalty_us(traffic, facts) - alone_penalty)
 
