@@ -98,6 +98,8 @@ class KernelDag:
                     if p not in pattern:
                         top = level[n]
                         break
+        if top < 0:  # no target has a producer outside: nothing can come back
+            return False
         stack = [u for n in sources if level[n] + 1 < top
                  for u in succs[n] if u not in pattern and level[u] < top]
         seen = set(stack)
@@ -118,7 +120,8 @@ class GraphIndex(KernelDag):
         super().__init__(graph)
         nodes = graph.nodes
         self.participants = [k for k in self.kernels if nodes[k].memory_intensive]
-        self.consumers = {k: [s for s in self.succs[k] if nodes[s].memory_intensive]
+        stitchable = set(self.participants)
+        self.consumers = {k: [s for s in self.succs[k] if s in stitchable]
                           for k in self.participants}
 
         # Traffic facts, as graph.traffic identifies values.
