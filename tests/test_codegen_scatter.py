@@ -87,6 +87,13 @@ SNIPPETS = {
   %idx = s32[3,4]{1,0} parameter(1)
   %u = f32[3,5,4]{2,1,0} parameter(2)
   ROOT %sc = f32[8,5]{0,1} scatter(%op, %idx, %u), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=2, to_apply=%max""",
+    # No index components: every window starts at the origin and covers the whole operand,
+    # so every update lands (a sum over the scatter dimension, in order).
+    "every_window_lands": """
+  %op = f32[4,3]{1,0} parameter(0)
+  %idx = s32[5,0]{1,0} parameter(1)
+  %u = f32[5,4,3]{2,1,0} parameter(2)
+  ROOT %sc = f32[4,3]{1,0} scatter(%op, %idx, %u), update_window_dims={1,2}, inserted_window_dims={}, scatter_dims_to_operand_dims={}, index_vector_dim=1, to_apply=%add""",
 }
 
 

@@ -82,8 +82,9 @@ VECTOR = 4  # f32 elements in a 128-bit global access
 # Unrolled stages keep each cached producer's points in registers: at most this many per thread
 # (16 f32 per value keeps LayerNorm's x, its centered copy and the output under 64 registers).
 MAX_CACHED_POINTS = 16
-# A scatter in the gather form costs (update windows) x (output elements): beyond this many
-# windows XLA's own scatter (in place, atomics) is the better kernel.
+# A scatter in the gather form costs (update windows) x (output elements): this bounds the
+# code and the work per element; below it the latency-evaluator (and the pipeline's cost guard
+# against XLA's in-place scatter) decides.
 MAX_SCATTER_WINDOWS = 1024
 # Up to this many windows a scatter is straight-line code, beyond it a loop over the windows.
 UNROLLED_SCATTER_WINDOWS = 32
@@ -698,7 +699,8 @@ class _Emitter:
             for d, u in zip(windowed, window_dims):
                 at[u] = offset[d]
             update = self.value(op.operands[2], tuple(at))
-            return self.op("select", dtype, self.all_of(valid), update, neutral)
+            lands = self.all_of(valid)
+            return update if lands is None else self.op("select", dtype, lands, update, neutral)
 
         if windows <= UNROLLED_SCATTER_WINDOWS:
             # Straight-line code: the windows' loads are independent, so they are all in
