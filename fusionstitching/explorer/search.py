@@ -418,7 +418,7 @@ class Explorer:
             # a buildable pattern through this vertex.
             growth = self.growth[vertex]
             growth += [c for c in self.ready[vertex] if c not in growth]
-        participants = self.index.participants
+        participants, order = self.index.participants, self.index.order
         xla = [frozenset((n,)) for n in participants]
         xla_us, xla_bytes = self.plan_cost(xla)
         notes = [f"XLA's plan: {len(xla)} memory-intensive kernels, {xla_bytes} bytes, "
@@ -426,9 +426,11 @@ class Explorer:
         best = None
         for i, chosen in enumerate(self.beam_search()):
             covered = {n for c in chosen for n in c.nodes}
-            units = sorted([c.nodes for c in chosen] + [frozenset((n,)) for n in participants
-                                                        if n not in covered],
-                           key=lambda u: min(map(self.index.order.__getitem__, u)))
+            # units in topological order of their first kernels (distinct: units are disjoint)
+            firsts = [(min(map(order.__getitem__, c.nodes)), c.nodes) for c in chosen] + [
+                (order[n], frozenset((n,))) for n in participants if n not in covered]
+            firsts.sort(key=itemgetter(0))
+            units = [unit for _, unit in firsts]
             packs = self.remote_fusion(units)
             packed = {u for pack in packs for u in pack}
             kernels = [u for u in units if u not in packed] + [
