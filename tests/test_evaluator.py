@@ -350,9 +350,10 @@ ENTRY e {
     check_text(text, a, b)
 
 
-def test_widened_module_runs_in_f64_and_bounds_f32_drift():
+@pytest.mark.parametrize("reinterpret", ["bitcast-convert", "bitcast"])  # bitcast: XLA:GPU's
+def test_widened_module_runs_in_f64_and_bounds_f32_drift(reinterpret):
     """widened_to_f64 (the exact reference of the workload test): f32 math becomes f64, and a
-    bitcast-convert of 32 random bits (dropout) stays 32-bit, widened after the bitcast."""
+    reinterpretation of 32 random bits (dropout) stays 32-bit, widened after it."""
     text = """HloModule m
 ENTRY e {
   bits = u32[64]{0} parameter(0)
@@ -366,7 +367,7 @@ ENTRY e {
   uniform = f32[64]{0} bitcast-convert(mantissa)
   ex = f32[64]{0} exponential(x)
   ROOT y = f32[64]{0} multiply(uniform, ex)
-}"""
+}""".replace("bitcast-convert", reinterpret)
     bits = rng.integers(0, 2**32, 64, dtype=np.uint32)
     x = normal(64)
     narrow = run_hlo_with_xla(text, [bits, x])[0]

@@ -77,10 +77,12 @@ def run_hlo_with_xla(text: str, args: list) -> list[np.ndarray]:
     return [np.asarray(out) for out in executable.execute(buffers)]
 
 
-# An instruction whose f32 result is a bitcast-convert (dropout's random bits -> floats in
-# [1, 2)): in f64 it must stay a 32-bit reinterpretation, followed by an exact widening.
-_F32_BITCAST_CONVERT = re.compile(
-    r"^(\s*)(ROOT )?(%?[\w.\-]+) = (f32\[[^\]]*\](?:\{[^}]*\})?) bitcast-convert\((.*)$")
+# An instruction whose f32 result reinterprets 32-bit integers (dropout's random bits ->
+# floats in [1, 2): a bitcast-convert, or on XLA:GPU a bitcast from u32): in f64 it must stay a
+# 32-bit reinterpretation, followed by an exact widening.
+_F32_REINTERPRET = re.compile(r"^(\s*)(ROOT )?(%?[\w.\-]+) = (f32\[[^\]]*\](?:\{[^}]*\})?) "
+                              r"(bitcast-convert|bitcast)\((%?[\w.\-]+)(.*)$")
+_RESULT_TYPE = re.compile(r"^\s*(?:ROOT )?(%?[\w.\-]+) = (\w+)\[")
 
 
 def widened_to_f64(text: str) -> str:
@@ -89,12 +91,14 @@ def widened_to_f64(text: str) -> str:
     Running it on the f32 arguments widened to f64 gives XLA's near-exact result for the
     same inputs: the yardstick for how far an f32 evaluation of the module may drift by
     rounding alone."""
+    integer32 = {m.group(1) for m in map(_RESULT_TYPE.match, text.splitlines())
+                 if m and m.group(2) in ("s32", "u32")}
     lines = []
     for line in text.splitlines():
-        match = _F32_BITCAST_CONVERT.match(line)
-        if match:
-            indent, root, name, shape, rest = match.groups()
-            lines.append(f"{indent}{name}.bits = {shape} bitcast-convert({rest}")
+        match = _F32_REINTERPRET.match(line)
+        if match and (match.group(5) == "bitcast-convert" or match.group(6) in integer32):
+            indent, root, name, shape, opcode, operand, rest = match.groups()
+            lines.append(f"{indent}{name}.bits = {shape} {opcode}({operand}{rest}")
             lines.append(f"{indent}{root or ''}{name} = {shape.replace('f32', 'f64')} "
                          f"convert({name}.bits)")
         else:
