@@ -476,16 +476,15 @@ class Explorer:
 
     def _all_decisions(self) -> list[Decision]:
         """Every decision in order (for ``explain``); fills ``self.decisions``."""
-        ordered: dict[frozenset[str], tuple[str, ...]] = {}
+        # a pattern's latest decision is its last in order; keys stay in first-decision order
+        latest: dict[frozenset[str], Decision] = {}
         history = []
-        last: dict[frozenset[str], Decision] = {}  # a pattern's latest is its last in order
         for nodes, ok, reason in self._history:
-            names = ordered.get(nodes)
-            if names is None:
-                names = ordered[nodes] = tuple(self._ordered(nodes))
-            decision = last[nodes] = Decision(names, ok, reason)
+            previous = latest.get(nodes)
+            names = tuple(self._ordered(nodes)) if previous is None else previous.nodes
+            decision = latest[nodes] = Decision(names, ok, reason)
             history.append(decision)
-        self.decisions = {nodes: last[nodes] for nodes in self._latest}
+        self.decisions = latest
         return history
 
 
