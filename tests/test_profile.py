@@ -10,9 +10,10 @@ import pytest
 
 import costmodel
 from fusionstitching import codegen, pipeline
-from fusionstitching.codegen.kernel_ir import (Accumulate, BlockReduce, Buffer, Const, GlobalLoad,
-                                               GlobalStore, If, IndexLet, Kernel, Loop,
-                                               SharedArray, Value, Var, add, ix, mod, scale)
+from fusionstitching.codegen.kernel_ir import (Accumulate, BlockReduce, Buffer, Compute, Const,
+                                               GlobalLoad, GlobalStore, If, IndexLet, Kernel,
+                                               Loop, SharedArray, Value, Var, add, ix, mod,
+                                               scale)
 from fusionstitching.codegen.profile import kernel_profile, modeled_kernel_us, register_model
 from fusionstitching.graph import build_graph
 from fusionstitching.graph.profile import xla_kernel_profile
@@ -87,6 +88,55 @@ def test_unknown_ir_nodes_are_counted_generically():
     assert register_model(spec) == register_model(_spec(_row_sum_kernel(512, 2048, ix)))
     for target in costmodel.TARGETS:
         assert modeled_kernel_us(spec, costmodel.load_device(target)) > 0
+
+
+def _chained_inputs_kernel(threads: int, inputs: int = 48) -> Kernel:
+    """y = ((x0 + x1) * x2 + x3) * ...: each input loaded right before the op that reads it."""
+    tid, bid = Var("tid", threads), Var("bid", 4)
+    shape = Shape("f32", (4 * threads,), (0,))
+    buffers = [Buffer(f"x{i}", shape, False) for i in range(inputs)] + [Buffer("y", shape, True)]
+    offset = add(scale(bid, threads), tid)
+    loaded = [Value(f"x{i}", "f32") for i in range(inputs)]
+    body, total = [GlobalLoad(loaded[0], 0, offset)], loaded[0]
+    for i, x in enumerate(loaded[1:], 1):
+        combined = Value(f"c{i}", "f32")
+        body += [GlobalLoad(x, i, offset),
+                 Compute(combined, "multiply" if i % 2 else "add", [total, x])]
+        total = combined
+    body.append(GlobalStore(inputs, offset, total))
+    return Kernel(f"chained_{threads}", buffers, (4,), (threads,), [], body, tid, bid)
+
+
+@needs_ptxas
+def test_loads_are_hoisted_while_the_block_size_keeps_its_occupancy():
+    """The same straight-line kernel: one-warp blocks (an SM holds 32 of them, so 64 registers
+    keep its occupancy) hold all 48 loads issued early; blocks of 128 threads stay at 32
+    registers with loads issued where they are used."""
+    one_warp, four_warps = (_spec(_chained_inputs_kernel(t)) for t in (32, 128))
+    assert register_model(one_warp) > 40 and register_model(four_warps) == 32
+    for spec in (one_warp, four_warps):
+        for arch in ("sm_80", "sm_90"):
+            assert _within(register_model(spec), codegen.compile_nvptx(spec, arch).regs), \
+                (spec.name, arch)
+
+
+@needs_ptxas
+def test_a_dead_let_takes_no_register():
+    """A guarded store of a scalar to a constant address: the let of the guarded element is
+    never read, LLVM deletes it, and ptxas's minimum remains."""
+    tid, bid, e = Var("tid", 32), Var("bid", 1), Var("e", 1)
+    zero = Value("zero", "s32")
+    scalar = Shape("s32", (), ())
+    kernel = Kernel("guarded_scalar", [Buffer("a", scalar, True), Buffer("b", scalar, True)],
+                    (1,), (32,), [],
+                    [Const(zero, 0),
+                     If(add(scale(bid, 32), tid), ix(1),
+                        [IndexLet(e, add(scale(bid, 32), tid)),
+                         GlobalStore(0, ix(0), zero), GlobalStore(1, ix(0), zero)], cmp="lt")],
+                    tid, bid)
+    spec = _spec(kernel)
+    for arch in ("sm_80", "sm_90"):
+        assert _within(register_model(spec), codegen.compile_nvptx(spec, arch).regs), arch
 
 
 def _stitched(paths: list[str]):

@@ -21,8 +21,9 @@ allocates registers for (observed in its PTX for the corpus kernels, LLVM O3):
 * outside loops, ptxas issues an input's load at the start of its straight-line block (after
   the last branch, loop or barrier) to hide its latency, so the value is live from there to
   its last use (seen in the unrolled warp schedules: loads after the shuffles are hoisted
-  above them), as long as that keeps 32 registers or fewer (full occupancy); beyond, ptxas
-  issues loads where they are used and may spill a little to stay at 32;
+  above them), as long as that keeps the occupancy the block size allows (32 registers for
+  blocks of 64 threads or more; 64 for one-warp blocks, of which an SM holds only 32);
+  beyond, ptxas issues loads where they are used and may spill a little to stay there;
 * a buffer's base address is a kernel parameter that ptxas reads from the constant bank where
   it is needed (no register); a loop steps one 64-bit pointer per distinct access whose index
   is affine in its variable (loop strength reduction) and one counter, and the indices that
@@ -36,8 +37,19 @@ allocates registers for (observed in its PTX for the corpus kernels, LLVM O3):
   straight-line code keeps one 64-bit address per access pattern and adds constant offsets;
 * a multi-instruction op (libdevice, IEEE division and square root) holds temporaries, more
   for the libdevice functions measured to need more (sine, cosine, tan, atan2, power, ...);
-* scalar constants are immediates and predicates live in predicate registers: neither takes a
-  general register.
+* scalar constants, and elements of constant arrays at a known index (LLVM folds the load
+  from the initializer), are immediates and predicates live in predicate registers: none takes
+  a general register;
+* an instruction GVN removes reads nothing: a repeated chain costs only its result (the four
+  Philox streams of a dropout kernel repeat one key schedule);
+* an integer add of a register and an immediate is recomputed by ptxas at each use (one
+  IADD3/VIADD) instead of held: the register lives, the sum only at its use (the Philox round
+  keys in the SASS);
+* a 64-bit integer is two 32-bit registers that die apart (a truncation reads the low one, a
+  shift right by 32 the high one: mul.wide.u32 / mul.hi.u32), and only one when its upper
+  half is known zero (a zero extension, a shift right by 32);
+* a 128-bit load of which only some lanes are used holds only those (ptxas drops dead lanes:
+  v4 loads with one used lane are 32-bit LDGs in the SASS).
 
 The peak of 32-bit registers live at once goes through ``costmodel.estimate_registers``.
 Unknown IR node types (the IR grows) are counted in ``costmodel.instructions.GENERIC_CLASS``
@@ -53,23 +65,26 @@ import math
 import numpy as np
 
 import costmodel
+from costmodel.occupancy import ARCH_LIMITS
 from costmodel.instructions import (GENERIC_CLASS, OVERLAPPED_LOAD, add_instructions,
                                     op_instructions)
 
 from . import KernelSpec
-from .kernel_ir import (WARP, Barrier, BlockReduce, Compute, Const, GlobalLoad, GlobalStore, If,
-                        IndexLet, IndexValue, Ix, Kernel, Loop, Mod, SharedLoad, SharedStore, Value,
-                        Var, WarpReduce, defined_values, expand_block_reduce, used_values,
-                        value_range)
+from .kernel_ir import (WARP, Barrier, BlockReduce, Compute, Const, ConstLoad, GlobalLoad,
+                        GlobalStore, If, IndexLet, IndexValue, Ix, Kernel, Loop, Mod, SharedLoad,
+                        SharedStore, Value, Var, VectorExtract, WarpReduce, defined_values,
+                        expand_block_reduce, used_values, value_range)
 
 SHUFFLE_STEPS = WARP.bit_length() - 1  # xor butterfly over 32 lanes: 5 shuffles
 MAX_FULL_UNROLL_TRIPS = 8  # LLVM -unroll-max-upperbound: trip counts known only as a bound
 MAX_THREADS_PER_BLOCK = 1024  # range LLVM's llvm.nvvm.read.ptx.sreg.tid.x carries
 # 32-bit registers per value; default 1 (a 128-bit vector load's value holds 4)
 REGISTER_WIDTH = {"s64": 2, "u64": 2, "f64": 2, "pred": 0, "f32x4": 4, "s32x4": 4}
+VECTOR_WIDTHS = ("f32x4", "s32x4")
 POINTER_WIDTH = 2  # 64-bit addresses
-# Registers per thread that keep an SM full (65536 registers / 2048 threads on sm_80, sm_90).
-FULL_OCCUPANCY_REGISTERS = 32
+REGISTERS_PER_SM = 65536  # sm_80, sm_90
+# The architecture whose occupancy ptxas keeps (sm_80's limits are the same).
+OCCUPANCY_ARCH = ARCH_LIMITS["sm_90"]
 # Registers __nv_expf holds besides its operand and result at its widest point (its PTX from
 # the NVPTX backend), taken for every multi-instruction op sequence...
 SEQUENCE_TEMPORARIES = 2
@@ -199,6 +214,11 @@ class _Lifetimes:
         self.available: list[dict] = [{}]  # CSE tables; a rolled loop body opens a scope
         self.current: dict[Value, object] = {}  # Value -> key of the register holding it
         self.immediates: set[Value] = set()
+        self.known: dict[Value, int | float] = {}  # immediates' values (shift amounts)
+        self.narrow: set[Value] = set()  # 64-bit integers whose upper half is known zero
+        self.remat: dict[Value, Value] = {}  # register + immediate: recomputed at each use
+        self.lanes = _used_lanes(kernel.body)
+        self.lets: dict = {}  # index variables let but not read yet -> (position, index)
         self.var_key: dict[Var, object] = {}
         self.unrolled: dict[Var, tuple[Ix, int, int]] = {}  # var -> (start, step, iteration)
         self.iteration: tuple = ()
@@ -220,14 +240,34 @@ class _Lifetimes:
             if self.start[key] < loop.first:
                 loop.extend.add(key)
 
-    def use_value(self, v: Value) -> None:
-        if v not in self.immediates:
-            self.use(self.current.get(v, (v, ())))
+    def use_value(self, v: Value, half: str | None = None) -> None:
+        """Read ``v``; ``half`` "lo" or "hi" reads one register of a 64-bit integer."""
+        if v in self.remat:  # one add at the use: the operand lives, the sum only here
+            self.use_value(self.remat[v])
+            self.define(("sum", next(self.fresh)), 1)
+        elif v not in self.immediates:
+            key = self.current.get(v, (v, ()))
+            if half != "hi":
+                self.use(key)
+            if half != "lo":
+                self.use(("hi", key))
 
     def define_value(self, v: Value, at=None) -> object:
         key = (v, self.iteration)
         self.current[v] = key
-        self.define(key, REGISTER_WIDTH.get(v.dtype, 1), at)
+        if v in self.narrow:
+            width = 1
+        elif v.dtype in ("u64", "s64"):
+            # Its halves are two 32-bit registers that die apart: a truncation reads the low
+            # one, a shift right by 32 the high one (mul.wide.u32's result in the Philox
+            # rounds: the high half feeds the next round, the low half a later one).
+            width = 1
+            self.define(("hi", key), 1, at)
+        elif v in self.lanes:
+            width = self.lanes[v]
+        else:
+            width = REGISTER_WIDTH.get(v.dtype, 1)
+        self.define(key, width, at)
         return key
 
     def use_index(self, index: Ix) -> None:
@@ -236,15 +276,28 @@ class _Lifetimes:
                 self.use_index(self.unrolled[var][0])
                 continue
             key = self.var_key.setdefault(var, ("var", var.name))
+            if key in self.lets:
+                self.compute_let(key)
             self.define(key, 1)
             self.use(key)
+
+    def compute_let(self, key) -> None:
+        """A let's first read: the let reads its index at its own position, then holds it."""
+        at, index = self.lets.pop(key)
+        here, rolled = self.pos, self.rolled
+        self.pos, self.rolled = at, [loop for loop in rolled if loop.first < at]
+        self.use_index(index)
+        self.define(key, 1)
+        self.pos, self.rolled = here, rolled
 
     def lookup(self, cse_key):
         return next((scope[cse_key] for scope in reversed(self.available) if cse_key in scope),
                     None)
 
     def operand(self, v: Value):
-        return ("imm", v.dtype) if v in self.immediates else self.current.get(v, (v, ()))
+        if v in self.immediates:  # equal immediates are equal operands, whichever Value
+            return ("imm", v.dtype, self.known.get(v, v))
+        return self.current.get(v, (v, ()))
 
     # addresses
     def access(self, buffer: int, offset: Ix) -> None:
@@ -298,30 +351,50 @@ class _Lifetimes:
         match s:
             case Const():
                 self.immediates.add(s.dst)
+                self.known[s.dst] = s.value
+            case ConstLoad() if not s.offset.terms:
+                # A constant array is an LLVM constant global with an initializer: a load at
+                # a known index folds to the element (the Philox keys and multipliers of the
+                # random-bit kernels are immediates in their PTX).
+                self.immediates.add(s.dst)
+                self.known[s.dst] = s.array.values.reshape(-1)[s.offset.const].item()
             case IndexValue():
                 self.use_index(s.index)
-                self.define_value(s.dst)
+                var = _bare_var(s.index)
+                if var is not None and var not in self.unrolled:
+                    self.current[s.dst] = self.var_key[var]  # the variable's own register
+                else:
+                    self.define_value(s.dst)
             case IndexLet():
-                self.use_index(s.index)
+                # Computed where the let stands, but only if something reads it (LLVM deletes
+                # a dead let: a guarded store of a scalar to a constant address).
                 key = self.var_key[s.var] = ("var", s.var.name, next(self.fresh))
-                self.define(key, 1)
+                self.lets[key] = (self.pos, s.index)
             case Compute():
-                for a in s.args:
-                    self.use_value(a)
+                cse_key = ("compute", s.op, s.attr, tuple(self.operand(a) for a in s.args))
+                if self.reuse(s.dst, cse_key):
+                    return
+                if self.rematerialized(s):
+                    return
+                for i, a in enumerate(s.args):
+                    self.use_value(a, self.half_read(s, i))
                 if s.op in OP_TEMPORARIES and _compute_dtype(s) == "f32":
                     self.define(("sequence", next(self.fresh)), OP_TEMPORARIES[s.op])
                 elif sum(op_instructions(s.op, _compute_dtype(s)).values()) > 2:
                     # A multi-instruction sequence (libdevice, IEEE division and square root)
                     # holds intermediate results besides its operands and result.
                     self.define(("sequence", next(self.fresh)), SEQUENCE_TEMPORARIES)
-                cse_key = ("compute", s.op, s.attr, tuple(self.operand(a) for a in s.args))
-                self.reuse_or_define(s.dst, cse_key)
+                if self.upper_half_zero(s):
+                    self.narrow.add(s.dst)
+                self.define_reusable(s.dst, cse_key)
             case GlobalLoad():
-                self.access(s.buffer, s.offset)
                 reusable = not self.kernel.buffers[s.buffer].is_output
-                self.reuse_or_define(s.dst, self.load_key(s) if reusable else None,
-                                     at=self.region if reusable and not self.rolled
-                                     and self.hoist_loads else None)
+                cse_key = self.load_key(s) if reusable else None
+                if self.reuse(s.dst, cse_key):
+                    return
+                self.access(s.buffer, s.offset)
+                self.define_reusable(s.dst, cse_key, at=self.region if reusable
+                                     and not self.rolled and self.hoist_loads else None)
             case GlobalStore():
                 self.access(s.buffer, s.offset)
                 self.use_value(s.value)
@@ -350,12 +423,58 @@ class _Lifetimes:
             case _:
                 self.generic(s)
 
-    def reuse_or_define(self, dst: Value, cse_key, at=None) -> None:
+    def rematerialized(self, s: Compute) -> bool:
+        """An integer add of a register and an immediate is not held: ptxas recomputes it
+        (one IADD3/VIADD) right before each use, from the register (seen in the Philox
+        kernels' SASS: the round keys key + k * 0x9E3779B9 are added where each round reads
+        them, not kept live across the four streams)."""
+        if s.op != "add" or s.dst.dtype not in ("s32", "u32"):
+            return False
+        registers = [a for a in s.args if a not in self.immediates]
+        if len(registers) != 1 or registers[0] in self.remat:
+            return False
+        self.remat[s.dst] = registers[0]
+        return True
+
+    def half_read(self, s: Compute, i: int) -> str | None:
+        """Which register of a 64-bit integer operand ``i`` of ``s`` reads, if only one."""
+        if s.op == "convert" and s.dst.dtype in ("s32", "u32"):
+            return "lo"
+        if s.op == "shift-right-logical" and i == 0:
+            shift = self.known.get(s.args[1])
+            return "hi" if isinstance(shift, int) and shift >= 32 else None
+        return None
+
+    def upper_half_zero(self, s: Compute) -> bool:
+        """Whether a 64-bit integer result is known below 2**32, so that its upper register
+        is the constant zero and only the lower one is allocated: a zero extension of a 32-bit
+        value, a logical shift right by 32 or more (instcombine turns the pair into
+        mul.wide.u32 / mul.hi.u32 on 32-bit registers, seen in the Philox kernels' PTX), or
+        a bitwise and with such a value."""
+        if REGISTER_WIDTH.get(s.dst.dtype) != 2 or s.dst.dtype[0] != "u":
+            return False
+        if s.op == "convert":
+            return REGISTER_WIDTH.get(s.args[0].dtype, 1) <= 1 and s.args[0].dtype[0] in "up"
+        if s.op == "shift-right-logical":
+            shift = self.known.get(s.args[1])
+            return self.narrow_value(s.args[0]) or (isinstance(shift, int) and shift >= 32)
+        if s.op == "and":
+            return any(self.narrow_value(a) for a in s.args)
+        return False
+
+    def narrow_value(self, v: Value) -> bool:
+        return v in self.narrow or (v in self.immediates
+                                    and 0 <= self.known.get(v, -1) < 2 ** 32)
+
+    def reuse(self, dst: Value, cse_key) -> bool:
+        """Whether ``dst`` is a value computed before (GVN): then it names that register, and
+        the eliminated instruction reads nothing (a repeated chain costs only its result)."""
         found = self.lookup(cse_key) if cse_key is not None else None
         if found is not None:
             self.current[dst] = found
-            self.use(found)
-            return
+        return found is not None
+
+    def define_reusable(self, dst: Value, cse_key, at=None) -> None:
         key = self.define_value(dst, at)
         if cse_key is not None:
             self.available[-1][cse_key] = key
@@ -420,7 +539,8 @@ class _Lifetimes:
         loop.extend.add(counter)
         for a in s.accumulates:
             self.use_value(a.init)
-            loop.extend.add(self.define_value(a.dst))
+            key = self.define_value(a.dst)
+            loop.extend.update(k for k in (key, ("hi", key)) if k in self.start)
         self.rolled.append(loop)
         self.available.append({})
         self.walk(s.body)
@@ -441,6 +561,33 @@ class _Lifetimes:
             live += change
             counts.append(live)
         return counts
+
+
+def _bare_var(index: Ix) -> Var | None:
+    """The variable an index is, if it is one variable as is (no instruction computes it)."""
+    if index.const == 0 and len(index.terms) == 1:
+        atom, coefficient = index.terms[0]
+        if isinstance(atom, Var) and coefficient == 1:
+            return atom
+    return None
+
+
+def _used_lanes(body: list) -> dict[Value, int]:
+    """Registers of each vector value only read through lane extracts: the lanes whose
+    extract is used (ptxas drops the dead lanes of a 128-bit load: the corpus's v4 loads of
+    which one lane is used are 32-bit LDGs in their SASS)."""
+    statements = list(_flatten(body))
+    used = {v for s in statements for v in used_values(s)}
+    lanes: dict[Value, set[int]] = {}
+    whole = set()  # vectors read whole (stored, packed): every lane is a register
+    for s in statements:
+        if isinstance(s, VectorExtract):
+            lanes.setdefault(s.src, set())
+            if s.dst in used:
+                lanes[s.src].add(s.lane)
+        elif not isinstance(s, (Loop, If)):  # their bodies' reads are visited one by one
+            whole.update(v for v in used_values(s) if v.dtype in VECTOR_WIDTHS)
+    return {v: max(1, len(used_lanes)) for v, used_lanes in lanes.items() if v not in whole}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -524,20 +671,31 @@ def unrolled_trips(loop: Loop, kernel: Kernel) -> int | None:
     return None
 
 
+def occupancy_registers(threads_per_block: int) -> int:
+    """Registers per thread that still let an SM hold as many blocks of this size as its
+    block and thread limits allow: 32 for blocks of 64 threads or more (2048 threads), 64 for
+    one-warp blocks (32 blocks of 32 threads: the SM can never be full)."""
+    blocks = min(OCCUPANCY_ARCH.max_blocks_per_sm,
+                 OCCUPANCY_ARCH.max_threads_per_sm // max(threads_per_block, 1))
+    per_thread = REGISTERS_PER_SM // max(blocks * threads_per_block, 1)
+    return min(per_thread - per_thread % 8, OCCUPANCY_ARCH.max_regs_per_thread)
+
+
 def register_model(spec: KernelSpec) -> int:
     """Registers per thread ptxas is modeled to allocate (see the module docstring)."""
     body = expand_block_reduce(spec.kernel)
     hoisted = _Lifetimes(spec.kernel)
     hoisted.walk(body)
     regs = costmodel.estimate_registers(hoisted.live_counts())
-    if regs <= FULL_OCCUPANCY_REGISTERS:
+    keeps_occupancy = occupancy_registers(math.prod(spec.kernel.block))
+    if regs <= keeps_occupancy:
         return regs
-    # ptxas hoists loads only while the kernel keeps full occupancy; beyond, it issues them
-    # where they are used (seen: 40-89 modeled with hoisting, ptxas 32 with 8 bytes spilled).
+    # ptxas hoists loads only while that keeps the occupancy the block size allows; beyond,
+    # it issues them where they are used (seen: blocks of 64+ threads at 40-89 modeled with
+    # hoisting are 32 in ptxas; one-warp blocks go up to 64 with the loads hoisted).
     in_place = _Lifetimes(spec.kernel, hoist_loads=False)
     in_place.walk(body)
-    return max(FULL_OCCUPANCY_REGISTERS,
-               costmodel.estimate_registers(in_place.live_counts()))
+    return max(keeps_occupancy, costmodel.estimate_registers(in_place.live_counts()))
 
 
 # -- the latency-evaluator's view --------------------------------------------------------------
