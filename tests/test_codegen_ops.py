@@ -316,6 +316,13 @@ def test_unsupported_ops_are_refused_with_a_reason():
   ROOT %s = f32[8,8]{1,0} reduce-precision(%y), exponent_bits=5, mantissa_bits=10""")
     ok, reason = can_stitch(parse_module(text), ["y", "s"])
     assert not ok and reason == "reduce-precision s: op not supported by the code generator"
+    # Bounded-dynamic arrays carry their run-time size beside the data (XLA's kernels write it).
+    text = module_text("x: f32[<=8]", """
+  %x = f32[<=8]{0} parameter(0)
+  %y = f32[<=8]{0} exponential(%x)
+  ROOT %s = f32[<=8]{0} negate(%y)""")
+    ok, reason = can_stitch(parse_module(text), ["y", "s"])
+    assert not ok and reason.startswith("parameter x: bounded-dynamic shape f32[<=8]")
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

@@ -71,6 +71,14 @@ def reducer_of(module: Module, inst: Instruction) -> str:
     return root.opcode
 
 
+def refuse_dynamic(inst: Instruction) -> None:
+    """A bounded-dynamic array (``f32[<=8]``) holds its true size beside the data, written and
+    read by XLA's own kernels; a stitched kernel would treat the bound as the size."""
+    if any(any(leaf.dynamic) for leaf in inst.shape.leaves()):
+        raise CodegenError(f"{inst.opcode} {inst.name}: bounded-dynamic shape "
+                           f"{inst.shape} (its size is known only at run time)")
+
+
 def flatten(module: Module, nodes: list[str]) -> Pattern:
     entry = module.entry
     by_name = entry.by_name()
@@ -92,6 +100,7 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
         if name in elements:
             raise CodegenError(f"tuple {name} used other than by get-tuple-element")
         inst = by_name[name]
+        refuse_dynamic(inst)
         if inst.opcode == "constant":
             ops.append(FlatOp(name, "constant", inst.shape, [], literal=inst.literal))
         elif inst.shape.is_tuple:
@@ -104,6 +113,7 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
         return name
 
     def add_op(inst: Instruction, name: str, operands: list[str]) -> str:
+        refuse_dynamic(inst)
         reducer = reducer_of(module, inst) if inst.opcode in ("reduce", "reduce-window", "scatter") \
             else None
         if inst.opcode in ("fusion", "call", "while", "conditional") or (
