@@ -19,25 +19,14 @@ from fusionstitching.graph import build_graph
 from fusionstitching.graph.traffic import pattern_traffic
 from fusionstitching.hlo.parser import parse_file, parse_module
 from fusionstitching.hlo.xla_runner import run_hlo_with_xla
-from test_codegen_ops import TRIVIAL, _inputs, check_against_xla
+from test_codegen_ops import ADD, TRIVIAL, _inputs, check_against_xla
 
 DATA = Path(__file__).parent / "data" / "hlo"
 
-COMBINERS = """
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-%add_s32 (a: s32[], b: s32[]) -> s32[] {
+COMBINERS = ADD + """%add_s32 (a: s32[], b: s32[]) -> s32[] {
   %a = s32[] parameter(0)
   %b = s32[] parameter(1)
   ROOT %s = s32[] add(%a, %b)
-}
-%max (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] maximum(%a, %b)
 }
 %assign (a: f32[], b: f32[]) -> f32[] {
   %a = f32[] parameter(0)
