@@ -15,7 +15,7 @@ import numpy as np
 import costmodel
 
 from . import codegen
-from .codegen.profile import modeled_kernel_us, register_model
+from .codegen.profile import kernel_profile, modeled_kernel_us, register_model
 from .explorer import FusionPlan, Pattern, explore
 from .graph import OpClass, OpGraph, build_graph
 from .graph.profile import xla_kernel_profile
@@ -86,7 +86,13 @@ def stitch_module(module: Module, options: Options | None = None,
 def plan_module(graph: OpGraph, options: Options, device) -> FusionPlan:
     """The fusion plan of ``graph``, asking the code generator the question the pipeline
     will: can it build the pattern, and does the kernel pass the cost guard below? So the
-    explorer plans around patterns that would be given back to XLA instead of losing them."""
+    explorer plans around patterns that would be given back to XLA instead of losing them.
+
+    The explorer prices plans as the Report will (``profile_of``): a pattern by the
+    profile of the kernel the query built, one XLA kernel by ``xla_kernel_profile``. So the
+    explorer's final choice ranks plans by the modeled times the Report shows, not by its own
+    estimate, and each pattern is generated once."""
+    built: dict[frozenset[str], costmodel.KernelProfile] = {}
 
     def can_stitch(nodes: list[str]) -> tuple[bool, str]:
         try:
@@ -96,9 +102,18 @@ def plan_module(graph: OpGraph, options: Options, device) -> FusionPlan:
         slower = _slower_than_xla(graph, spec, device, options.target)
         if slower:
             return False, slower
+        built[frozenset(nodes)] = kernel_profile(spec)  # modeled_kernel_us prices this
         return True, f"ok: {spec.why}; {', '.join(spec.schemes)}"
 
-    return explore(graph, can_stitch, options.explorer, device)
+    def profile_of(nodes: list[str]) -> costmodel.KernelProfile:
+        if len(nodes) == 1:
+            return xla_kernel_profile(graph, nodes[0], device)
+        profile = built.get(frozenset(nodes))
+        if profile is None:  # the explorer prices only patterns the query accepted
+            raise ValueError(f"no stitched kernel was built for {nodes}")
+        return profile
+
+    return explore(graph, can_stitch, options.explorer, device, profile_of)
 
 
 def _slower_than_xla(graph: OpGraph, spec, device, target: str) -> str | None:

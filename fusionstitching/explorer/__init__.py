@@ -11,15 +11,20 @@ from .baseline import connected_region_plan
 from .search import Explorer, beam_plan
 
 STRATEGIES = {
-    "beam": lambda graph, can_stitch, device: beam_plan(graph, can_stitch, device),
-    "greedy": lambda graph, can_stitch, device: connected_region_plan(graph, can_stitch),
+    "beam": lambda graph, can_stitch, device, profile_of: beam_plan(
+        graph, can_stitch, device, profile_of=profile_of),
+    "greedy": lambda graph, can_stitch, device, profile_of: connected_region_plan(
+        graph, can_stitch),
 }
 
 
-def explore(graph, can_stitch, strategy: str = "beam", device=None) -> FusionPlan:
+def explore(graph, can_stitch, strategy: str = "beam", device=None,
+            profile_of=None) -> FusionPlan:
     """Plan ``graph``'s stitched kernels; ``can_stitch(nodes) -> (ok, reason)`` asks the code
     generator whether a set of nodes can become one kernel; ``device`` (costmodel.Device,
-    default H100) is what the cost model prices."""
+    default H100) is what the cost model prices; ``profile_of(nodes) -> KernelProfile``, when
+    given, is the kernel the plan's report will price for one XLA kernel or an accepted
+    pattern (``Explorer``), so plans are compared by the report's model."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown explorer {strategy!r}; known: {', '.join(STRATEGIES)}")
-    return STRATEGIES[strategy](graph, can_stitch, device)
+    return STRATEGIES[strategy](graph, can_stitch, device, profile_of)

@@ -39,10 +39,15 @@
    are packed: for the others a saved launch is noise against the risk of a slower kernel.
    A chain-shaped reduction of h yields several packs, where the paper's top-k of h would
    yield one usable pattern.
-4. Choice. Each beam's plan is timed by the latency-evaluator (costmodel.latency, modeled)
-   and the fastest wins; it is kept only if it has no more bytes and no more modeled time
-   than XLA's own plan (each kernel alone; it never has more kernels) -- otherwise XLA's
-   plan is returned ("no negative optimization").
+4. Choice. Each beam's plan, XLA's own plan (each kernel alone: "no negative
+   optimization") and the connected-region plan of the greedy baseline (the search is
+   approximate) are timed by the latency-evaluator (costmodel.latency, modeled); the least
+   (modeled time, then bytes, then kernels) among those with no more bytes than XLA's wins.
+   The kernels are priced by ``profile_of`` when the caller gives it: the pipeline gives the
+   profile of the kernel the code generator built for a pattern (the one its capability query
+   accepted) and of XLA's kernel for one node, which is how its Report prices both plans, so
+   the plan chosen is never slower in the Report than XLA's or the baseline's. Without it the
+   explorer's own estimate (explorer/profile.py) prices them.
 
 Every candidate considered gets a Decision with its reason, so ``explain`` can say why two
 kernels were or were not stitched.
@@ -369,7 +374,7 @@ class Explorer:
                 union = frozenset().union(*parts)
                 packed_us = kernel_latency_us(packed_profile(
                     [self._profile(u) for u in parts]), self.device).total_us
-                ok, reason = self._pack_check(union, packed_us, current_us + unit_us)
+                ok, reason, packed_us = self._pack_check(union, packed_us, current_us + unit_us)
                 self._decide(union, ok, reason)
                 verdict = self._packs[parts] = (ok, packed_us)
             ok, packed_us = verdict
@@ -384,25 +389,34 @@ class Explorer:
             packs.append(current)
         return packs
 
-    def _pack_check(self, union, packed_us, separate_us) -> tuple[bool, str]:
+    def _pack_check(self, union, packed_us, separate_us) -> tuple[bool, str, float]:
+        """(ok, reason, modeled us of the pack): ``packed_us`` is the estimate from the
+        parts' profiles; once the code generator has built the pack and ``profile_of`` prices
+        it, the built kernel's time decides instead."""
         if len(union) > self.max_pattern:
-            return False, f"remote fusion: more than {self.max_pattern} kernels"
+            return False, f"remote fusion: more than {self.max_pattern} kernels", packed_us
         if packed_us >= separate_us:
             return False, (f"remote fusion: packed {packed_us:.3f} us >= separate "
-                           f"{separate_us:.3f} us (modeled)")
+                           f"{separate_us:.3f} us (modeled)"), packed_us
         if self.index.creates_cycle(union):
-            return False, "remote fusion: cycle through an outside kernel"
+            return False, "remote fusion: cycle through an outside kernel", packed_us
         ok, reason = self.can_stitch(union)
         if not ok:
-            return False, f"remote fusion: code generator: {reason}"
+            return False, f"remote fusion: code generator: {reason}", packed_us
+        if self.profile_of is not None:
+            packed_us = self.latency_us(union)
+            if packed_us >= separate_us:
+                return False, (f"remote fusion: the built pack {packed_us:.3f} us >= "
+                               f"separate {separate_us:.3f} us (modeled)"), packed_us
         return True, (f"remote fusion (kernel packing): {packed_us:.3f} us < "
-                      f"{separate_us:.3f} us separate (modeled); {reason}")
+                      f"{separate_us:.3f} us separate (modeled); {reason}"), packed_us
 
     # -- 4. the plan ------------------------------------------------------------------------
 
     def plan_cost(self, kernels: list[frozenset[str]]) -> tuple[float, int]:
         """(modeled us, bytes) of a plan given as all of its memory-intensive kernels."""
-        us = sum(self.latency_us(k) for k in kernels)
+        # fsum: a plan's time does not depend on the order its kernels are listed in
+        us = math.fsum(self.latency_us(k) for k in kernels)
         nbytes = sum(sum(self.traffic(k)[:2]) for k in kernels)
         return us, nbytes
 
@@ -423,7 +437,11 @@ class Explorer:
         xla_us, xla_bytes = self.plan_cost(xla)
         notes = [f"XLA's plan: {len(xla)} memory-intensive kernels, {xla_bytes} bytes, "
                  f"{xla_us:.3f} us (modeled)"]
-        best = None
+        # Every plan as (modeled us, bytes, kernels, label, patterns); the least by that key
+        # wins. XLA's plan is one of them ("no negative optimization"), and so is the
+        # connected-region plan: the search is approximate, and with it the explorer is never
+        # worse than the baseline it replaces, by the model that prices the plans.
+        plans = [(xla_us, xla_bytes, len(xla), "XLA's plan", [])]
         for i, chosen in enumerate(self.beam_search()):
             covered = {n for c in chosen for n in c.nodes}
             # units in topological order of their first kernels (distinct: units are disjoint)
@@ -438,41 +456,30 @@ class Explorer:
             us, nbytes = self.plan_cost(kernels)
             notes.append(f"beam {i}: {len(kernels)} kernels, {nbytes} bytes, {us:.3f} us "
                          f"(modeled), f = {sum(c.score for c in chosen):+.3f} us")
-            if best is None or us < best[0]:
-                best = (us, nbytes, i, chosen, packs)
+            patterns = [Pattern(self._ordered(c.nodes), self._latest[c.nodes][1])
+                        for c in chosen if c.nodes not in packed]
+            for pack in packs:
+                union = frozenset().union(*pack)
+                patterns.append(Pattern(self._ordered(union), self._latest[union][1]))
+            patterns.sort(key=lambda p: order[p.nodes[0]])
+            plans.append((us, nbytes, len(kernels), f"beam {i}", patterns))
         greedy = connected_region_plan(  # its code generator queries are cached with ours
             self.graph, lambda nodes: self.can_stitch(frozenset(nodes)), self.index)
-        greedy_kernels = [frozenset(p.nodes) for p in greedy.patterns]
-        grouped = {n for k in greedy_kernels for n in k}
-        greedy_us, greedy_bytes = self.plan_cost(
-            greedy_kernels + [frozenset((n,)) for n in participants if n not in grouped])
-        if best is None or best[0] > xla_us or best[1] > xla_bytes:
-            best_us = xla_us if best is None else min(best[0], xla_us)
-        else:
-            best_us = best[0]
-        # The search is approximate: the connected-region plan is one more candidate, so
-        # the explorer is never worse than the baseline it replaces (by the same model).
-        if greedy_us < best_us and greedy_us <= xla_us and greedy_bytes <= xla_bytes:
-            notes.append(f"connected-region plan: {greedy_us:.3f} us (modeled) beats every "
-                         "beam; chose it")
-            return FusionPlan("beam", greedy.patterns, self._all_decisions() + greedy.decisions,
-                              notes)
-        if best is None or best[0] > xla_us or best[1] > xla_bytes:
-            notes.append("kept XLA's plan: no beam beats it")
-            return FusionPlan("beam", [], self._all_decisions(), notes)
-        us, nbytes, i, chosen, packs = best
-        notes.append(f"chose beam {i}")
-        patterns = []
-        packed = {u for pack in packs for u in pack}
-        for cand in chosen:
-            if len(cand.nodes) > 1 and cand.nodes not in packed:
-                patterns.append(Pattern(self._ordered(cand.nodes),
-                                        self._latest[cand.nodes][1]))
-        for pack in packs:
-            union = frozenset().union(*pack)
-            patterns.append(Pattern(self._ordered(union), self._latest[union][1]))
-        patterns.sort(key=lambda p: self.index.order[p.nodes[0]])
-        return FusionPlan("beam", patterns, self._all_decisions(), notes)
+        grouped = {n for p in greedy.patterns for n in p.nodes}
+        greedy_kernels = [frozenset(p.nodes) for p in greedy.patterns] + [
+            frozenset((n,)) for n in participants if n not in grouped]
+        greedy_us, greedy_bytes = self.plan_cost(greedy_kernels)
+        notes.append(f"connected-region plan: {len(greedy_kernels)} kernels, {greedy_bytes} "
+                     f"bytes, {greedy_us:.3f} us (modeled)")
+        plans.append((greedy_us, greedy_bytes, len(greedy_kernels), "connected-region plan",
+                      greedy.patterns))
+        us, nbytes, _, label, patterns = min(
+            (p for p in plans if p[1] <= xla_bytes), key=itemgetter(0, 1, 2))
+        decisions = self._all_decisions()
+        if label == "connected-region plan":
+            decisions += greedy.decisions
+        notes.append(f"chose {label}: {us:.3f} us, {nbytes} bytes (modeled)")
+        return FusionPlan("beam", patterns, decisions, notes)
 
     def _all_decisions(self) -> list[Decision]:
         """Every decision in order (for ``explain``); fills ``self.decisions``."""
