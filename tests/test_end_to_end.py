@@ -63,6 +63,20 @@ def test_every_corpus_kernel_assembles_without_spills(arch):
             assert nv.cubin and nv.spills == 0, (name, kernel.spec.name, nv.ptxas_log)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(codegen.find_ptxas() is None, reason="no ptxas on PATH or in nvidia-cuda-nvcc")
+@pytest.mark.parametrize("name", ["bert_train_small_jax_cpu.hlo.gz",
+                                  "transformer_train_small_tf_cpu.hlo.gz"])
+def test_packed_optimizer_kernels_assemble_without_spills(name):
+    """Their packed Adam kernels (256-thread blocks, ~40 registers) spilled where ptxas's
+    .maxntid bound capped them at 32 registers (replay of the corpus on the H100 target)."""
+    result = stitch_module(parse_file(DATA / name), Options(ptxas=False))
+    for arch in ("sm_80", "sm_90"):
+        for kernel in result.kernels:
+            nv = codegen.compile_nvptx(kernel.spec, arch=arch)
+            assert nv.cubin and nv.spills == 0, (kernel.spec.name, arch, nv.ptxas_log)
+
+
 def test_replay_cli_writes_reports_and_emits_kernels(tmp_path, capsys):
     files = [str(DATA / "layernorm_64x256_jax_cpu.hlo"), str(DATA / "softmax_64x256_jax_h100.hlo")]
     out = tmp_path / "out.json"
