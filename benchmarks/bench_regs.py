@@ -1,6 +1,6 @@
 """How close the register model is to ptxas over every stitched kernel of the corpus (not a test).
 
-    PYTHONPATH=. python benchmarks/bench_regs.py [hlo files...]   (default tests/data/hlo/*.hlo)
+    PYTHONPATH=. python benchmarks/bench_regs.py [hlo files...]   (default tests/data/hlo/*.hlo*)
 
 Each module goes through fusionstitching.pipeline.stitch_module; each stitched kernel is
 assembled by ptxas for sm_80 and sm_90. Prints per kernel the model, ptxas's registers and the
