@@ -92,7 +92,8 @@ def plan_module(graph: OpGraph, options: Options, device) -> FusionPlan:
     profile of the kernel the query built, one XLA kernel by ``xla_kernel_profile``. So the
     explorer's final choice ranks plans by the modeled times the Report shows, not by its own
     estimate, and each pattern is generated once."""
-    built: dict[frozenset[str], costmodel.KernelProfile] = {}
+    built: dict[frozenset[str], codegen.KernelSpec] = {}  # accepted patterns
+    priced: dict[frozenset[str], costmodel.KernelProfile] = {}  # profiled on demand (beam)
 
     def can_stitch(nodes: list[str]) -> tuple[bool, str]:
         try:
@@ -102,16 +103,18 @@ def plan_module(graph: OpGraph, options: Options, device) -> FusionPlan:
         slower = _slower_than_xla(graph, spec, device, options.target)
         if slower:
             return False, slower
-        built[frozenset(nodes)] = kernel_profile(spec)  # modeled_kernel_us prices this
+        built[frozenset(nodes)] = spec
         return True, f"ok: {spec.why}; {', '.join(spec.schemes)}"
 
     def profile_of(nodes: list[str]) -> costmodel.KernelProfile:
         if len(nodes) == 1:
             return xla_kernel_profile(graph, nodes[0], device)
-        profile = built.get(frozenset(nodes))
-        if profile is None:  # the explorer prices only patterns the query accepted
-            raise ValueError(f"no stitched kernel was built for {nodes}")
-        return profile
+        key = frozenset(nodes)
+        if key not in priced:
+            if key not in built:  # the explorer prices only patterns the query accepted
+                raise ValueError(f"no stitched kernel was built for {nodes}")
+            priced[key] = kernel_profile(built[key])  # as modeled_kernel_us prices it
+        return priced[key]
 
     return explore(graph, can_stitch, options.explorer, device, profile_of)
 
