@@ -147,7 +147,7 @@ def test_target_configs_ship_with_the_package(target):
 
 def test_corpus_manifest_matches_files():
     manifest = json.loads((HLO_DIR / "manifest.json").read_text())
-    on_disk = {p.name for p in HLO_DIR.glob("*.hlo")}
+    on_disk = {p.name for p in HLO_DIR.glob("*.hlo*")}  # *.hlo and gzipped *.hlo.gz
     assert set(manifest) == on_disk
     for name, entry in manifest.items():
         assert (HLO_DIR / name).is_file()
