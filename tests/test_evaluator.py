@@ -19,6 +19,13 @@ from fusionstitching.hlo.xla_runner import (  # noqa: E402
     drift_problems, optimized_hlo_text, run_hlo_with_xla, widened_to_f64)
 
 DATA = Path(__file__).parent / "data" / "hlo"
+# The f32 sum that hand-written reduces and scatters call.
+ADD = """add {
+  x = f32[] parameter(0)
+  y = f32[] parameter(1)
+  ROOT s = f32[] add(x, y)
+}
+"""
 rng = np.random.default_rng(0)
 
 
@@ -388,13 +395,7 @@ def test_sums_are_as_accurate_as_xla():
     those extra logit ulps into up to 14x XLA's drift on the gradients (issue 4); the evaluator
     now accumulates in f64 and rounds once. Positive operands, as the logits there: no
     cancellation, so the error is the summation's own."""
-    text = """HloModule m
-add {
-  x = f32[] parameter(0)
-  y = f32[] parameter(1)
-  ROOT s = f32[] add(x, y)
-}
-ENTRY e {
+    text = "HloModule m\n" + ADD + """ENTRY e {
   q = f32[4,8,16]{2,1,0} parameter(0)
   k = f32[4,16,8]{2,1,0} parameter(1)
   rows = f32[512,64]{1,0} parameter(2)
@@ -454,12 +455,7 @@ argmax {
   i = s32[] select(keep, i0, i1)
   ROOT t = (f32[], s32[]) tuple(v, i)
 }
-add {
-  x = f32[] parameter(0)
-  y = f32[] parameter(1)
-  ROOT s = f32[] add(x, y)
-}
-ENTRY e {
+""" + ADD + """ENTRY e {
   p = f32[6,37]{1,0} parameter(0)
   io = s32[6,37]{1,0} iota(), iota_dimension=1
   ninf = f32[] constant(-inf)
@@ -514,13 +510,7 @@ ENTRY e {
 def test_gather_and_scatter_with_batching_dims():
     # Batch dim 0 of the operand pairs with index dim 2; index_vector_dim=0 precedes it, so the
     # batch dims of the result are the index dims [1, 2].
-    text = """HloModule m
-add {
-  x = f32[] parameter(0)
-  y = f32[] parameter(1)
-  ROOT s = f32[] add(x, y)
-}
-ENTRY e {
+    text = "HloModule m\n" + ADD + """ENTRY e {
   x = f32[3,5,4]{2,1,0} parameter(0)
   i = s32[1,2,3]{2,1,0} parameter(1)
   u = f32[2,3,4]{2,1,0} parameter(2)
