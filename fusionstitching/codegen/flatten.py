@@ -24,6 +24,18 @@ class CodegenError(Exception):
 
 
 @dataclass
+class Combiner:
+    """A variadic reduction's to_apply computation as scalar ops (argmax: compare/select on
+    (value, index) pairs), inlined by the schedule on the accumulators and each element.
+
+    XLA calls it as f(accumulators..., elements...): ``params`` are named in that order."""
+
+    params: list[str]
+    ops: list[FlatOp]  # operands before users; operands name params or earlier ops
+    results: list[str]  # the param or op giving each element of the new accumulator
+
+
+@dataclass
 class FlatOp:
     name: str  # entry name, or "<fusion>/<name inside the fused computation>"
     opcode: str
@@ -33,6 +45,7 @@ class FlatOp:
     literal: str | None = None
     parameter_number: int | None = None
     reducer: str | None = None  # reduce, scatter: opcode of its single-op to_apply computation
+    combiner: Combiner | None = None  # variadic reduce: its to_apply computation as scalar ops
 
     @property
     def dimensions(self) -> tuple[int, ...]:
@@ -69,6 +82,26 @@ def reducer_of(module: Module, inst: Instruction) -> str:
         raise CodegenError(f"{inst.opcode} {inst.name}: to_apply {comp.name} is not a single "
                            f"add/maximum/minimum/multiply/and/or ({ops})")
     return root.opcode
+
+
+def combiner_of(module: Module, inst: Instruction) -> Combiner:
+    """The to_apply computation of a variadic reduce: scalar ops ending in a tuple."""
+    comp = module.computation(inst.called_computations[0])
+    n = len(inst.shape.tuple_shapes)
+    params = sorted(comp.parameters, key=lambda p: p.parameter_number)
+    root = comp.root
+    if len(params) != 2 * n or root.opcode != "tuple" or len(root.operands) != n:
+        raise CodegenError(f"reduce {inst.name}: to_apply {comp.name} does not take {2 * n} "
+                           f"scalars and return a tuple of {n}")
+    ops = []
+    for i in comp.instructions:
+        if i.opcode == "parameter" or i.is_root:
+            continue
+        if i.shape.is_tuple or i.shape.rank or i.called_computations or i.opcode in _NO_OPS:
+            raise CodegenError(f"reduce {inst.name}: to_apply {comp.name} has {i.opcode} "
+                               f"{i.name} (only scalar ops are inlined)")
+        ops.append(FlatOp(i.name, i.opcode, i.shape, list(i.operands), dict(i.attrs), i.literal))
+    return Combiner([p.name for p in params], ops, list(root.operands))
 
 
 def refuse_dynamic(inst: Instruction) -> None:
@@ -112,16 +145,24 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
         value[name] = name
         return name
 
+    parts: dict[str, list[str]] = {}  # variadic reduce -> its get-tuple-element FlatOps
+
     def add_op(inst: Instruction, name: str, operands: list[str]) -> str:
         refuse_dynamic(inst)
-        reducer = reducer_of(module, inst) if inst.opcode in ("reduce", "reduce-window", "scatter") \
-            else None
+        variadic = inst.opcode == "reduce" and inst.shape.is_tuple
+        combiner = combiner_of(module, inst) if variadic else None
+        reducer = reducer_of(module, inst) if not variadic and inst.opcode in (
+            "reduce", "reduce-window", "scatter") else None
         if inst.opcode in ("fusion", "call", "while", "conditional") or (
-                inst.called_computations and reducer is None):
+                inst.called_computations and reducer is None and combiner is None):
             raise CodegenError(f"{inst.opcode} {inst.name} calls a computation; only fusions "
                                f"at entry level, reductions and scatters are stitched")
         ops.append(FlatOp(name, inst.opcode, inst.shape, operands, dict(inst.attrs),
-                          inst.literal, reducer=reducer))
+                          inst.literal, reducer=reducer, combiner=combiner))
+        if variadic:  # its results are read as arrays, as XLA's get-tuple-elements read them
+            parts[name] = [f"{name}#{i}" for i in range(len(inst.shape.tuple_shapes))]
+            ops.extend(FlatOp(part, "get-tuple-element", leaf, [name], {"index": str(i)})
+                       for i, (part, leaf) in enumerate(zip(parts[name], inst.shape.tuple_shapes)))
         return name
 
     def inline(fusion: Instruction, operands: list[str]) -> list[str]:
@@ -138,12 +179,15 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
                 local[inst.name] = results[0]
             elif inst.opcode == "tuple" and inst.is_root:
                 return [local[o] for o in inst.operands]
+            elif inst.opcode == "get-tuple-element" and local[inst.operands[0]] in parts:
+                local[inst.name] = parts[local[inst.operands[0]]][int(inst.attrs["index"])]
             elif inst.opcode in _NO_OPS:
                 raise CodegenError(f"{inst.opcode} {inst.name} inside fusion {fusion.name}")
             else:
                 local[inst.name] = add_op(inst, f"{fusion.name}/{inst.name}",
                                           [local[o] for o in inst.operands])
-        return [local[comp.root.name]]
+        root = local[comp.root.name]
+        return parts.get(root, [root])
 
     for inst in entry.instructions:  # printed order: operands before users
         if inst.name not in in_pattern:
@@ -163,7 +207,11 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
         elif inst.opcode in _NO_OPS:
             raise CodegenError(f"{inst.opcode} {inst.name} cannot be part of a kernel")
         else:
-            value[inst.name] = add_op(inst, inst.name, operands)
+            name = add_op(inst, inst.name, operands)
+            if name in parts:
+                elements[inst.name] = parts[name]
+            else:
+                value[inst.name] = name
 
     outputs: list[tuple[str, Shape]] = []
     output_values: list[str] = []
@@ -220,7 +268,7 @@ def _fold_partial_reductions(ops: list[FlatOp]) -> None:
     by_name = {op.name: op for op in ops}
     for op in ops:
         # XLA:CPU may tile more than once (reduce-window of a reduce-window): fold each level.
-        while op.opcode == "reduce" and _folds_into(op, by_name.get(op.operands[0]), by_name):
+        while op.opcode == "reduce" and op.combiner is None and _folds_into(op, by_name.get(op.operands[0]), by_name):
             op.operands = [by_name[op.operands[0]].operands[0], op.operands[1]]
 
 

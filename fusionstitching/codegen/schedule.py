@@ -88,6 +88,9 @@ MAX_CACHED_POINTS = 16
 MAX_SCATTER_WINDOWS = 1024
 # Up to this many windows a scatter is straight-line code, beyond it a loop over the windows.
 UNROLLED_SCATTER_WINDOWS = 32
+# A variadic reduction (argmax) is straight-line code over at most this many elements per
+# result; beyond it, it is left to XLA.
+MAX_UNROLLED_VARIADIC = 64
 
 UNARY = {"abs", "negate", "exponential", "exponential-minus-one", "log", "log-plus-one", "sqrt",
          "rsqrt", "cbrt", "tanh", "logistic", "sine", "cosine", "tan", "floor", "ceil",
@@ -135,13 +138,12 @@ def reduction_space(pattern: Pattern) -> Space:
     for op in pattern.ops:
         if op.opcode != "reduce":
             continue
-        if len(op.operands) != 2 or op.shape.is_tuple:
-            raise CodegenError(f"reduce {op.name}: variadic reductions are not supported")
-        if (op.shape.dtype, op.reducer) not in REDUCIBLE:
+        if op.combiner is None and (op.shape.dtype, op.reducer) not in REDUCIBLE:
             raise CodegenError(f"reduce {op.name}: {op.reducer} over {op.shape.dtype} "
                                f"is not supported")
         operand = pattern.op_map()[op.operands[0]].shape
-        spaces.add((op.shape.num_elements, operand.num_elements // max(op.shape.num_elements, 1)))
+        result = _result_shape(op)
+        spaces.add((result.num_elements, operand.num_elements // max(result.num_elements, 1)))
     if len(spaces) > 1:
         raise CodegenError(f"reductions over different spaces (results x reduced) "
                            f"{sorted(spaces)}: one kernel needs one thread-group mapping")
@@ -149,6 +151,11 @@ def reduction_space(pattern: Pattern) -> Space:
         return Space(1, 0)
     groups, reduced = spaces.pop()
     return Space(groups, reduced)
+
+
+def _result_shape(op: FlatOp) -> Shape:
+    """The shape of a reduction's result (of each result of a variadic one: the same dims)."""
+    return op.shape.tuple_shapes[0] if op.shape.is_tuple else op.shape
 
 
 @dataclass(frozen=True)
@@ -304,7 +311,7 @@ class _Emitter:
         self.scopes: list[list] = [[]]
         self.var_depth: dict[Var, int] = {}
         self.cache: dict[tuple, tuple[Value, int]] = {}
-        self.reduced: dict[str, Value] = {}
+        self.reduced: dict[str, Value | list[Value]] = {}  # a list: a variadic reduce's results
         self.constants: dict[str, ConstArray] = {}
         self.names = itertools.count()
         # Stores of one scope waiting for the other lanes of their 16-byte group:
@@ -480,6 +487,9 @@ class _Emitter:
             case "reduce":
                 self.check_locality(op, index)
                 return self.reduced[op.name], 0
+            case "get-tuple-element":  # a result of a variadic reduce
+                self.check_locality(operand(0), index)
+                return self.reduced[op.operands[0]][int(op.attrs["index"])], 0
         if code not in ELEMENTWISE:
             raise CodegenError(f"{code} {op.name}: op not supported by the code generator")
         return self.elementwise(op, [self.value(o, index) for o in op.operands])
@@ -724,7 +734,7 @@ class _Emitter:
         """A reduction's value is only available at the result its thread group reduced."""
         if op.name not in self.reduced:
             raise CodegenError(f"reduction {op.name} is read before it is computed")
-        read = linearize(index, op.shape)
+        read = linearize(index, _result_shape(op))
         if read == ix(self.group):
             return
         # Not syntactically the group: compare at every point of the index space (exact).
@@ -774,7 +784,7 @@ def _reduce_operand_index(r: FlatOp, operand: Shape, group: Ix, point: Ix) -> tu
     reduced = set(r.dimensions)
     kept = [d for d in range(operand.rank) if d not in reduced]
     index: list[Ix] = [ix(0)] * operand.rank
-    for d, i in zip(kept, delinearize(group, r.shape)):
+    for d, i in zip(kept, delinearize(group, _result_shape(r))):
         index[d] = i
     stride = 1
     for d in operand.minor_to_major:
@@ -890,13 +900,17 @@ def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, 
         for stage in stages:
             if len(stage) > 1 and _independent(pattern, [x.name for x in stage]):
                 schemes.add("kernel_packing")
+            for red in stage:
+                if red.combiner is not None:
+                    em.reduced[red.name] = _reduce_variadic(em, sched, pattern, red)
+            stage = [red for red in stage if red.combiner is None]
             operands = [(red, pattern.op_map()[red.operands[0]].shape) for red in stage]
             partials = _over_points(
                 em, Points(member, r, sched.threads_per_group, sched.vector, sched.cached),
                 lambda point: [em.value(red.operands[0],
                                         _reduce_operand_index(red, shape, ix(group), point))
                                for red, shape in operands],
-                [red.reducer for red in stage])
+                [red.reducer for red in stage]) if stage else []
             for red, partial in zip(stage, partials):
                 total = _combine(em, sched, red, partial, shared, tid, lane)
                 em.reduced[red.name] = _apply_init(em, pattern, red, total)
@@ -917,7 +931,8 @@ def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, 
             em.flush_stores(0)
         stores = []
         for i, shape, value_name in per_group:
-            index = _reshaped(delinearize(ix(group), ref.shape), ref.shape, shape)
+            result = _result_shape(ref)
+            index = _reshaped(delinearize(ix(group), result), result, shape)
             value, _ = em.value(value_name, index)
             stores.append(GlobalStore(first_output + i, linearize(index, shape), value))
         if stores and sched.kind == "thread":
@@ -993,6 +1008,53 @@ def _combine(em: _Emitter, sched: Schedule, red: FlatOp, partial: Value,
         half //= 2
     em.place(SharedLoad(total, tile, lane), 0)
     return total
+
+
+def _reduce_variadic(em: _Emitter, sched: Schedule, pattern: Pattern, red: FlatOp
+                     ) -> list[Value]:
+    """A variadic reduce's results at the thread's group: its combiner computation inlined
+    on the accumulators (starting at the init values) and each element in turn, serially in
+    the operand's physical order, as XLA:CPU's loop combines them, so that any combiner
+    (argmax's tie-breaking and NaNs, or a non-associative one) gives XLA:CPU's result.
+
+    Only the thread schedule, as straight-line code: warp, block and tile schedules would
+    need shuffles and shared-memory combines of tuples through a general combiner, and a
+    loop would need tuple-valued loop-carried state in the kernel IR."""
+    if sched.kind != "thread":
+        raise CodegenError(f"reduce {red.name}: a variadic reduction is combined by one thread "
+                           f"per result only (a {sched.kind} schedule would combine tuples "
+                           f"across threads)")
+    r = sched.space.reduced
+    if r > MAX_UNROLLED_VARIADIC:
+        raise CodegenError(f"reduce {red.name}: variadic reduction of {r} elements per result "
+                           f"(straight-line code up to {MAX_UNROLLED_VARIADIC})")
+    n = len(red.operands) // 2
+    shape = em.ops[red.operands[0]].shape
+    accumulators = [em.value(init, ()) for init in red.operands[n:]]
+    for point in range(r):
+        index = _reduce_operand_index(red, shape, ix(em.group), ix(point))
+        elements = [em.value(operand, index) for operand in red.operands[:n]]
+        accumulators = _inline_combiner(em, red, accumulators + elements)
+    return [v for v, _ in accumulators]
+
+
+def _inline_combiner(em: _Emitter, red: FlatOp, args: list[tuple[Value, int]]
+                     ) -> list[tuple[Value, int]]:
+    """The combiner computation's results on these arguments, computed by the emitter."""
+    combiner = red.combiner
+    env = dict(zip(combiner.params, args))
+    for op in combiner.ops:
+        if op.shape.dtype not in DTYPES:
+            raise CodegenError(f"reduce {red.name}: {op.opcode} {op.name} of its combiner: "
+                               f"element type {op.shape.dtype} is not supported")
+        if op.opcode == "constant":
+            env[op.name] = em.constant(op, ())
+        elif op.opcode in ELEMENTWISE:
+            env[op.name] = em.elementwise(op, [env[o] for o in op.operands])
+        else:
+            raise CodegenError(f"reduce {red.name}: {op.opcode} {op.name} of its combiner is "
+                               f"not supported")
+    return [env[name] for name in combiner.results]
 
 
 def _apply_init(em: _Emitter, pattern: Pattern, r: FlatOp, total: Value) -> Value:
