@@ -1,0 +1,151 @@
+"""Variadic reductions: argmax/argmin as XLA emits them (a reduce of (values, iota) pairs whose
+combiner compares and selects, read through get-tuple-element), stitched with their producers
+and consumers and compared with XLA:CPU bit for bit on inputs with ties and NaNs."""
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from fusionstitching.capture import jax_hlo  # noqa: E402
+from fusionstitching.codegen import can_stitch, compile_host, generate  # noqa: E402
+from fusionstitching.hlo.parser import parse_module  # noqa: E402
+from fusionstitching.hlo.xla_runner import run_hlo_with_xla  # noqa: E402
+from fusionstitching.pipeline import Options, stitch_module  # noqa: E402
+from test_codegen_ops import TRIVIAL, assert_assembles_without_spills  # noqa: E402
+
+
+def ties_and_nans(shape, seed=0):
+    """Few distinct values (so a row's maximum and minimum repeat) and a NaN in a few rows and
+    columns, some of them twice (which NaN's index wins is the combiner's business)."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-3, 4, shape).astype(np.float32)
+    x[1, 2] = x[1, 5] = x[3, 0] = x[0, 7] = np.nan
+    return x
+
+
+FUNCTIONS = {
+    "argmax_rows": (lambda x: jnp.argmax(x, axis=1), (16, 12)),
+    "argmax_columns": (lambda x: jnp.argmax(x, axis=0), (24, 8)),
+    "argmin_rows": (lambda x: jnp.argmin(x, axis=1), (16, 12)),
+    # log-softmax's two row reductions, the argmax and the producers between them.
+    "log_softmax_argmax": (lambda x: jnp.argmax(jax.nn.log_softmax(x, axis=-1), axis=-1),
+                           (16, 12)),
+}
+
+
+@functools.cache
+def captured(name: str):
+    fn, shape = FUNCTIONS[name]
+    return parse_module(jax_hlo(fn, np.zeros(shape, np.float32))), shape
+
+
+def kernels(module) -> list[str]:
+    return [i.name for i in module.entry.instructions if i.opcode not in TRIVIAL]
+
+
+@functools.cache
+def stitched(name: str):
+    """The whole module as one kernel (every XLA kernel of it, e.g. the reduce-max, the
+    log-sum fusion and the argmax fusion of log_softmax_argmax)."""
+    module, _ = captured(name)
+    return generate(module, kernels(module), name)
+
+
+def run_both(module, spec, args):
+    want = run_hlo_with_xla(str(module), args)
+    number = {p.name: p.parameter_number for p in module.entry.parameters}
+    got = compile_host(spec)(*[args[number[n]] for n, _ in spec.inputs])
+    return got, want
+
+
+@pytest.mark.parametrize("name", list(FUNCTIONS))
+def test_argmax_and_argmin_are_one_kernel_equal_to_xla_with_ties_and_nans(name):
+    module, shape = captured(name)
+    assert any(i.shape.is_tuple and i.opcode == "fusion" for i in module.entry.instructions)
+    spec = stitched(name)
+    assert "thread schedule" in spec.why
+    x = ties_and_nans(shape)
+    (got,), (want,) = run_both(module, spec, [x])
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, want)
+
+
+def test_the_inputs_have_ties_and_nans_where_argmax_reads_them():
+    x = ties_and_nans((16, 12))
+    rows = np.nan_to_num(x, nan=-9)
+    assert ((rows == rows.max(axis=1, keepdims=True)).sum(axis=1) > 1).any()  # tied maxima
+    assert (np.isnan(x).sum(axis=1) == 2).any()  # two NaNs in one row
+
+
+def test_log_softmax_then_argmax_is_one_kernel_through_the_pipeline():
+    """The pipeline plans the whole module as one stitched kernel, runs it through the host
+    backend and matches XLA (its own verify, on random inputs)."""
+    module, _ = captured("log_softmax_argmax")
+    result = stitch_module(module, Options(verify=True, ptxas=False))
+    assert result.report.verify.ok and "xla" in result.report.verify.against
+    assert result.report.fs.mem_kernels == 1 and result.report.xla.mem_kernels == 3
+    assert not result.report.fallbacks
+
+
+# Both results of the tuple are outputs; the combiner is a float sum over the pairs (not
+# associative): the serial order from the init value must be XLA:CPU's own.
+SUM_PAIRS = """HloModule m
+%pairs (a: f32[], b: f32[], c: f32[], d: f32[]) -> (f32[], f32[]) {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  %c = f32[] parameter(2)
+  %d = f32[] parameter(3)
+  %ac = f32[] add(%a, %c)
+  %bd = f32[] multiply(%b, %d)
+  ROOT %t = (f32[], f32[]) tuple(%ac, %bd)
+}
+ENTRY %main {
+  %x = f32[6,COLS]{1,0} parameter(0)
+  %y = f32[6,COLS]{1,0} parameter(1)
+  %e = f32[6,COLS]{1,0} negate(%y)
+  %zero = f32[] constant(0.1)
+  %one = f32[] constant(1)
+  ROOT %r = (f32[6]{0}, f32[6]{0}) reduce(%x, %e, %zero, %one), dimensions={1}, to_apply=%pairs
+}
+"""
+
+
+def test_a_non_associative_variadic_reduce_combines_in_xla_cpu_order():
+    module = parse_module(SUM_PAIRS.replace("COLS", "48"))
+    spec = generate(module, ["e", "r"], "k")
+    assert [n for n, _ in spec.outputs] == ["r#0", "r#1"]
+    rng = np.random.default_rng(1)
+    args = [(rng.standard_normal((6, 48)) * 10.0 ** rng.integers(-4, 5, (6, 48))
+             ).astype(np.float32), (1 + 0.05 * rng.standard_normal((6, 48))).astype(np.float32)]
+    got, want = run_both(module, spec, args)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    # The data tell orders apart: summing each row backwards gives other f32 sums.
+    backwards = np.float32(0.1) + np.zeros(6, np.float32)
+    for column in args[0].T[::-1]:
+        backwards = backwards + column
+    assert not np.array_equal(backwards, want[0])
+
+
+def test_what_is_not_supported_is_refused_with_a_reason():
+    module = parse_module(SUM_PAIRS.replace("COLS", "65"))
+    ok, reason = can_stitch(module, ["e", "r"])
+    assert not ok and reason == ("reduce r: variadic reduction of 65 elements per result "
+                                 "(straight-line code up to 64)")
+    # Warp, block and tile schedules are enumerated and refused, each with the reason.
+    refused = [d for d, t in stitched("argmax_rows").candidates if t == float("inf")]
+    assert all("combined by one thread per result only" in d for d in refused)
+    assert {d.split(" ")[1] for d in refused} == {"warp", "block", "tile"}
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_ptxas_assembles_every_variadic_kernel_without_spills(arch):
+    assert_assembles_without_spills((stitched(name) for name in FUNCTIONS), arch)
