@@ -35,6 +35,8 @@ FUNCTIONS = {
     "argmax_rows": (lambda x: jnp.argmax(x, axis=1), (16, 12)),
     "argmax_columns": (lambda x: jnp.argmax(x, axis=0), (24, 8)),
     "argmin_rows": (lambda x: jnp.argmin(x, axis=1), (16, 12)),
+    # Longer rows than straight-line code takes: a loop carrying the (value, index) pair.
+    "argmax_long_rows": (lambda x: jnp.argmax(x, axis=1), (8, 100)),
     # log-softmax's two row reductions, the argmax and the producers between them.
     "log_softmax_argmax": (lambda x: jnp.argmax(jax.nn.log_softmax(x, axis=-1), axis=-1),
                            (16, 12)),
@@ -118,13 +120,16 @@ ENTRY %main {
 """
 
 
-def test_a_non_associative_variadic_reduce_combines_in_xla_cpu_order():
-    module = parse_module(SUM_PAIRS.replace("COLS", "48"))
+@pytest.mark.parametrize("columns", [24, 48])  # straight-line code, a loop
+def test_a_non_associative_variadic_reduce_combines_in_xla_cpu_order(columns):
+    module = parse_module(SUM_PAIRS.replace("COLS", str(columns)))
     spec = generate(module, ["e", "r"], "k")
     assert [n for n, _ in spec.outputs] == ["r#0", "r#1"]
+    assert ("next(" in str(spec.kernel)) == (columns > 32)
     rng = np.random.default_rng(1)
-    args = [(rng.standard_normal((6, 48)) * 10.0 ** rng.integers(-4, 5, (6, 48))
-             ).astype(np.float32), (1 + 0.05 * rng.standard_normal((6, 48))).astype(np.float32)]
+    shape = (6, columns)
+    args = [(rng.standard_normal(shape) * 10.0 ** rng.integers(-4, 5, shape)
+             ).astype(np.float32), (1 + 0.05 * rng.standard_normal(shape)).astype(np.float32)]
     got, want = run_both(module, spec, args)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
@@ -135,12 +140,37 @@ def test_a_non_associative_variadic_reduce_combines_in_xla_cpu_order():
     assert not np.array_equal(backwards, want[0])
 
 
-def test_what_is_not_supported_is_refused_with_a_reason():
-    module = parse_module(SUM_PAIRS.replace("COLS", "65"))
+# Several reduced dimensions: (operand layout, reduced dimensions, result shape).
+LAYOUTS = {"row_major": ("2,1,0", "0,1,2", "f32[]"), "minor_two": ("1,2,0", "0,2", "f32[6]{0}")}
+
+
+@pytest.mark.parametrize("case", list(LAYOUTS))
+def test_several_reduced_dimensions_combine_in_xla_cpu_order(case):
+    layout, dims, result = LAYOUTS[case]
+    module = parse_module(SUM_PAIRS.replace("f32[6,COLS]{1,0}", f"f32[4,6,8]{{{layout}}}")
+                          .replace("dimensions={1}", f"dimensions={{{dims}}}")
+                          .replace("(f32[6]{0}, f32[6]{0})", f"({result}, {result})"))
+    spec = generate(module, ["e", "r"], "k")
+    rng = np.random.default_rng(3)
+    args = [(rng.standard_normal((4, 6, 8)) * 10.0 ** rng.integers(-4, 5, (4, 6, 8))
+             ).astype(np.float32), (1 + 0.05 * rng.standard_normal((4, 6, 8))).astype(np.float32)]
+    got, want = run_both(module, spec, args)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_a_layout_that_would_change_the_combining_order_is_refused():
+    module = parse_module(SUM_PAIRS.replace("f32[6,COLS]{1,0}", "f32[4,6,8]{0,1,2}")
+                          .replace("dimensions={1}", "dimensions={1,2}")
+                          .replace("f32[6]{0}", "f32[4]{0}"))
     ok, reason = can_stitch(module, ["e", "r"])
-    assert not ok and reason == ("reduce r: variadic reduction of 65 elements per result "
-                                 "(straight-line code up to 64)")
-    # Warp, block and tile schedules are enumerated and refused, each with the reason.
+    assert not ok and reason == ("reduce r: reduced dimensions [1, 2] are not row-major in the "
+                                 "operand's layout (0, 1, 2); the combining order would depend "
+                                 "on the layout")
+
+
+def test_schedules_combining_across_threads_are_refused_with_a_reason():
+    """Warp, block and tile schedules are enumerated and refused, each with the reason."""
     refused = [d for d, t in stitched("argmax_rows").candidates if t == float("inf")]
     assert all("combined by one thread per result only" in d for d in refused)
     assert {d.split(" ")[1] for d in refused} == {"warp", "block", "tile"}

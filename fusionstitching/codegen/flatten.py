@@ -11,6 +11,9 @@ what the pattern reads from and writes to global memory:
   always arrays. A multi-output fusion's results leave the pattern through its
   get-tuple-element users (the output is named after that get-tuple-element); if the tuple
   itself is used outside (e.g. it is the ROOT), each element is an output named ``name#i``.
+* a variadic reduce (argmax: values and indices) is one tuple-shaped `reduce` op carrying its
+  to_apply computation as a `Combiner`, followed by one `get-tuple-element` op per result
+  (named ``reduce#i``), through which everything reads its results.
 """
 from __future__ import annotations
 

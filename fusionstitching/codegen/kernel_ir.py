@@ -330,12 +330,16 @@ class VectorPack:
 
 @dataclass
 class Accumulate:
-    """Loop-carried reduction: dst starts at `init` and is combined with `value` each iteration."""
+    """Loop-carried reduction: dst starts at `init` and is combined with `value` each iteration.
+
+    A general combiner (a variadic reduce's) is computed in the body instead: there `carried`
+    is dst's value before the iteration, `value` the next one, and kind is "next"."""
 
     dst: Value
-    kind: str  # HLO opcode of the combiner: add, maximum, minimum, multiply, and, or
+    kind: str  # HLO opcode of the combiner: add, maximum, minimum, multiply, and, or; or next
     init: Value
     value: Value
+    carried: Value | None = None
 
 
 @dataclass
@@ -489,6 +493,8 @@ def _format_body(body: list, depth: int) -> list[str]:
                 out.append(f"{pad}for {s.var} = {s.start}; {s.var} < {s.stop}; {s.var} += {s.step}:")
                 out += _format_body(s.body, depth + 1)
                 out += [f"{pad}  {a.dst} = {a.kind}({a.dst} [init {a.init}], {a.value})"
+                        if a.carried is None else
+                        f"{pad}  {a.dst} = next({a.value}) [init {a.init}, read as {a.carried}]"
                         for a in s.accumulates]
             case If():
                 out.append(f"{pad}if {s.lhs} {'==' if s.cmp == 'eq' else '<'} {s.rhs}:")

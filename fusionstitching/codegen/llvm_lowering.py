@@ -234,10 +234,14 @@ class ThreadLowering:
 
         def body(i: ir.Value) -> None:
             self.vars[s.var] = i
+            for a, slot in zip(s.accumulates, slots):
+                if a.carried is not None:
+                    self.values[a.carried] = self.builder.load(slot, typ=slot.allocated_type)
             self.lower(s.body)
             for a, slot in zip(s.accumulates, slots):
-                self.builder.store(self.combine(a, self.builder.load(slot, typ=slot.allocated_type),
-                                                self.values[a.value]), slot)
+                self.builder.store(self.values[a.value] if a.carried is not None else self.combine(
+                    a, self.builder.load(slot, typ=slot.allocated_type), self.values[a.value]),
+                    slot)
 
         self.counted_loop(self.index(s.start), ir.Constant(I32, s.stop), s.step, body)
         for a, slot in zip(s.accumulates, slots):

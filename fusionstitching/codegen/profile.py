@@ -162,7 +162,9 @@ def count_instructions(kernel: Kernel, body: list, counts: dict[str, float],
                 else:
                     count_instructions(kernel, s.body, counts, times * trips)
                 for a in s.accumulates:
-                    add_instructions(counts, op_instructions(a.kind, a.dst.dtype), times * trips)
+                    if a.carried is None:  # else the body computes the combination
+                        add_instructions(counts, op_instructions(a.kind, a.dst.dtype),
+                                         times * trips)
                 add_instructions(counts, {"int": 2}, times * trips)  # step, compare-and-branch
             case If():
                 add_instructions(counts, {"int": 1}, times)
@@ -512,9 +514,15 @@ class _Lifetimes:
         for k in range(trips):
             self.unrolled[s.var] = (s.start, s.step, k)
             self.iteration = outer_iteration + ((s.var.name, k),)
+            for a in s.accumulates:
+                if a.carried is not None:  # the body reads the previous iteration's value
+                    self.alias(a.carried, partial[a.dst])
             self.walk(s.body)
             self.pos += 1
             for a in s.accumulates:
+                if a.carried is not None:  # no combine: the body's value is the next one
+                    partial[a.dst] = a.value
+                    continue
                 self.use_value(partial[a.dst])
                 self.use_value(a.value)
                 partial[a.dst] = Value(f"{a.dst.name}.{k}", a.dst.dtype)
@@ -528,6 +536,14 @@ class _Lifetimes:
             if partial[a.dst] in self.immediates:  # a loop that never runs
                 self.immediates.add(a.dst)
 
+    def alias(self, v: Value, to: Value) -> None:
+        """``v`` is another name of ``to``'s register (or immediate)."""
+        self.current[v] = self.current.get(to, (to, ()))
+        if to in self.immediates:
+            self.immediates.add(v)
+        else:
+            self.immediates.discard(v)
+
     def rolled_loop(self, s: Loop) -> None:
         self.use_index(s.start)
         stepped = {(x.buffer, str(x.offset)) for x in _flatten(s.body)
@@ -540,6 +556,8 @@ class _Lifetimes:
         for a in s.accumulates:
             self.use_value(a.init)
             key = self.define_value(a.dst)
+            if a.carried is not None:
+                self.current[a.carried] = key
             loop.extend.update(k for k in (key, ("hi", key)) if k in self.start)
         self.rolled.append(loop)
         self.available.append({})

@@ -36,6 +36,9 @@ the current thread: producers of several consumers are recomputed (thread compos
 value CSE per scope (paper 4.5). Data-dependent indices (gather, dynamic-slice) and clamped
 positions (pad, concatenate) become `DynamicIndex` variables clamped into their operand.
 
+Variadic reductions (argmax/argmin) run their combiner computation inlined, serially from
+the init values in XLA:CPU's order, under the thread schedule only (`_reduce_variadic`).
+
 Scatter (XLA's embedding gradients: a scatter-add of token rows into a zero or parameter
 table) is computed in the *gather form*: element ``o`` of the result is a loop over the update
 windows in order, starting from the operand's element at ``o`` and combining each window's
@@ -88,9 +91,9 @@ MAX_CACHED_POINTS = 16
 MAX_SCATTER_WINDOWS = 1024
 # Up to this many windows a scatter is straight-line code, beyond it a loop over the windows.
 UNROLLED_SCATTER_WINDOWS = 32
-# A variadic reduction (argmax) is straight-line code over at most this many elements per
-# result; beyond it, it is left to XLA.
-MAX_UNROLLED_VARIADIC = 64
+# Up to this many elements per result a variadic reduction (argmax) is straight-line code,
+# beyond it a loop.
+UNROLLED_VARIADIC = 32
 
 UNARY = {"abs", "negate", "exponential", "exponential-minus-one", "log", "log-plus-one", "sqrt",
          "rsqrt", "cbrt", "tanh", "logistic", "sine", "cosine", "tan", "floor", "ceil",
@@ -1017,25 +1020,47 @@ def _reduce_variadic(em: _Emitter, sched: Schedule, pattern: Pattern, red: FlatO
     the operand's physical order, as XLA:CPU's loop combines them, so that any combiner
     (argmax's tie-breaking and NaNs, or a non-associative one) gives XLA:CPU's result.
 
-    Only the thread schedule, as straight-line code: warp, block and tile schedules would
-    need shuffles and shared-memory combines of tuples through a general combiner, and a
-    loop would need tuple-valued loop-carried state in the kernel IR."""
+    Only the thread schedule: warp, block and tile schedules would need shuffles and
+    shared-memory combines of tuples through a general combiner, in an order other than
+    XLA:CPU's (which matters for combiners that are not associative). Up to
+    UNROLLED_VARIADIC elements straight-line code, beyond it a loop carrying the tuple."""
     if sched.kind != "thread":
         raise CodegenError(f"reduce {red.name}: a variadic reduction is combined by one thread "
                            f"per result only (a {sched.kind} schedule would combine tuples "
                            f"across threads)")
     r = sched.space.reduced
-    if r > MAX_UNROLLED_VARIADIC:
-        raise CodegenError(f"reduce {red.name}: variadic reduction of {r} elements per result "
-                           f"(straight-line code up to {MAX_UNROLLED_VARIADIC})")
     n = len(red.operands) // 2
     shape = em.ops[red.operands[0]].shape
-    accumulators = [em.value(init, ()) for init in red.operands[n:]]
-    for point in range(r):
-        index = _reduce_operand_index(red, shape, ix(em.group), ix(point))
-        elements = [em.value(operand, index) for operand in red.operands[:n]]
-        accumulators = _inline_combiner(em, red, accumulators + elements)
-    return [v for v, _ in accumulators]
+    if [d for d in shape.minor_to_major if d in red.dimensions] != \
+            sorted(red.dimensions, reverse=True):
+        # Points are visited in the layout's order (_reduce_operand_index); XLA:CPU as jaxlib
+        # runs it combines them in row-major order: the two agree only in this case.
+        raise CodegenError(f"reduce {red.name}: reduced dimensions {list(red.dimensions)} are "
+                           f"not row-major in the operand's layout {shape.minor_to_major}; "
+                           f"the combining order would depend on the layout")
+    inits = [em.value(init, ()) for init in red.operands[n:]]
+
+    def combine(accumulators: list[tuple[Value, int]], point: Ix) -> list[tuple[Value, int]]:
+        index = _reduce_operand_index(red, shape, ix(em.group), point)
+        return _inline_combiner(em, red, accumulators + [em.value(operand, index)
+                                                         for operand in red.operands[:n]])
+
+    if r <= UNROLLED_VARIADIC:
+        accumulators = inits
+        for point in range(r):
+            accumulators = combine(accumulators, ix(point))
+        return [v for v, _ in accumulators]
+    point = Var(f"r{next(em.names)}", r)
+    em.open_loop(point)
+    depth = len(em.scopes) - 1
+    carried = [em.fresh(v.dtype) for v, _ in inits]
+    following = combine([(c, depth) for c in carried], ix(point))
+    body = em.close_loop()
+    results = [em.fresh(v.dtype) for v, _ in inits]
+    em.place(Loop(point, ix(0), r, 1, body, [
+        Accumulate(dst, "next", init, value, carried=c)
+        for dst, (init, _), (value, _), c in zip(results, inits, following, carried)]), 0)
+    return results
 
 
 def _inline_combiner(em: _Emitter, red: FlatOp, args: list[tuple[Value, int]]
