@@ -40,6 +40,10 @@ FUNCTIONS = {
     # log-softmax's two row reductions, the argmax and the producers between them.
     "log_softmax_argmax": (lambda x: jnp.argmax(jax.nn.log_softmax(x, axis=-1), axis=-1),
                            (16, 12)),
+    # XLA:CPU splits rows of 40 into two tiles of 32 (a reduce-window padded with the init
+    # value) and a reduce of the tiles: folded back into one row reduction.
+    "log_softmax_argmax_tiled": (lambda x: jnp.argmax(jax.nn.log_softmax(x, axis=-1),
+                                                      axis=-1), (16, 40)),
 }
 
 
@@ -95,6 +99,33 @@ def test_log_softmax_then_argmax_is_one_kernel_through_the_pipeline():
     assert result.report.verify.ok and "xla" in result.report.verify.against
     assert result.report.fs.mem_kernels == 1 and result.report.xla.mem_kernels == 3
     assert not result.report.fallbacks
+
+
+def test_padded_tiles_of_xla_cpu_row_reductions_fold_back_into_rows():
+    module, _ = captured("log_softmax_argmax_tiled")
+    windows = [i for c in module.computations for i in c.instructions
+               if i.opcode == "reduce-window"]
+    assert windows and all("pad=0_0x12_12" in i.attrs["window"] for i in windows)
+    assert "reduce-window" not in str(stitched("log_softmax_argmax_tiled").kernel)
+
+
+def test_tiles_starting_at_another_value_than_the_identity_do_not_fold():
+    """Each window of reduce-window adds its init value: folding would drop 5 per tile."""
+    module = parse_module("""HloModule m
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+ENTRY %main {
+  %x = f32[4,64]{1,0} parameter(0)
+  %c = f32[] constant(5)
+  %w = f32[4,2]{1,0} reduce-window(%x, %c), window={size=1x32 stride=1x32}, to_apply=%add
+  ROOT %r = f32[4]{0} reduce(%w, %c), dimensions={1}, to_apply=%add
+}
+""")
+    assert can_stitch(module, ["w", "r"]) == (
+        False, "reduce-window w: op not supported by the code generator")
 
 
 # Both results of the tuple are outputs; the combiner is a float sum over the pairs (not

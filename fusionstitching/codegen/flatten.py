@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..hlo.evaluator import parse_literal
 from ..hlo.ir import Instruction, Module, Shape
 
 
@@ -251,38 +252,57 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
 
 
 def _window(op: FlatOp) -> dict[str, list[int]] | None:
-    """size/stride of a plain reduce-window (no padding or dilation), else None."""
+    """size/stride/padding (low + high per dimension) of a reduce-window without dilation,
+    else None."""
     fields = dict(f.split("=") for f in op.attrs.get("window", "").strip("{}").split())
-    if set(fields) - {"size", "stride"}:
+    if set(fields) - {"size", "stride", "pad"}:
         return None
     rank = op.shape.rank
-    return {k: [int(v) for v in fields.get(k, "x".join(["1"] * rank)).split("x")]
-            for k in ("size", "stride")}
+    window = {k: [int(v) for v in fields.get(k, "x".join(["1"] * rank)).split("x")]
+              for k in ("size", "stride")}
+    pads = fields["pad"].split("x") if "pad" in fields else ["0_0"] * rank
+    window["pad"] = [sum(int(v) for v in p.split("_")) for p in pads]
+    return window
 
 
 def _fold_partial_reductions(ops: list[FlatOp]) -> None:
     """reduce(reduce-window(x)) -> reduce(x) when the windows tile the reduced dimensions.
 
-    XLA:CPU splits long row reductions into a reduce-window over tiles of the row followed
-    by a reduce of the tile results. With the same associative combiner that is the same
-    reduction of x in another order, and stitching it as one row reduction is what a GPU
-    kernel does anyway (inits must be the combiner's identity, checked by the schedule).
+    XLA:CPU splits long row reductions into a reduce-window over tiles of the row (padded with
+    the init value when the tiles overhang the row) followed by a reduce of the tile results.
+    With the same associative combiner and an init value that is its identity, that is the
+    same reduction of x in another order, and stitching it as one row reduction is what a GPU
+    kernel does anyway (the reduce's own init is combined in by the schedule).
     """
     by_name = {op.name: op for op in ops}
     for op in ops:
         # XLA:CPU may tile more than once (reduce-window of a reduce-window): fold each level.
-        while op.opcode == "reduce" and op.combiner is None and _folds_into(op, by_name.get(op.operands[0]), by_name):
+        while op.opcode == "reduce" and op.combiner is None and \
+                _folds_into(op, by_name.get(op.operands[0]), by_name):
             op.operands = [by_name[op.operands[0]].operands[0], op.operands[1]]
 
 
 def _folds_into(op: FlatOp, inner: FlatOp | None, by_name: dict[str, FlatOp]) -> bool:
-    """Is ``inner`` a reduce-window with ``op``'s combiner whose windows tile exactly the
-    dimensions ``op`` reduces?"""
-    if inner is None or inner.opcode != "reduce-window" or inner.reducer != op.reducer:
+    """Is ``inner`` a reduce-window with ``op``'s combiner, starting at its identity, whose
+    (padded) windows tile exactly the dimensions ``op`` reduces?"""
+    if inner is None or inner.opcode != "reduce-window" or inner.reducer != op.reducer or \
+            not _is_identity(by_name[inner.operands[1]], inner.reducer):
         return False
     window, source = _window(inner), by_name[inner.operands[0]]
     reduced = set(op.dimensions)
     return window is not None and window["size"] == window["stride"] and all(
-        size == 1 or d in reduced for d, size in enumerate(window["size"])) and all(
-        inner.shape.dims[d] * window["size"][d] == source.shape.dims[d]
+        (size == 1 and pad == 0) or d in reduced
+        for d, (size, pad) in enumerate(zip(window["size"], window["pad"]))) and all(
+        inner.shape.dims[d] * window["size"][d] == source.shape.dims[d] + window["pad"][d]
         for d in range(source.shape.rank))
+
+
+def _is_identity(init: FlatOp, kind: str) -> bool:
+    """Folding drops the reduce-window's init value (each window's start and its padding): it
+    must leave every combination unchanged."""
+    from .schedule import REDUCIBLE, identity  # schedule.py imports this module
+
+    if init.opcode != "constant" or init.shape.rank or (init.shape.dtype, kind) not in REDUCIBLE:
+        return False
+    return parse_literal(init.literal or "", init.shape).reshape(-1)[0] == \
+        identity(kind, init.shape.dtype)

@@ -905,7 +905,7 @@ def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, 
                 schemes.add("kernel_packing")
             for red in stage:
                 if red.combiner is not None:
-                    em.reduced[red.name] = _reduce_variadic(em, sched, pattern, red)
+                    em.reduced[red.name] = _reduce_variadic(em, sched, red)
             stage = [red for red in stage if red.combiner is None]
             operands = [(red, pattern.op_map()[red.operands[0]].shape) for red in stage]
             partials = _over_points(
@@ -1013,11 +1013,10 @@ def _combine(em: _Emitter, sched: Schedule, red: FlatOp, partial: Value,
     return total
 
 
-def _reduce_variadic(em: _Emitter, sched: Schedule, pattern: Pattern, red: FlatOp
-                     ) -> list[Value]:
+def _reduce_variadic(em: _Emitter, sched: Schedule, red: FlatOp) -> list[Value]:
     """A variadic reduce's results at the thread's group: its combiner computation inlined
     on the accumulators (starting at the init values) and each element in turn, serially in
-    the operand's physical order, as XLA:CPU's loop combines them, so that any combiner
+    row-major order of the reduced dimensions, as XLA:CPU combines them, so that any combiner
     (argmax's tie-breaking and NaNs, or a non-associative one) gives XLA:CPU's result.
 
     Only the thread schedule: warp, block and tile schedules would need shuffles and
