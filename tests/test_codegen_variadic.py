@@ -128,6 +128,52 @@ ENTRY %main {
         False, "reduce-window w: op not supported by the code generator")
 
 
+def test_results_read_inside_a_multi_output_fusion():
+    """A fusion whose root tuple reads the argmax's results through get-tuple-element (and
+    computes from them), as XLA:GPU's multi-output fusions do."""
+    module = parse_module("""HloModule m
+%argmax (a: f32[], i: s32[], b: f32[], j: s32[]) -> (f32[], s32[]) {
+  %a = f32[] parameter(0)
+  %i = s32[] parameter(1)
+  %b = f32[] parameter(2)
+  %j = s32[] parameter(3)
+  %gt = pred[] compare(%a, %b), direction=GT
+  %nan = pred[] compare(%a, %a), direction=NE
+  %eq = pred[] compare(%a, %b), direction=EQ
+  %lt = pred[] compare(%i, %j), direction=LT
+  %keep = pred[] or(%gt, %nan)
+  %tie = pred[] and(%eq, %lt)
+  %v = f32[] select(%keep, %a, %b)
+  %first = pred[] or(%keep, %tie)
+  %k = s32[] select(%first, %i, %j)
+  ROOT %t = (f32[], s32[]) tuple(%v, %k)
+}
+%fused (p: f32[8,12]) -> (f32[8], s32[8]) {
+  %p = f32[8,12]{1,0} parameter(0)
+  %io = s32[8,12]{1,0} iota(), iota_dimension=1
+  %ninf = f32[] constant(-inf)
+  %zero = s32[] constant(0)
+  %r = (f32[8]{0}, s32[8]{0}) reduce(%p, %io, %ninf, %zero), dimensions={1}, to_apply=%argmax
+  %v = f32[8]{0} get-tuple-element(%r), index=0
+  %k = s32[8]{0} get-tuple-element(%r), index=1
+  %e = f32[8]{0} exponential(%v)
+  ROOT %out = (f32[8]{0}, s32[8]{0}) tuple(%e, %k)
+}
+ENTRY %main {
+  %x = f32[8,12]{1,0} parameter(0)
+  %f = (f32[8]{0}, s32[8]{0}) fusion(%x), kind=kLoop, calls=%fused
+  %e = f32[8]{0} get-tuple-element(%f), index=0
+  %k = s32[8]{0} get-tuple-element(%f), index=1
+  ROOT %t = (f32[8]{0}, s32[8]{0}) tuple(%e, %k)
+}
+""")
+    spec = generate(module, ["f"], "k")
+    assert [n for n, _ in spec.outputs] == ["e", "k"]
+    got, want = run_both(module, spec, [ties_and_nans((8, 12))])
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
 # Both results of the tuple are outputs; the combiner is a float sum over the pairs (not
 # associative): the serial order from the init value must be XLA:CPU's own.
 SUM_PAIRS = """HloModule m
