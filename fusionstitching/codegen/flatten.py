@@ -114,6 +114,9 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
 
     def add_op(inst: Instruction, name: str, operands: list[str]) -> str:
         refuse_dynamic(inst)
+        if inst.opcode == "reduce-window" and len(operands) != 2:
+            raise CodegenError(f"reduce-window {inst.name}: variadic reduce-windows are not "
+                               f"supported")
         reducer = reducer_of(module, inst) if inst.opcode in ("reduce", "reduce-window", "scatter") \
             else None
         if inst.opcode in ("fusion", "call", "while", "conditional") or (
