@@ -153,6 +153,9 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
 
     def add_op(inst: Instruction, name: str, operands: list[str]) -> str:
         refuse_dynamic(inst)
+        if inst.opcode == "reduce-window" and len(operands) != 2:
+            raise CodegenError(f"reduce-window {inst.name}: variadic reduce-windows are not "
+                               f"supported")
         variadic = inst.opcode == "reduce" and inst.shape.is_tuple
         combiner = combiner_of(module, inst) if variadic else None
         reducer = reducer_of(module, inst) if not variadic and inst.opcode in (

@@ -52,6 +52,14 @@ because no thread knows when the last atomic on an element happened. The gather 
 every element in the order XLA:CPU does (update windows in row-major order of the scatter
 dims), on both backends, so it is exact and deterministic; its price is windows x output
 elements, so it is refused beyond MAX_SCATTER_WINDOWS windows.
+
+Reduce-window (pooling, cumulative sums) is computable at any index the same way: element ``o``
+starts at the init value and combines, in row-major order of the window positions ``k``, the
+operand element at ``o*stride - pad_low + k*window_dilation`` of the padded, base-dilated
+operand; positions in the padding or in a base-dilation hole are skipped, as XLA:CPU does
+(not combined as the init value). That is XLA:CPU's order for the reduce-windows of its
+optimized HLO; it rewrites longer scans into two levels before (visible in that HLO). Up to
+UNROLLED_WINDOW_POSITIONS positions as straight-line code, a loop up to MAX_WINDOW_POSITIONS.
 """
 from __future__ import annotations
 
@@ -68,6 +76,7 @@ import numpy as np
 from costmodel import kernel_latency_us, load_device
 from costmodel.devices import Device
 
+from ..hlo.evaluator import _Window as Window
 from ..hlo.evaluator import parse_literal
 from ..hlo.ir import Shape
 from .flatten import CodegenError, FlatOp, Pattern
@@ -94,6 +103,10 @@ UNROLLED_SCATTER_WINDOWS = 32
 # Up to this many elements per result a variadic reduction (argmax) is straight-line code,
 # beyond it a loop.
 UNROLLED_VARIADIC = 32
+# A reduce-window costs (window positions) x (output elements), bounded alike; XLA:CPU's own
+# optimized HLO has small windows (it rewrites scans longer than 16 into two levels).
+MAX_WINDOW_POSITIONS = 1024
+UNROLLED_WINDOW_POSITIONS = 32
 
 UNARY = {"abs", "negate", "exponential", "exponential-minus-one", "log", "log-plus-one", "sqrt",
          "rsqrt", "cbrt", "tanh", "logistic", "sine", "cosine", "tan", "floor", "ceil",
@@ -487,6 +500,8 @@ class _Emitter:
                 return self.gather(op, index)
             case "scatter":
                 return self.scatter(op, index)
+            case "reduce-window":
+                return self.reduce_window(op, index)
             case "reduce":
                 self.check_locality(op, index)
                 return self.reduced[op.name], 0
@@ -560,26 +575,33 @@ class _Emitter:
             result = p if result is None else self.op("and", "pred", result, p)
         return result
 
+    def undilate(self, position: Ix, n: int, interior: int) -> tuple[Ix, list]:
+        """The index into a dimension of ``n`` elements of ``position`` in its padded form
+        (``interior`` holes after each element, padding before and after), and the predicates
+        under which that position is an element rather than padding or a hole (pad, and the
+        window positions of reduce-window)."""
+        lo, hi = value_range(position)
+        if interior == 0 and lo >= 0 and hi < n:
+            return position, []
+        p, valid = self.index_value(position), []
+        if interior:
+            step = self.const(interior + 1, "s32")
+            valid.append(self.compare(self.op("remainder", "s32", p, step),
+                                      self.const(0, "s32"), "EQ"))
+            p = self.op("divide", "s32", p, step)
+            valid.append(self.compare(self.index_value(position), self.const(0, "s32"), "GE"))
+            valid.append(self.compare(p, self.const(n, "s32"), "LT"))
+        else:
+            valid.append(self.in_range(p, 0, n))
+        return self.dynamic(p, n), valid
+
     def pad(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
         source_shape = self.ops[op.operands[0]].shape
         source, valid = [], []
         for i, n, (low, _, interior) in zip(index, source_shape.dims, _padding(op)):
-            position = add(i, -low)
-            lo, hi = value_range(position)
-            if interior == 0 and lo >= 0 and hi < n:
-                source.append(position)
-                continue
-            p = self.index_value(position)
-            if interior:
-                step = self.const(interior + 1, "s32")
-                valid.append(self.compare(self.op("remainder", "s32", p, step),
-                                          self.const(0, "s32"), "EQ"))
-                p = self.op("divide", "s32", p, step)
-                valid.append(self.compare(self.index_value(position), self.const(0, "s32"), "GE"))
-                valid.append(self.compare(p, self.const(n, "s32"), "LT"))
-            else:
-                valid.append(self.in_range(p, 0, n))
-            source.append(self.dynamic(p, n))
+            position, inside = self.undilate(add(i, -low), n, interior)
+            source.append(position)
+            valid += inside
         inner = self.value(op.operands[0], tuple(source))
         if not valid:
             return inner
@@ -715,23 +737,67 @@ class _Emitter:
             lands = self.all_of(valid)
             return update if lands is None else self.op("select", dtype, lands, update, neutral)
 
-        if windows <= UNROLLED_SCATTER_WINDOWS:
-            # Straight-line code: the windows' loads are independent, so they are all in
-            # flight at once, and the indices (the same for every element) are loaded once
-            # per thread instead of once per element.
+        # Unrolled, the indices (the same for every element) are loaded once per thread
+        # instead of once per element.
+        return self.combine_in_order(op.reducer, dtype, init, windows, window_value,
+                                     self.index_depth(*index), UNROLLED_SCATTER_WINDOWS)
+
+    def combine_in_order(self, kind: str, dtype: str, init: tuple[Value, int], count: int,
+                         term, depth: int, unrolled: int) -> tuple[Value, int]:
+        """``init`` combined (``kind``) with term(k) for k = 0 .. count-1 in this order
+        (scatter's update windows, reduce-window's window positions). Up to ``unrolled`` terms
+        as straight-line code, whose loads are independent and so all in flight at once;
+        beyond it a Loop with an Accumulate, placed at ``depth`` (where the terms' index is
+        defined)."""
+        if count <= unrolled:
             result = init
-            for w in range(windows):
-                result = self.op(op.reducer, dtype, result, window_value(ix(w)))
+            for k in range(count):
+                result = self.op(kind, dtype, result, term(ix(k)))
             return result
-        depth = max(self.index_depth(*index), init[1])
-        window_var = Var(f"w{next(self.names)}", windows)
-        self.open_loop(window_var)
-        masked = window_value(ix(window_var))
+        depth = max(depth, init[1])
+        var = Var(f"w{next(self.names)}", count)
+        self.open_loop(var)
+        value = term(ix(var))
         body = self.close_loop()
         result = self.fresh(dtype)
-        self.place(Loop(window_var, ix(0), windows, 1, body,
-                        [Accumulate(result, op.reducer, init[0], masked[0])]), depth)
+        self.place(Loop(var, ix(0), count, 1, body, [Accumulate(result, kind, init[0], value[0])]),
+                   depth)
         return result, depth
+
+    def reduce_window(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
+        """Element ``index`` of reduce-window(operand, init) (module docstring): the init
+        value combined, in row-major order of the window positions, with the operand element
+        at each position; positions in the padding or in a base-dilation hole are skipped."""
+        dtype = op.shape.dtype
+        if (dtype, op.reducer) not in REDUCIBLE:
+            raise CodegenError(f"reduce-window {op.name}: combiner {op.reducer} over {dtype} "
+                               f"is not supported")
+        source = self.ops[op.operands[0]].shape
+        window = Window.parse(op.attrs.get("window"), source.rank)
+        positions = math.prod(window.size)
+        if positions > MAX_WINDOW_POSITIONS:
+            raise CodegenError(f"reduce-window {op.name}: {positions} positions per window; "
+                               f"every output element would combine them all (at most "
+                               f"{MAX_WINDOW_POSITIONS})")
+        # A skipped position combines with the identity (-0.0 for a float sum, as in scatter).
+        neutral = self.const(-0.0 if (op.reducer, dtype) == ("add", "f32") else
+                             identity(op.reducer, dtype), dtype)
+        offsets_shape = row_major(Shape("s32", tuple(window.size), ()))
+
+        def term(k: Ix) -> tuple[Value, int]:
+            at, valid = [], []
+            for d, offset in enumerate(delinearize(k, offsets_shape)):
+                position = add(scale(index[d], window.stride[d]),
+                               scale(offset, window.window_dilation[d]), -window.padding[d][0])
+                i, inside = self.undilate(position, source.dims[d], window.base_dilation[d] - 1)
+                at.append(i)
+                valid += inside
+            element = self.value(op.operands[0], tuple(at))
+            lands = self.all_of(valid)
+            return element if lands is None else self.op("select", dtype, lands, element, neutral)
+
+        return self.combine_in_order(op.reducer, dtype, self.value(op.operands[1], ()), positions,
+                                     term, self.index_depth(*index), UNROLLED_WINDOW_POSITIONS)
 
     def check_locality(self, op: FlatOp, index: tuple[Ix, ...]) -> None:
         """A reduction's value is only available at the result its thread group reduced."""

@@ -646,16 +646,21 @@ def _reduce_window(ev, inst, operands):
     window = _Window.parse(inst.attrs.get("window"), inputs[0].ndim)
     out_shapes = inst.shape.leaves()
     out_sizes = out_shapes[0].dims
-    # Padding (and base dilation holes) read as the init value, which the reducer absorbs.
+    # Window positions in the padding or in a base dilation hole are skipped, as XLA:CPU does
+    # (combining them as the init value, as XLA's operation semantics word it, differs from
+    # XLA's result when the init is not the reducer's identity: a sum starting at 1).
     padded = [window.pad(x, init) for x, init in zip(inputs, inits)]
+    inside = window.pad(np.ones(inputs[0].shape, bool), np.zeros((), bool))
     ufunc = ev.reducer_ufunc(comp) if n == 1 else None
     acc = [np.broadcast_to(init, out_sizes) for init in inits]
     for offset in window.offsets():
-        elements = [p[window.slices(offset, out_sizes)] for p in padded]
+        sl = window.slices(offset, out_sizes)
+        elements = [p[sl] for p in padded]
         if ufunc is not None:
-            acc = [ufunc(_widen(acc[0]), _widen(elements[0])).astype(inputs[0].dtype)]
+            new = [ufunc(_widen(acc[0]), _widen(elements[0])).astype(inputs[0].dtype)]
         else:
-            acc = _results(ev.call(comp, acc + elements))
+            new = _results(ev.call(comp, acc + elements))
+        acc = [np.where(inside[sl], v, a) for v, a in zip(new, acc)]
     return _pack([np.broadcast_to(a, out_sizes).astype(s.numpy_dtype, copy=False)
                   for a, s in zip(acc, out_shapes)])
 
