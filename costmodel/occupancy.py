@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .devices import Device
 
@@ -90,9 +91,14 @@ def _round_up(x: int, unit: int) -> int:
     return -(-x // unit) * unit
 
 
+@lru_cache(maxsize=4096)
 def occupancy(device: Device, threads_per_block: int, regs_per_thread: int,
               smem_per_block: int) -> Occupancy:
-    """Resident blocks per SM for a launch; ``smem_per_block`` is static + dynamic bytes."""
+    """Resident blocks per SM for a launch; ``smem_per_block`` is static + dynamic bytes.
+
+    A pure function of a few small numbers that the explorer and the code generator ask
+    about for every kernel they price (a 10^5-node exploration prices 10^5 of XLA's kernels
+    with a handful of distinct launches), so answers are cached."""
     arch = arch_limits(device)
     if threads_per_block <= 0 or regs_per_thread < 0 or smem_per_block < 0:
         raise ValueError("threads_per_block must be positive, registers and shared memory "

@@ -94,13 +94,19 @@ def plan_module(graph: OpGraph, options: Options, device) -> FusionPlan:
     estimate, and each pattern is generated once."""
     built: dict[frozenset[str], codegen.KernelSpec] = {}  # accepted patterns
     priced: dict[frozenset[str], costmodel.KernelProfile] = {}  # profiled on demand (beam)
+    xla_us: dict[str, float] = {}  # XLA's kernel times, asked again by every query
+
+    def xla_kernel_us(node: str) -> float:
+        if node not in xla_us:
+            xla_us[node] = _xla_kernel_us(graph, node, device)
+        return xla_us[node]
 
     def can_stitch(nodes: list[str]) -> tuple[bool, str]:
         try:
             spec = codegen.generate(graph.module, nodes, "probe", {"name": options.target})
         except codegen.CodegenError as exc:
             return False, str(exc)
-        slower = _slower_than_xla(graph, spec, device, options.target)
+        slower = _slower_than_xla(graph, spec, device, options.target, xla_kernel_us)
         if slower:
             return False, slower
         built[frozenset(nodes)] = spec
@@ -119,12 +125,14 @@ def plan_module(graph: OpGraph, options: Options, device) -> FusionPlan:
     return explore(graph, can_stitch, options.explorer, device, profile_of)
 
 
-def _slower_than_xla(graph: OpGraph, spec, device, target: str) -> str | None:
+def _slower_than_xla(graph: OpGraph, spec, device, target: str,
+                     xla_kernel_us=None) -> str | None:
     """No negative optimization: why a stitched kernel modeled slower than the XLA kernels it
-    replaces is not used (None when it is faster)."""
+    replaces is not used (None when it is faster). ``xla_kernel_us(node)``: XLA's kernel
+    times, when the caller keeps them."""
     stitched_us = modeled_kernel_us(spec, device)
-    xla_us = sum(_xla_kernel_us(graph, n, device) for n in spec.nodes
-                 if graph.nodes[n].is_kernel)
+    xla_kernel_us = xla_kernel_us or (lambda n: _xla_kernel_us(graph, n, device))
+    xla_us = sum(xla_kernel_us(n) for n in spec.nodes if graph.nodes[n].is_kernel)
     if stitched_us < xla_us:
         return None
     return (f"stitched kernel modeled at {stitched_us:.2f} us is not faster than XLA's "

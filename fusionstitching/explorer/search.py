@@ -138,6 +138,7 @@ class Explorer:
         self.evaluator = costmodel.delta.delta_evaluator(device)
         self._can_stitch = can_stitch
         self._buildable: dict[frozenset[str], tuple[bool, str]] = {}
+        self._named: dict[frozenset[str], tuple[str, ...]] = {}
         # GraphIndex.traffic and PatternModel.gather of the patterns later ones grow from
         # (each kernel alone, kept candidates) and, for traffic, of the kernels of every plan
         # priced (every beam's, XLA's and the connected-region baseline's).
@@ -165,8 +166,13 @@ class Explorer:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _ordered(self, nodes) -> list[str]:
-        return sorted(nodes, key=self.index.order.__getitem__)
+    def _names(self, nodes: frozenset[str]) -> tuple[str, ...]:
+        """``nodes`` in topological order, sorted once per pattern (the code generator's
+        query and the pattern's decisions both name it so)."""
+        names = self._named.get(nodes)
+        if names is None:
+            names = self._named[nodes] = tuple(sorted(nodes, key=self.index.order.__getitem__))
+        return names
 
     def _decide(self, nodes: frozenset[str], ok: bool, reason: str) -> None:
         self._latest[nodes] = (ok, reason)
@@ -175,7 +181,7 @@ class Explorer:
     def can_stitch(self, nodes: frozenset[str]) -> tuple[bool, str]:
         result = self._buildable.get(nodes)
         if result is None:
-            result = self._buildable[nodes] = self._can_stitch(self._ordered(nodes))
+            result = self._buildable[nodes] = self._can_stitch(list(self._names(nodes)))
         return result
 
     def latency_us(self, nodes: frozenset[str]) -> float:
@@ -192,7 +198,7 @@ class Explorer:
             profile = self._profiles[nodes] = (
                 self.model.profile(nodes, self.traffic(nodes), self._facts.get(nodes))
                 if self.profile_of is None
-                else self.profile_of(self._ordered(nodes)))
+                else self.profile_of(list(self._names(nodes))))
         return profile
 
     def traffic(self, nodes: frozenset[str]) -> tuple[int, int, int, int]:
@@ -456,11 +462,11 @@ class Explorer:
             us, nbytes = self.plan_cost(kernels)
             notes.append(f"beam {i}: {len(kernels)} kernels, {nbytes} bytes, {us:.3f} us "
                          f"(modeled), f = {sum(c.score for c in chosen):+.3f} us")
-            patterns = [Pattern(self._ordered(c.nodes), self._latest[c.nodes][1])
+            patterns = [Pattern(list(self._names(c.nodes)), self._latest[c.nodes][1])
                         for c in chosen if c.nodes not in packed]
             for pack in packs:
                 union = frozenset().union(*pack)
-                patterns.append(Pattern(self._ordered(union), self._latest[union][1]))
+                patterns.append(Pattern(list(self._names(union)), self._latest[union][1]))
             patterns.sort(key=lambda p: order[p.nodes[0]])
             plans.append((us, nbytes, len(kernels), f"beam {i}", patterns))
         greedy = connected_region_plan(  # its code generator queries are cached with ours
@@ -486,10 +492,9 @@ class Explorer:
         # a pattern's latest decision is its last in order; keys stay in first-decision order
         latest: dict[frozenset[str], Decision] = {}
         history = []
+        names = self._names
         for nodes, ok, reason in self._history:
-            previous = latest.get(nodes)
-            names = tuple(self._ordered(nodes)) if previous is None else previous.nodes
-            decision = latest[nodes] = Decision(names, ok, reason)
+            decision = latest[nodes] = Decision(names(nodes), ok, reason)
             history.append(decision)
         self.decisions = latest
         return history
