@@ -50,6 +50,7 @@ from dataclasses import dataclass
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import costmodel  # noqa: E402
 from benchmarks.models import micro  # noqa: E402
 from fusionstitching.capture import jax_hlo  # noqa: E402
 from fusionstitching.codegen import CodegenError, compile_nvptx, find_ptxas, generate  # noqa: E402
@@ -130,6 +131,8 @@ class Kernel:
     in_bytes: int  # bytes of the kernel's inputs (scales the loops, see the docstring)
     ptx: str
     arch: str
+    block: int = 0  # threads per block (ours; 0 for XLA's, whose block is not needed)
+    smem: int = 0  # shared-memory bytes per block (ours)
 
     def per_element(self) -> tuple[float, float, float, bool]:
         """(load instructions, store instructions, load bytes) per element, looped."""
@@ -177,7 +180,7 @@ def ours(module, nodes: list[str], name: str) -> tuple[Kernel, str]:
     nv = compile_nvptx(spec, "sm_90")
     return Kernel(name, math.prod(spec.grid) * math.prod(spec.block),
                   max(s.num_elements for _, s in spec.outputs + spec.inputs), spec.read_bytes,
-                  nv.ptx, "sm_90"), spec.why
+                  nv.ptx, "sm_90", math.prod(spec.block), spec.smem_bytes), spec.why
 
 
 def row(label: str, kind: str, xla: Kernel, mine: Kernel, why: str) -> dict:
@@ -185,9 +188,14 @@ def row(label: str, kind: str, xla: Kernel, mine: Kernel, why: str) -> dict:
     mr, ms = ptxas_info(mine.ptx, mine.arch)
     xl, xst, xb, xloop = xla.per_element()
     ml, mst, mb, mloop = mine.per_element()
+    h100 = costmodel.load_device("h100")
+    # Whether our extra registers (if any) cost occupancy: our launch with XLA's register count.
+    occupancy = [costmodel.occupancy(h100, mine.block, regs, mine.smem).active_warps_per_sm
+                 for regs in (mr, min(mr, xr))]
     return dict(case=label, kind=kind, xla_regs=xr, xla_spills=xs, our_regs=mr, our_spills=ms,
                 xla_ld=xl, our_ld=ml, xla_st=xst, our_st=mst, xla_ldb=xb, our_ldb=mb,
-                loop=("X" if xloop else "") + ("O" if mloop else ""), why=why)
+                loop=("X" if xloop else "") + ("O" if mloop else ""), why=why,
+                occupancy=occupancy, idle_lanes=mine.threads > mine.elements)
 
 
 def explain(r: dict) -> str:
@@ -206,7 +214,18 @@ def explain(r: dict) -> str:
             "our unrolled stages keep every point of the row in registers for the later "
             "stages (producer caching), XLA re-reads or recomputes" if "unrolled" in r["why"]
             else "our row loop keeps its chunk addresses and partial sums live (XLA unrolls "
-                 "its loop)"))
+                 "its loop)") + (
+            "; no occupancy cost: {} warps per SM either way".format(r["occupancy"][0])
+            if r["occupancy"][0] == r["occupancy"][1] else
+            "; occupancy {} warps per SM, {} with XLA's count".format(*r["occupancy"])))
+    if r["idle_lanes"] and (r["our_ld"] > r["xla_ld"] * 1.05 or r["our_st"] > r["xla_st"] * 1.05):
+        # Per active thread the accesses are XLA's; the method counts the idle lanes' too.
+        notes.append("more accesses per element as counted: a kernel of fewer elements than a "
+                     "warp is launched as one whole warp (our GPU launcher starts 32 x num_warps "
+                     "threads, runtime/gpu.py) and the idle lanes' guarded loads and stores count "
+                     "as executed (see the method); each active thread loads and stores what "
+                     "XLA's does")
+        return "; ".join(notes)
     if r["our_ld"] > r["xla_ld"] * 1.05:
         notes.append("more load instructions per element: " + (
             "column reductions (tile schedule) load one element per instruction, XLA's two "
@@ -255,7 +274,7 @@ def main(argv=None) -> int:
                 rows.append(row(label, "plan", next(iter(default_kernels.values())), mine, why))
             except CodegenError as e:
                 print(f"{label}: plan not stitched: {e}")
-        for name, xla in classic_kernels.items():
+        for name, xla in sorted(classic_kernels.items()):
             try:
                 mine, why = ours(classic, [name], name)
             except CodegenError as e:

@@ -10,8 +10,14 @@ an unfused op) without its code, from the graph alone:
   combines the lanes with a 5-step shuffle butterfly;
 * instructions per thread: each fused op's instructions (costmodel/instructions.py, the table
   the stitched kernels are counted with) times its elements per thread, one global load per
-  element of each parameter (in unrolled groups of 8 whose loads overlap, as in the stitched
-  kernels' unrolled loops) and one global store per output element;
+  element of each parameter and one global store per output element;
+* loads as the stitched kernels' are priced (codegen/profile.py ``count_instructions``): a
+  thread's loads of all inputs, in unrolled groups of 8 elements, are independent and in
+  flight at once, so a group waits one full load latency per dependency level and its other
+  loads cost their issue. A parameter read at an index computed from loaded values (the
+  operand of a gather or dynamic-slice, the update of a dynamic-update-slice) is one level
+  above those values' loads. XLA's scatter reads its indices and updates on one level (its
+  atomic update's address depends on the index, but a store is not waited for);
 * 128 threads per block (XLA:GPU's default block size for loop fusions; assumption, not
   re-checked) and registers for one loaded value per input plus the value being computed,
   through ``costmodel.estimate_registers``.
@@ -45,11 +51,52 @@ def _elements(shape: Shape) -> int:
     return max(leaf.num_elements for leaf in _leaves(shape))
 
 
-def add_loads(counts: dict[str, float], loads: float) -> None:
-    """A thread's loads of one input, in unrolled groups of XLA_UNROLL: the first load of a
-    group waits the full latency, the others overlap it."""
-    groups = math.ceil(loads / XLA_UNROLL)
-    add_instructions(counts, {"ld_global": groups, OVERLAPPED_LOAD: loads - groups})
+# Ops that read their operand 0 (or the update, operand 1) at an index computed from the
+# values of the others: operand -> the operands holding the index.
+_INDEXED_READS = {"gather": (0, slice(1, None)), "dynamic-slice": (0, slice(1, None)),
+                  "dynamic-update-slice": (1, slice(2, None))}
+# Ops that move one operand's elements unchanged: a parameter seen through them is still read
+# where the op's user reads it.
+_PASS_THROUGH = {"bitcast", "reshape", "copy", "transpose", "broadcast", "slice", "convert"}
+
+
+def load_levels(instructions: list[Instruction]) -> dict[str, int]:
+    """The dependency level of each parameter's loads (module docstring): 1 when read at the
+    thread's own index, one more than the index's level when read at a loaded index."""
+    names = {i.name: i for i in instructions}
+    value: dict[str, int] = {}  # instruction -> level of the latest load it depends on
+    reads: dict[str, int] = {}  # parameter -> level of its loads
+
+    def source(name: str) -> str:
+        while name in names and names[name].opcode in _PASS_THROUGH:
+            name = names[name].operands[0]
+        return name
+
+    for inst in instructions:
+        operands = [value.get(o, 1) for o in inst.operands]  # outside operands: loaded
+        if inst.opcode == "parameter":
+            value[inst.name] = 1
+            continue
+        value[inst.name] = max(operands, default=0)
+        if inst.opcode in _INDEXED_READS:
+            data, index = _INDEXED_READS[inst.opcode]
+            level = 1 + max(operands[index], default=0)
+            read = source(inst.operands[data])
+            reads[read] = max(reads.get(read, 1), level)
+            value[inst.name] = max(value[inst.name], level)
+    for name, inst in names.items():
+        if inst.opcode == "parameter":
+            reads.setdefault(name, 1)
+    return reads
+
+
+def add_loads(counts: dict[str, float], loads_per_level: dict[int, list[float]]) -> None:
+    """A thread's loads, per level as [loads, the most of any one input]: XLA unrolls its
+    element loop by XLA_UNROLL, so each group of that many elements of every input on a level
+    waits one full latency and the group's other loads overlap it."""
+    for loads, most in loads_per_level.values():
+        groups = math.ceil(most / XLA_UNROLL)
+        add_instructions(counts, {"ld_global": groups, OVERLAPPED_LOAD: loads - groups})
 
 
 def fused_instructions(graph: OpGraph, node_name: str) -> list[Instruction]:
@@ -70,10 +117,19 @@ def xla_kernel_profile(graph: OpGraph, node_name: str,
     threads = max(_elements(r.shape) for r in reduces) * WARP if reduces else outputs
     counts: dict[str, float] = {}
     names = {i.name: i for i in instructions}
+    levels = load_levels(instructions)
+    loads: dict[int, list[float]] = {}
+
+    def load(level: int, shape: Shape) -> None:
+        # every thread reads at least one element (a broadcast operand is read per thread)
+        n = max(1.0, _elements(shape) / threads)
+        entry = loads.setdefault(level, [0.0, 0.0])
+        entry[0] += n
+        entry[1] = max(entry[1], n)
+
     for inst in instructions:
         if inst.opcode == "parameter":
-            # every thread reads at least one element (a broadcast operand is read per thread)
-            add_loads(counts, max(1.0, _elements(inst.shape) / threads))
+            load(levels[inst.name], inst.shape)
         elif inst.opcode in ("reduce", "reduce-window"):
             operand = names.get(inst.operands[0])  # absent for an unfused reduce
             reduced = _elements((operand or graph.nodes[inst.operands[0]]).shape)
@@ -87,7 +143,8 @@ def xla_kernel_profile(graph: OpGraph, node_name: str,
                              _elements(inst.shape) / threads)
     if node.opcode != "fusion":  # an unfused op reads its operands from global memory
         for operand in node.operands:
-            add_loads(counts, max(1.0, _elements(graph.nodes[operand].shape) / threads))
+            load(levels.get(operand, 1), graph.nodes[operand].shape)
+    add_loads(counts, loads)
     add_instructions(counts, {"st_global": 1}, outputs / threads * len(_leaves(node.shape)))
     add_instructions(counts, {"int": 2})  # the element index from blockIdx and threadIdx
     block = min(XLA_THREADS_PER_BLOCK, device.max_threads_per_block, threads)
