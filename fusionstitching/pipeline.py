@@ -63,13 +63,15 @@ def stitch_module(module: Module, options: Options | None = None,
 
     graph = build_graph(module)
     t0 = time.perf_counter()
-    plan = plan_module(graph, options, device)
+    built: dict[frozenset[str], codegen.KernelSpec] = {}
+    plan = plan_module(graph, options, device, built)
     times.explore = time.perf_counter() - t0
 
     kernels: list[StitchedKernel] = []
     for index, pattern in enumerate(plan.patterns):
         name = f"fusionstitching_{_c_name(module.name)[:40]}_{index}"
-        kernel = _build_kernel(graph, pattern, name, options, device, times, fallbacks)
+        kernel = _build_kernel(graph, pattern, name, options, device, times, fallbacks,
+                               built.get(frozenset(pattern.nodes)))
         if kernel is not None:
             kernels.append(kernel)
 
@@ -83,7 +85,8 @@ def stitch_module(module: Module, options: Options | None = None,
     return result
 
 
-def plan_module(graph: OpGraph, options: Options, device) -> FusionPlan:
+def plan_module(graph: OpGraph, options: Options, device,
+                built: dict[frozenset[str], codegen.KernelSpec] | None = None) -> FusionPlan:
     """The fusion plan of ``graph``, asking the code generator the question the pipeline
     will: can it build the pattern, and does the kernel pass the cost guard below? So the
     explorer plans around patterns that would be given back to XLA instead of losing them.
@@ -91,8 +94,9 @@ def plan_module(graph: OpGraph, options: Options, device) -> FusionPlan:
     The explorer prices plans as the Report will (``profile_of``): a pattern by the
     profile of the kernel the query built, one XLA kernel by ``xla_kernel_profile``. So the
     explorer's final choice ranks plans by the modeled times the Report shows, not by its own
-    estimate, and each pattern is generated once."""
-    built: dict[frozenset[str], codegen.KernelSpec] = {}  # accepted patterns
+    estimate, and each pattern is generated once. ``built`` receives the kernel of every
+    accepted pattern, so that the pipeline does not generate the chosen ones again."""
+    built = {} if built is None else built  # accepted patterns
     priced: dict[frozenset[str], costmodel.KernelProfile] = {}  # profiled on demand (beam)
     xla_us: dict[str, float] = {}  # XLA's kernel times, asked again by every query
 
@@ -143,10 +147,13 @@ def _c_name(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)
 
 
-def _build_kernel(graph, pattern, name, options, device, times, fallbacks):
+def _build_kernel(graph, pattern, name, options, device, times, fallbacks, probed=None):
+    """``probed``: the kernel the explorer's capability query built for this pattern (the
+    same generation under another name), else it is generated here."""
     t0 = time.perf_counter()
     try:
-        spec = codegen.generate(graph.module, pattern.nodes, name, {"name": options.target})
+        spec = _renamed(probed, name) if probed is not None else codegen.generate(
+            graph.module, pattern.nodes, name, {"name": options.target})
     except Exception as exc:  # any codegen failure leaves the pattern to XLA
         times.codegen += time.perf_counter() - t0
         fallbacks.append(Fallback("codegen", list(pattern.nodes), _reason(exc)))
@@ -174,6 +181,12 @@ def _build_kernel(graph, pattern, name, options, device, times, fallbacks):
         finally:
             times.ptxas += time.perf_counter() - t0
     return kernel
+
+
+def _renamed(spec: codegen.KernelSpec, name: str) -> codegen.KernelSpec:
+    host = spec.host_kernel and dataclasses.replace(spec.host_kernel, name=name)
+    return dataclasses.replace(spec, name=name, kernel=dataclasses.replace(spec.kernel, name=name),
+                               host_kernel=host)
 
 
 def _reason(exc: Exception) -> str:
