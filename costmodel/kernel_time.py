@@ -1,6 +1,11 @@
 """Kernel time from bytes alone: memory roofline plus launch cost (modeled, not measured).
 
 The bound every model here keeps: a kernel moving N bytes takes at least N / bandwidth.
+
+Assumption: a grid of B blocks runs on min(B, SM count) SMs, and each SM draws at most its
+fair share of the device's bandwidth (bandwidth / SM count), so a grid smaller than the device
+streams at min(B, SMs) / SMs of the bandwidth (one block on an H100: 1/132, ~25 GB/s). One SM
+alone can draw more than its share, so this is conservative for small grids.
 latency.py (the paper's latency-evaluator) uses ``kernel_cost`` as its memory term and adds
 compute from occupancy, waves and CPI; use it when the kernel's launch and instructions are
 known, and this when only its bytes are.
@@ -26,8 +31,11 @@ class KernelCost:
         return self.memory_us + self.launch_us
 
 
-def kernel_cost(bytes_moved: int, device: Device) -> KernelCost:
-    return KernelCost(memory_us=bytes_moved / device.memory_bandwidth * 1e6, launch_us=LAUNCH_US)
+def kernel_cost(bytes_moved: int, device: Device, grid_blocks: int | None = None) -> KernelCost:
+    """``grid_blocks``: the launch's blocks (None: a grid that fills the device)."""
+    sms = device.sm_count if grid_blocks is None else min(grid_blocks, device.sm_count)
+    bandwidth = device.memory_bandwidth * sms / device.sm_count
+    return KernelCost(memory_us=bytes_moved / bandwidth * 1e6, launch_us=LAUNCH_US)
 
 
 def plan_time_us(kernel_bytes: list[int], device: Device) -> float:

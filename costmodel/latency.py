@@ -13,7 +13,8 @@ of a scheduler's 4 SFU lanes). The wave then advances one instruction per
 max(latency, W * issue cycles): latency-bound with few warps, throughput-bound with many.
 With W = 1 this is the paper's CPI. Numbers and sources: data/cpi.json.
 
-Global memory. A kernel moving N bytes cannot beat N / bandwidth (kernel_time.kernel_cost).
+Global memory. A kernel moving N bytes cannot beat N / bandwidth (kernel_time.kernel_cost),
+the bandwidth of the min(grid, SMs) SMs its blocks run on (each SM its fair share).
 Compute C and memory M overlap as in XLA's GPU performance model
 (xla/service/gpu/model/gpu_performance_model_base.cc, memory_compute_parallelism = 0.95):
     total = C + M - 0.95 * min(C, M) = max(C, M) + 0.05 * min(C, M), plus 1 us launch.
@@ -62,7 +63,7 @@ class LatencyBreakdown:
     occupancy: Occupancy
     warp_cycles: float  # L_warp
     compute_us: float  # N_wave * L_warp / clock
-    memory_us: float  # global bytes / bandwidth
+    memory_us: float  # global bytes / bandwidth of the SMs the grid runs on
     launch_us: float
     total_us: float
 
@@ -123,7 +124,8 @@ def kernel_latency_us(profile: KernelProfile, device: Device) -> LatencyBreakdow
                                            profile.threads_per_block, occ,
                                            profile.instructions, op_costs(device.sm_arch))
     compute_us = cycles / (device.clock_ghz * 1e3)
-    memory_us = kernel_cost(profile.bytes_read + profile.bytes_written, device).memory_us
+    memory_us = kernel_cost(profile.bytes_read + profile.bytes_written, device,
+                            profile.grid_blocks).memory_us
     return LatencyBreakdown(waves=waves, occupancy=occ, warp_cycles=l_warp,
                             compute_us=compute_us, memory_us=memory_us, launch_us=LAUNCH_US,
                             total_us=overlap_us(compute_us, memory_us) + LAUNCH_US)

@@ -230,10 +230,14 @@ def test_row_reduction_never_beats_its_bytes(target, rows, cols, threads):
 
 
 def test_few_rows_leave_the_gpu_latency_bound():
-    """8 long rows on 8 blocks: the reduction is far slower than its bytes allow."""
+    """8 long rows on 8 blocks: the reduction is far slower than its bytes allow on the whole
+    device, and still latency-bound on the 8 SMs it runs on (8/132 of the bandwidth)."""
     device = costmodel.load_device("h100")
     got = kernel_latency_us(_row_reduce_profile(8, 1 << 20, 1024), device)
-    assert got.waves == 1 and got.compute_us > 10 * got.memory_us
+    whole_device = costmodel.kernel_cost(4 * (8 << 20) + 4 * 8, device).memory_us
+    assert got.waves == 1 and got.compute_us > 10 * whole_device
+    assert got.memory_us == pytest.approx(whole_device * device.sm_count / 8)
+    assert got.compute_us > got.memory_us
 
 
 def test_waves_and_warps_per_scheduler():
