@@ -156,10 +156,17 @@ def test_can_stitch_refuses_unsupported_op_with_reason():
 
 
 def test_reduction_read_at_another_row_needs_cross_block_communication():
-    text = SNIPPET.format(init="0", op="add").replace("f32[8,64]", "f32[64,64]").replace(
-        "f32[8]", "f32[64]").replace("dimensions={0}", "dimensions={1}")
-    ok, reason = can_stitch(parse_module(text), ["r", "b", "y"])
-    assert not ok and "cross-block communication" in reason
+    """Every one-space schedule refuses it (locality); small, it runs as one phased block
+    (the row sums in shared memory), large, it is refused with both reasons."""
+    def text(n: int) -> str:
+        return SNIPPET.format(init="0", op="add").replace("f32[8,64]", f"f32[{n},{n}]").replace(
+            "f32[8]", f"f32[{n}]").replace("dimensions={0}", "dimensions={1}")
+    spec, (got,), expected = run_snippet(text(64), ["r", "b", "y"])
+    assert spec.why.startswith("phased schedule") and spec.grid == (1,)
+    assert any("cross-block communication" in why for why, _ in spec.candidates)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    ok, reason = can_stitch(parse_module(text(512)), ["r", "b", "y"])
+    assert not ok and "cross-block communication" in reason and "for one block" in reason
 
 
 def test_column_reduction_stitches_with_its_consumer():

@@ -76,7 +76,7 @@ def generate(module: Module, nodes: list[str], name: str, device: dict | None = 
         regs_model=0, why=scheduled.schedule.why,
         modeled_us=scheduled.modeled_us, smem_bytes_no_reuse=scheduled.smem_bytes_no_reuse,
         candidates=scheduled.candidates,
-        host_kernel=build_kernel(pattern, host_schedule(pattern), name)[0])
+        host_kernel=build_kernel(pattern, host_schedule(pattern, scheduled.schedule), name)[0])
     spec.regs_model = register_model(spec)
     spec.raw_read_bytes = global_traffic(kernel)[0]
     return spec

@@ -23,6 +23,16 @@ Schedules of the thread groups (the paper's thread / warp / block schedules, plu
   tile in a fixed order (block composition; column reductions such as BatchNorm statistics
   and bias gradients).
 
+Phased schedule (block composition across spaces). Reductions over different spaces (a
+LayerNorm backward's row statistics and its column sums dgamma/dbeta, a column sum of rows
+centered by their row means) cannot share one thread-group mapping, and a grid of several
+blocks could hand a finished reduction to another mapping only through a grid-wide barrier.
+So, only where every one-space schedule is refused (different spaces, or locality), the
+pattern may run on one block: phases in dependency order, each reducing one space's results
+into a shared array (a thread per result; all threads and a block_reduce for a full
+reduction), a barrier after each stage, then the outputs as packed loops reading any result
+at any index. It is for small regions (MAX_PHASED_POINTS), where launches dominate.
+
 `enumerate_schedules` lists the schedules and launch dimensions that fit the space; each is
 built, those failing the locality check (a consumer reads a reduction at an index its own
 group did not reduce: cross-block communication) are dropped, and the latency-evaluator
@@ -143,6 +153,10 @@ def identity(kind: str, dtype: str) -> float | int | bool:
 # ---------------------------------------------------------------------------------------------
 # Reduction space and schedules
 # ---------------------------------------------------------------------------------------------
+class DifferentSpaces(CodegenError):
+    """The reductions do not share one space: no one-space schedule; the phased one may fit."""
+
+
 @dataclass(frozen=True)
 class Space:
     groups: int  # O: results of each reduction (1 for the loop schedule)
@@ -161,8 +175,8 @@ def reduction_space(pattern: Pattern) -> Space:
         result = _result_shape(op)
         spaces.add((result.num_elements, operand.num_elements // max(result.num_elements, 1)))
     if len(spaces) > 1:
-        raise CodegenError(f"reductions over different spaces (results x reduced) "
-                           f"{sorted(spaces)}: one kernel needs one thread-group mapping")
+        raise DifferentSpaces(f"reductions over different spaces (results x reduced) "
+                              f"{sorted(spaces)}: one kernel needs one thread-group mapping")
     if not spaces:
         return Space(1, 0)
     groups, reduced = spaces.pop()
@@ -176,8 +190,8 @@ def _result_shape(op: FlatOp) -> Shape:
 
 @dataclass(frozen=True)
 class Schedule:
-    kind: str  # loop, thread, warp, block, tile
-    space: Space
+    kind: str  # loop, thread, warp, block, tile, phases
+    space: Space  # phases: unused (each phase has its own), Space(1, 0)
     groups_per_block: int
     threads_per_group: int
     grid_blocks: int
@@ -186,6 +200,8 @@ class Schedule:
     # Producer caching: every reduction stage is unrolled, so the values one stage computes at
     # this thread's points stay in registers for the later stages (no re-read, no recompute).
     cached: bool = False
+    # Phased schedule: how many phases (reduction spaces in dependency order) the block runs.
+    phases: int = 0
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -198,7 +214,7 @@ class Schedule:
     @property
     def scheme(self) -> str | None:
         return {"warp": "warp_composition", "block": "block_composition",
-                "tile": "block_composition"}.get(self.kind)
+                "tile": "block_composition", "phases": "block_composition"}.get(self.kind)
 
     @property
     def why(self) -> str:
@@ -219,6 +235,9 @@ class Schedule:
                        f"{self.groups_per_block} per block"
             case "block":
                 return f"[{o}]x[{r}] block schedule: one block of {b} threads per result"
+            case "phases":
+                return f"phased schedule: one block of {b} threads, {self.phases} phases " \
+                       f"(reductions over different spaces, results in shared memory)"
         return f"[{o}]x[{r}] tile schedule: {self.groups_per_block} results x " \
                f"{self.threads_per_group} threads per block (shared-memory tile)"
 
@@ -328,6 +347,9 @@ class _Emitter:
         self.var_depth: dict[Var, int] = {}
         self.cache: dict[tuple, tuple[Value, int]] = {}
         self.reduced: dict[str, Value | list[Value]] = {}  # a list: a variadic reduce's results
+        # Phased schedule: reductions finished in an earlier phase, readable at any index
+        # (a shared array of the results, or the value every thread holds for one result).
+        self.staged: dict[str, SharedArray | Value] = {}
         self.constants: dict[str, ConstArray] = {}
         self.names = itertools.count()
         # Stores of one scope waiting for the other lanes of their 16-byte group:
@@ -503,6 +525,8 @@ class _Emitter:
             case "reduce-window":
                 return self.reduce_window(op, index)
             case "reduce":
+                if op.name in self.staged:
+                    return self.staged_result(op, index)
                 self.check_locality(op, index)
                 return self.reduced[op.name], 0
             case "get-tuple-element":  # a result of a variadic reduce
@@ -799,6 +823,15 @@ class _Emitter:
         return self.combine_in_order(op.reducer, dtype, self.value(op.operands[1], ()), positions,
                                      term, self.index_depth(*index), UNROLLED_WINDOW_POSITIONS)
 
+    def staged_result(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
+        staged = self.staged[op.name]
+        if isinstance(staged, Value):
+            return staged, 0
+        offset = linearize(index, op.shape)
+        dst, depth = self.fresh(staged.dtype), self.index_depth(offset)
+        self.place(SharedLoad(dst, staged, offset), depth)
+        return dst, depth
+
     def check_locality(self, op: FlatOp, index: tuple[Ix, ...]) -> None:
         """A reduction's value is only available at the result its thread group reduced."""
         if op.name not in self.reduced:
@@ -904,6 +937,7 @@ def _over_points(em: _Emitter, points: Points, visit, reducers: list[str]) -> li
     counter, a pointer per access (strength reduction) and a branch for a single trip."""
     chunks = points.count // points.vector
     single = points.step >= chunks
+    scope = len(em.scopes) - 1  # a phased kernel's loop over R nests in its loop over results
     if points.unrolled or (single and value_range(points.member)[1] < chunks):
         partials = None
         for k in range(chunks // points.step):
@@ -924,18 +958,21 @@ def _over_points(em: _Emitter, points: Points, visit, reducers: list[str]) -> li
             for kind, partial, value in zip(reducers, per_chunk, values)]
     if single and not reducers:
         body = em.close_loop()
-        em.place(If(points.member, ix(chunks), [IndexLet(chunk, points.member)] + body, "lt"), 0)
+        em.place(If(points.member, ix(chunks), [IndexLet(chunk, points.member)] + body, "lt"),
+                 scope)
         return []
     accumulates = []
     for kind, (value, _) in zip(reducers, per_chunk or []):
         init, _ = em.const(identity(kind, value.dtype), value.dtype)
         accumulates.append(Accumulate(em.fresh(value.dtype), kind, init, value))
-    em.place(Loop(chunk, points.member, chunks, points.step, em.close_loop(), accumulates), 0)
+    em.place(Loop(chunk, points.member, chunks, points.step, em.close_loop(), accumulates), scope)
     return [a.dst for a in accumulates]
 
 
 def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, set[str]]:
     """The kernel IR of `pattern` under one schedule; raises CodegenError (e.g. locality)."""
+    if sched.kind == "phases":
+        return build_phased_kernel(pattern, sched, name)
     space = sched.space
     threads = sched.block[0]
     tid, bid = Var("tid", threads), Var("bid", sched.grid_blocks)
@@ -1016,29 +1053,36 @@ def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, 
         # not reuse it (it would not dominate them).
         em.cache.clear()
         em.reduced.clear()
-    # Packed loops: every thread of the grid strides over the elements of each output size.
+    _packed_outputs(em, pattern, packed, first_output, add(scale(bid, threads), tid),
+                    threads * sched.grid_blocks, sched.vector, bool(r), schemes)
+    kernel = Kernel(name, buffers, sched.grid, sched.block, shared, em.scopes[0], tid, bid,
+                    list(em.constants.values()))
+    return kernel, schemes
+
+
+def _packed_outputs(em: _Emitter, pattern: Pattern, packed: list, first_output: int,
+                    element: Ix, step: int, vector: int, after_reductions: bool,
+                    schemes: set[str]) -> None:
+    """Packed loops: every thread (the first at ``element``, the next ``step`` further)
+    strides over the elements of each output size."""
     by_size: dict[int, list] = {}
     for out in packed:
         by_size.setdefault(out[1].num_elements, []).append(out)
-    if len(by_size) > 1 or (r and by_size):
+    if len(by_size) > 1 or (after_reductions and by_size):
         schemes.add("kernel_packing")
     for n, outs in by_size.items():
-        def store_element(element: Ix, outs=outs) -> list:
-            at = delinearize(element, outs[0][1])  # the first output is written coalesced
+        def store_element(at_element: Ix, outs=outs) -> list:
+            at = delinearize(at_element, outs[0][1])  # the first output is written coalesced
             for i, shape, value_name in outs:
                 index = _reshaped(at, outs[0][1], shape)
                 value, _ = em.value(value_name, index)
                 em.store(first_output + i, shape, linearize(index, shape), value)
             return []
-        vector = sched.vector if n % sched.vector == 0 else 1
-        _over_points(em, Points(add(scale(bid, threads), tid), n, threads * sched.grid_blocks,
-                                vector, False, f"e{n}"), store_element, [])
+        _over_points(em, Points(element, n, step, vector if n % vector == 0 else 1, False,
+                                f"e{n}"), store_element, [])
         em.flush_stores(0)
         if len(outs) > 1 and _independent(pattern, [v for _, _, v in outs]):
             schemes.add("kernel_packing")
-    kernel = Kernel(name, buffers, sched.grid, sched.block, shared, em.scopes[0], tid, bid,
-                    list(em.constants.values()))
-    return kernel, schemes
 
 
 def _combine(em: _Emitter, sched: Schedule, red: FlatOp, partial: Value,
@@ -1050,7 +1094,7 @@ def _combine(em: _Emitter, sched: Schedule, red: FlatOp, partial: Value,
     if sched.kind == "warp":
         em.place(WarpReduce(total, partial, red.reducer), 0)
         return total
-    tag = red.name.replace("/", "_").replace(".", "_")
+    tag = _tag(red)
     if sched.kind == "block":
         scratch = SharedArray(f"smem_{tag}", partial.dtype, WARP)
         shared.append(scratch)
@@ -1147,16 +1191,176 @@ def _inline_combiner(em: _Emitter, red: FlatOp, args: list[tuple[Value, int]]
     return [env[name] for name in combiner.results]
 
 
-def _apply_init(em: _Emitter, pattern: Pattern, r: FlatOp, total: Value) -> Value:
-    """Partial results start at the identity; a different init value is combined in once."""
+def _apply_init(em: _Emitter, pattern: Pattern, r: FlatOp, total: Value, depth: int = 0) -> Value:
+    """Partial results start at the identity; a different init value is combined in once
+    (``depth``: the scope where ``total`` is defined)."""
     init_op = pattern.op_map()[r.operands[1]]
     if init_op.opcode != "constant":
         raise CodegenError(f"reduce {r.name}: init value {init_op.name} is not a constant")
     init = _scalar(init_op)
     if init == identity(r.reducer, total.dtype):
         return total
-    value, _ = em.op(r.reducer, total.dtype, (total, 0), em.const(init, total.dtype))
+    value, _ = em.op(r.reducer, total.dtype, (total, depth), em.const(init, total.dtype))
     return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Phased schedule: one block, reductions over different spaces (block composition across spaces)
+# ---------------------------------------------------------------------------------------------
+# A kernel of several blocks cannot hand a finished reduction to a consumer in another thread
+# mapping without a grid-wide barrier (our launcher has no cooperative launch); one block can,
+# through shared memory and __syncthreads. One block streams at most about one SM's share of
+# the device's bandwidth (costmodel: ~25 GB/s on an H100), so it is worth it only for small
+# regions, where the launches of the XLA kernels it replaces dominate: beyond this many points
+# (reduction operand elements plus output elements; 1 MB of f32) the block would stream for
+# ~40 us, the time of some 20 launches, and the pattern is better cut into one-space kernels.
+MAX_PHASED_POINTS = 1 << 18
+# A thread reduces a result's points in runs of this many, a constant-trip loop LLVM unrolls:
+# the run's loads are in flight together instead of one full latency each (as the
+# latency-evaluator prices unrolled loops).
+SERIAL_RUN = 8
+
+
+def _space_of(pattern: Pattern, red: FlatOp) -> Space:
+    operand = pattern.op_map()[red.operands[0]].shape
+    result = _result_shape(red)
+    return Space(result.num_elements, operand.num_elements // max(result.num_elements, 1))
+
+
+def _phase_plan(pattern: Pattern) -> list[list[list[FlatOp]]]:
+    """Reduction stages in dependency order (`_reduction_stages`), each split by space into
+    phases: a phase's reductions share one loop over their points."""
+    plan = []
+    for stage in _reduction_stages(pattern):
+        by_space: dict[Space, list[FlatOp]] = {}
+        for red in stage:
+            by_space.setdefault(_space_of(pattern, red), []).append(red)
+        plan.append(list(by_space.values()))
+    return plan
+
+
+def enumerate_phased_schedules(pattern: Pattern, device: Device) -> list[Schedule]:
+    """One block of 128 to 1024 threads (no more warps than the widest phase or output
+    needs), outputs in scalar or 128-bit steps."""
+    plan = _phase_plan(pattern)
+    spaces = [_space_of(pattern, phase[0]) for stage in plan for phase in stage]
+    widest = max([sp.groups if sp.groups > 1 else sp.reduced for sp in spaces] +
+                 [s.num_elements for _, s in pattern.outputs])
+    vectors = (1, VECTOR) if any(s.num_elements % VECTOR == 0 for _, s in pattern.outputs) \
+        else (1,)
+    out = []
+    for threads, vector in itertools.product((128, 256, 512, 1024), vectors):
+        if threads <= device.max_threads_per_block:
+            threads = min(threads, -(-widest // WARP) * WARP)
+            out.append(Schedule("phases", Space(1, 0), threads, 1, 1, vector,
+                                phases=len(spaces)))
+    return list(dict.fromkeys(out))
+
+
+def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
+                        ) -> tuple[Kernel, set[str]]:
+    """The phased schedule: phases in dependency order, then the outputs.
+
+    In a phase, the block's threads stride over its results, one thread per result reducing
+    its R points serially (thread composition), and store them to a shared array of the
+    results; a phase with one result (a full reduction) is split over all threads and combined
+    with a block_reduce, leaving the result in every thread. A barrier ends each stage, after
+    which any thread reads any result (no locality check). The outputs are packed loops over
+    the block's threads. With one thread (the host schedule) every phase is serial."""
+    threads = sched.block[0]
+    tid, bid = Var("tid", threads), Var("bid", 1)
+    em = _Emitter(pattern, Var("o", 1))  # reductions are staged, never read at "the" group
+    schemes = {"thread_composition", "block_composition"}
+    shared: list[SharedArray] = []
+    plan = _phase_plan(pattern)
+    variadic = [red.name for stage in plan for phase in stage for red in phase
+                if red.combiner is not None]
+    if variadic:
+        raise CodegenError(f"reduce {variadic[0]}: a variadic reduction in a phased schedule "
+                           f"is not supported")
+    points = sum(_space_of(pattern, phase[0]).groups * _space_of(pattern, phase[0]).reduced
+                 for stage in plan for phase in stage) + \
+        sum(s.num_elements for _, s in pattern.outputs)
+    if points > MAX_PHASED_POINTS:
+        raise CodegenError(f"{points} points (reduction operands and outputs) are too many "
+                           f"for one block (at most {MAX_PHASED_POINTS})")
+    for k, stage in enumerate(plan):
+        if len(stage) > 1 or any(len(phase) > 1 and _independent(
+                pattern, [red.name for red in phase]) for phase in stage):
+            schemes.add("kernel_packing")
+        stored = False
+        for j, phase in enumerate(stage):
+            space = _space_of(pattern, phase[0])
+            operands = [(red, pattern.op_map()[red.operands[0]].shape) for red in phase]
+
+            def values_at(result: Ix, operands=operands):
+                return lambda point: [em.value(red.operands[0],
+                                               _reduce_operand_index(red, shape, result, point))
+                                      for red, shape in operands]
+
+            reducers = [red.reducer for red in phase]
+            if space.groups == 1 and threads >= WARP:
+                spread = _over_points(em, Points(ix(tid), space.reduced, threads, 1, False,
+                                                 f"r{k}_{j}"), values_at(ix(0)), reducers)
+                for red, partial in zip(phase, spread):
+                    total = em.fresh(partial.dtype)
+                    scratch = SharedArray(f"smem_{_tag(red)}", partial.dtype, WARP)
+                    shared.append(scratch)
+                    em.place(BlockReduce(total, partial, red.reducer, scratch), 0)
+                    em.staged[red.name] = _apply_init(em, pattern, red, total)
+                continue
+            arrays = [SharedArray(f"res_{_tag(red)}", red.shape.dtype, space.groups)
+                      for red in phase]
+
+            def per_result(result: Ix, phase=phase, arrays=arrays, values_at=values_at,
+                           reducers=reducers, space=space, tag=f"{k}_{j}") -> list:
+                depth = len(em.scopes) - 1
+                serial = _serial_reduce(em, space.reduced, values_at(result), reducers, tag)
+                for red, partial, array in zip(phase, serial, arrays):
+                    em.place(SharedStore(array, result,
+                                         _apply_init(em, pattern, red, partial, depth)), depth)
+                return []
+
+            _over_points(em, Points(ix(tid), space.groups, threads, 1, False, f"o{k}_{j}"),
+                         per_result, [])
+            shared += arrays
+            em.staged.update((red.name, array) for red, array in zip(phase, arrays))
+            stored = True
+        if stored:
+            em.place(Barrier(), 0)
+    first_output = len(pattern.inputs)
+    packed = [(i, s, v) for i, ((_, s), v) in
+              enumerate(zip(pattern.outputs, pattern.output_values))]
+    _packed_outputs(em, pattern, packed, first_output, ix(tid), threads, sched.vector, True,
+                    schemes)
+    buffers = [Buffer(n, s, False) for n, s in pattern.inputs] + \
+              [Buffer(n, s, True) for n, s in pattern.outputs]
+    kernel = Kernel(name, buffers, sched.grid, sched.block, shared, em.scopes[0], tid, bid,
+                    list(em.constants.values()))
+    return kernel, schemes
+
+
+def _serial_reduce(em: _Emitter, count: int, visit, reducers: list[str], tag: str
+                   ) -> list[Value]:
+    """One thread's reduction of points 0..count-1 in the current scope: runs of SERIAL_RUN
+    points (an inner loop LLVM unrolls), combined in order."""
+    if count % SERIAL_RUN or count <= SERIAL_RUN:
+        return _over_points(em, Points(ix(0), count, 1, 1, False, f"r{tag}"), visit, reducers)
+    scope = len(em.scopes) - 1
+    run = Var(f"q{tag}", count // SERIAL_RUN)
+    em.open_loop(run)
+    partials = _over_points(em, Points(ix(0), SERIAL_RUN, 1, 1, False, f"r{tag}"),
+                            lambda point: visit(add(scale(run, SERIAL_RUN), point)), reducers)
+    accumulates = []
+    for kind, value in zip(reducers, partials):
+        init, _ = em.const(identity(kind, value.dtype), value.dtype)
+        accumulates.append(Accumulate(em.fresh(value.dtype), kind, init, value))
+    em.place(Loop(run, ix(0), count // SERIAL_RUN, 1, em.close_loop(), accumulates), scope)
+    return [a.dst for a in accumulates]
+
+
+def _tag(red: FlatOp) -> str:
+    return red.name.replace("/", "_").replace(".", "_")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1230,9 +1434,12 @@ def _rename_shared(body: list, rename: dict[str, SharedArray]) -> None:
 # ---------------------------------------------------------------------------------------------
 # The choice among candidates
 # ---------------------------------------------------------------------------------------------
-def host_schedule(pattern: Pattern) -> Schedule:
+def host_schedule(pattern: Pattern, chosen: Schedule | None = None) -> Schedule:
     """The schedule a CPU runs fastest: one thread per block, so every loop is a plain serial
-    loop (vectorizable) and per-group or per-kernel values are computed once, not per element."""
+    loop (vectorizable) and per-group or per-kernel values are computed once, not per element.
+    A phased kernel (``chosen``) stays phased, with one thread."""
+    if chosen is not None and chosen.kind == "phases":
+        return dataclasses.replace(chosen, groups_per_block=1, vector=1)
     space = reduction_space(pattern)
     if space.reduced == 0:
         return Schedule("loop", space, 1, 1, 1)
@@ -1269,15 +1476,30 @@ def schedule_pattern(pattern: Pattern, name: str, device: dict | Device | None =
     from .profile import kernel_profile  # profile.py imports KernelSpec from this package
 
     dev = resolve_device(device)
-    space = reduction_space(pattern)
     read = sum(s.byte_size for _, s in pattern.inputs)
     written = sum(s.byte_size for _, s in pattern.outputs)
     built, refusals, candidates = [], [], []
-    reuse = space.reduced > 0 and (len(_reduction_stages(pattern)) > 1 or any(
-        s.num_elements == space.groups * space.reduced for _, s in pattern.outputs))
     strided = _strided_points(pattern)
-    for sched in enumerate_schedules(space, dev, [s.num_elements for _, s in pattern.outputs],
-                                     reuse):
+
+    def schedules():
+        """The one-space schedules; the phased ones only where all of those are refused for
+        reductions over different spaces or for locality, so every pattern that builds with
+        one space keeps its kernel."""
+        try:
+            space = reduction_space(pattern)
+        except DifferentSpaces as e:
+            refusals.append(("one-space schedules", str(e)))
+        else:
+            reuse = space.reduced > 0 and (len(_reduction_stages(pattern)) > 1 or any(
+                s.num_elements == space.groups * space.reduced for _, s in pattern.outputs))
+            yield from enumerate_schedules(space, dev, [s.num_elements for _, s in pattern.outputs],
+                                           reuse)
+        if not built and any(reason.startswith("reductions over different spaces") or
+                             reason.endswith("needs cross-block communication")
+                             for _, reason in refusals):
+            yield from enumerate_phased_schedules(pattern, dev)
+
+    for sched in schedules():
         if strided and sched.kind in ("warp", "block"):
             # The latency-evaluator does not price uncoalesced access; thread and tile
             # schedules read these reductions coalesced (consecutive results in lanes).
@@ -1308,8 +1530,11 @@ def schedule_pattern(pattern: Pattern, name: str, device: dict | Device | None =
         candidates.append((description, modeled))
         built.append((modeled, len(built), sched, kernel, schemes, no_reuse))
     if not built:
-        # Unsupported ops fail every schedule alike: the first reason speaks for all.
-        raise CodegenError(refusals[0][1])
+        # Unsupported ops fail every schedule alike: the first reason speaks for all; a
+        # pattern only the phased schedule could build says why that failed too.
+        phased = [reason for why, reason in refusals if why.startswith("phased schedule")]
+        raise CodegenError(refusals[0][1] + (f"; phased schedule: {phased[0]}" if phased
+                                              and phased[0] != refusals[0][1] else ""))
     modeled, _, sched, kernel, schemes, no_reuse = min(built, key=lambda b: b[:2])
     order = ["kernel_packing", "thread_composition", "warp_composition", "block_composition"]
     return ScheduledKernel(kernel, sched, [s for s in order if s in schemes], modeled, no_reuse,

@@ -1,0 +1,167 @@
+"""The phased schedule: reductions over different spaces (row statistics and column sums of the
+same inputs, a reduction consuming another space's results) in one kernel of one block, phases
+handing their results over through shared memory. Numbers against XLA:CPU (jaxlib) through
+the host backend (the GPU schedule and the one-thread host schedule), kernel and schedule
+asserted, ptxas sm_80/sm_90 without spills; and the one-block memory bound of the cost model."""
+from __future__ import annotations
+
+import pytest
+
+import costmodel
+from fusionstitching.codegen import can_stitch, generate
+from fusionstitching.hlo.parser import parse_module
+
+from test_codegen_ops import (TRIVIAL, assert_assembles_without_spills, check_against_xla,
+                              module_text)
+
+# LayerNorm backward over [16,32] rows: the row statistics (mean, variance; O=16 R=32), the row
+# sums of the input gradient's terms (a later stage, reading the statistics), and the column
+# reductions dgamma and dbeta (O=32 R=16; dgamma reads the row statistics).
+LAYERNORM_BACKWARD = """
+  %x = f32[16,32]{1,0} parameter(0)
+  %dy = f32[16,32]{1,0} parameter(1)
+  %gamma = f32[32]{0} parameter(2)
+  %zero = f32[] constant(0)
+  %inv = f32[] constant(0.03125)
+  %eps0 = f32[] constant(1e-05)
+  %n = f32[16,32]{1,0} broadcast(%inv), dimensions={}
+  %n16 = f32[16]{0} broadcast(%inv), dimensions={}
+  %eps = f32[16]{0} broadcast(%eps0), dimensions={}
+  %sx = f32[16]{0} reduce(%x, %zero), dimensions={1}, to_apply=%add
+  %mean = f32[16,32]{1,0} broadcast(%sx), dimensions={0}
+  %mean_n = f32[16,32]{1,0} multiply(%mean, %n)
+  %xc = f32[16,32]{1,0} subtract(%x, %mean_n)
+  %xc2 = f32[16,32]{1,0} multiply(%xc, %xc)
+  %sv = f32[16]{0} reduce(%xc2, %zero), dimensions={1}, to_apply=%add
+  %var = f32[16]{0} multiply(%sv, %n16)
+  %ve = f32[16]{0} add(%var, %eps)
+  %rstd = f32[16]{0} rsqrt(%ve)
+  %rstd_b = f32[16,32]{1,0} broadcast(%rstd), dimensions={0}
+  %xhat = f32[16,32]{1,0} multiply(%xc, %rstd_b)
+  %dyx = f32[16,32]{1,0} multiply(%dy, %xhat)
+  %dgamma = f32[32]{0} reduce(%dyx, %zero), dimensions={0}, to_apply=%add
+  %dbeta = f32[32]{0} reduce(%dy, %zero), dimensions={0}, to_apply=%add
+  %gb = f32[16,32]{1,0} broadcast(%gamma), dimensions={1}
+  %g = f32[16,32]{1,0} multiply(%dy, %gb)
+  %sg = f32[16]{0} reduce(%g, %zero), dimensions={1}, to_apply=%add
+  %gx = f32[16,32]{1,0} multiply(%g, %xhat)
+  %sgx = f32[16]{0} reduce(%gx, %zero), dimensions={1}, to_apply=%add
+  %sg_b = f32[16,32]{1,0} broadcast(%sg), dimensions={0}
+  %sgx_b = f32[16,32]{1,0} broadcast(%sgx), dimensions={0}
+  %mg = f32[16,32]{1,0} multiply(%sg_b, %n)
+  %mgx = f32[16,32]{1,0} multiply(%sgx_b, %n)
+  %t1 = f32[16,32]{1,0} subtract(%g, %mg)
+  %t2 = f32[16,32]{1,0} multiply(%xhat, %mgx)
+  %t3 = f32[16,32]{1,0} subtract(%t1, %t2)
+  %dx = f32[16,32]{1,0} multiply(%t3, %rstd_b)
+  ROOT %out = (f32[16,32]{1,0}, f32[32]{0}, f32[32]{0}) tuple(%dx, %dgamma, %dbeta)"""
+
+# A column sum of x minus its row means ([64,48]: O=64 R=48, then O=48 R=64), plus the full sum
+# of its squares (O=1: all threads split R, a block_reduce), and a max with a non-identity init.
+CENTERED_COLUMN_SUM = """
+  %x = f32[64,48]{1,0} parameter(0)
+  %zero = f32[] constant(0)
+  %low = f32[] constant(-1)
+  %inv = f32[] constant(0.020833334)
+  %s = f32[64]{0} reduce(%x, %zero), dimensions={1}, to_apply=%add
+  %sb = f32[64,48]{1,0} broadcast(%s), dimensions={0}
+  %n = f32[64,48]{1,0} broadcast(%inv), dimensions={}
+  %mean = f32[64,48]{1,0} multiply(%sb, %n)
+  %xc = f32[64,48]{1,0} subtract(%x, %mean)
+  %col = f32[48]{0} reduce(%xc, %zero), dimensions={0}, to_apply=%add
+  %colmax = f32[48]{0} reduce(%xc, %low), dimensions={0}, to_apply=%max
+  %sq = f32[64,48]{1,0} multiply(%xc, %xc)
+  %total = f32[] reduce(%sq, %zero), dimensions={0,1}, to_apply=%add
+  ROOT %out = (f32[48]{0}, f32[48]{0}, f32[]) tuple(%col, %colmax, %total)"""
+
+
+def _generate(body: str):
+    module = parse_module(module_text("", body))
+    nodes = [i.name for i in module.entry.instructions if i.opcode not in TRIVIAL]
+    return module, generate(module, nodes, "phases")
+
+
+@pytest.fixture(scope="module")
+def layernorm_backward():
+    return _generate(LAYERNORM_BACKWARD)
+
+
+@pytest.fixture(scope="module")
+def centered_column_sum():
+    return _generate(CENTERED_COLUMN_SUM)
+
+
+def _assert_phased(spec, phases: int) -> None:
+    assert spec.why.startswith(f"phased schedule: one block of {spec.block[0]} threads, "
+                               f"{phases} phases"), spec.why
+    assert spec.grid == (1,) and "block_composition" in spec.schemes
+    # The one-space schedules were refused for the spaces, each with its reason.
+    assert any("reductions over different spaces" in why and t == float("inf")
+               for why, t in spec.candidates)
+
+
+def test_layernorm_backward_is_one_phased_kernel_equal_to_xla(layernorm_backward):
+    module, spec = layernorm_backward
+    # stage 1: row sums of x and of dy*gamma, column sums of dy; stage 2: the row variance;
+    # stage 3: dgamma (columns) and the row sums of g*xhat (rows).
+    _assert_phased(spec, 5)
+    assert sorted(name for name, _ in spec.outputs) == ["dbeta", "dgamma", "dx"]
+    check_against_xla(module, spec, rtol=1e-5, atol=1e-5)
+    check_against_xla(module, spec, spec.host_kernel, rtol=1e-5, atol=1e-5)
+    assert spec.host_kernel.block == (1,) and spec.host_kernel.grid == (1,)
+
+
+def test_column_sum_of_centered_rows_reads_the_row_means_at_any_index(centered_column_sum):
+    module, spec = centered_column_sum
+    _assert_phased(spec, 3)
+    check_against_xla(module, spec, rtol=1e-5, atol=1e-5)
+    check_against_xla(module, spec, spec.host_kernel, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_phased_kernels_assemble_without_spills(arch, layernorm_backward, centered_column_sum):
+    assert_assembles_without_spills([layernorm_backward[1], centered_column_sum[1]], arch)
+
+
+def test_too_much_work_for_one_block_is_refused_with_its_reason():
+    body = CENTERED_COLUMN_SUM.replace("64,48", "1024,512").replace("f32[64]", "f32[1024]") \
+        .replace("f32[48]", "f32[512]")
+    module = parse_module(module_text("", body))
+    ok, reason = can_stitch(module, [i.name for i in module.entry.instructions
+                                     if i.opcode not in TRIVIAL])
+    assert not ok and reason.startswith("reductions over different spaces")
+    points = 3 * 1024 * 512 + 2 * 512 + 1  # three reductions' operands, the outputs
+    assert f"phased schedule: {points} points (reduction operands and outputs) are too many " \
+           f"for one block" in reason
+
+
+def test_a_one_space_pattern_keeps_its_schedule():
+    """Patterns that build with one space never see the phased schedule (no candidate)."""
+    body = CENTERED_COLUMN_SUM.replace(
+        "%col = f32[48]{0} reduce(%xc, %zero), dimensions={0}",
+        "%col = f32[64]{0} reduce(%xc, %zero), dimensions={1}").replace(
+        "%colmax = f32[48]{0} reduce(%xc, %low), dimensions={0}",
+        "%colmax = f32[64]{0} reduce(%xc, %low), dimensions={1}").replace(
+        "%total = f32[] reduce(%sq, %zero), dimensions={0,1}, to_apply=%add",
+        "%total = f32[64]{0} reduce(%sq, %zero), dimensions={1}, to_apply=%add").replace(
+        "(f32[48]{0}, f32[48]{0}, f32[])", "(f32[64]{0}, f32[64]{0}, f32[64]{0})")
+    module, spec = _generate(body)
+    assert not spec.why.startswith("phased")
+    assert not any(why.startswith("phased") for why, _ in spec.candidates)
+    check_against_xla(module, spec, rtol=1e-5, atol=1e-5)
+
+
+def test_a_small_grid_streams_at_its_share_of_the_bandwidth():
+    device = costmodel.load_device("h100")
+    nbytes = 1 << 20
+    whole = costmodel.kernel_cost(nbytes, device).memory_us
+    assert whole == pytest.approx(nbytes / device.memory_bandwidth * 1e6)
+    assert costmodel.kernel_cost(nbytes, device, 1).memory_us == pytest.approx(
+        whole * device.sm_count)
+    assert costmodel.kernel_cost(nbytes, device, 4 * device.sm_count).memory_us == \
+        pytest.approx(whole)
+    profile = costmodel.KernelProfile(grid_blocks=1, threads_per_block=256, regs_per_thread=16,
+                                      smem_bytes=0, instructions={"ld_global": 1},
+                                      bytes_read=nbytes, bytes_written=0)
+    assert costmodel.kernel_latency_us(profile, device).memory_us == pytest.approx(
+        whole * device.sm_count)
