@@ -1219,6 +1219,7 @@ MAX_PHASED_POINTS = 1 << 18
 # the run's loads are in flight together instead of one full latency each (as the
 # latency-evaluator prices unrolled loops).
 SERIAL_RUN = 8
+PHASED_THREADS = 128  # see enumerate_phased_schedules
 
 
 def _space_of(pattern: Pattern, red: FlatOp) -> Space:
@@ -1240,21 +1241,17 @@ def _phase_plan(pattern: Pattern) -> list[list[list[FlatOp]]]:
 
 
 def enumerate_phased_schedules(pattern: Pattern, device: Device) -> list[Schedule]:
-    """One block of 128 to 1024 threads (no more warps than the widest phase or output
-    needs), outputs in scalar or 128-bit steps."""
-    plan = _phase_plan(pattern)
-    spaces = [_space_of(pattern, phase[0]) for stage in plan for phase in stage]
-    widest = max([sp.groups if sp.groups > 1 else sp.reduced for sp in spaces] +
+    """One schedule: one block of PHASED_THREADS threads (fewer when the widest phase or
+    output needs fewer warps), scalar steps. Each candidate builds and profiles the whole
+    region, and the explorer asks about many large regions: enumerating 128-1024 threads and
+    128-bit steps (8 candidates) made BERT train JAX H100 plan in 76 s CPU instead of 30 s,
+    for the same kernels and 1% of modeled time."""
+    spaces = [phase for stage in _phase_plan(pattern) for phase in stage]
+    widest = max([sp.groups if sp.groups > 1 else sp.reduced
+                  for sp in (_space_of(pattern, phase[0]) for phase in spaces)] +
                  [s.num_elements for _, s in pattern.outputs])
-    vectors = (1, VECTOR) if any(s.num_elements % VECTOR == 0 for _, s in pattern.outputs) \
-        else (1,)
-    out = []
-    for threads, vector in itertools.product((128, 256, 512, 1024), vectors):
-        if threads <= device.max_threads_per_block:
-            threads = min(threads, -(-widest // WARP) * WARP)
-            out.append(Schedule("phases", Space(1, 0), threads, 1, 1, vector,
-                                phases=len(spaces)))
-    return list(dict.fromkeys(out))
+    threads = min(PHASED_THREADS, device.max_threads_per_block, -(-widest // WARP) * WARP)
+    return [Schedule("phases", Space(1, 0), threads, 1, 1, 1, phases=len(spaces))]
 
 
 def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
