@@ -22,9 +22,9 @@ from fusionstitching.codegen.schedule import (build_kernel, enumerate_schedules,
                                               reduction_space, resolve_device)
 from fusionstitching.hlo.evaluator import evaluate  # noqa: E402
 from fusionstitching.hlo.parser import parse_file, parse_module  # noqa: E402
+from test_codegen_ops import kernel_nodes  # noqa: E402
 
 HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
-TRIVIAL = {"parameter", "constant", "tuple", "get-tuple-element"}
 
 # file, XLA kernels stitched into one
 CASES = [
@@ -44,14 +44,10 @@ CASES = [
 ]
 
 
-def whole_plan(module) -> list[str]:
-    return [i.name for i in module.entry.instructions if i.opcode not in TRIVIAL]
-
-
 @functools.cache
 def case(file: str):
     module = parse_file(os.path.join(HLO, file + ".hlo"))
-    return module, generate(module, whole_plan(module), file)
+    return module, generate(module, kernel_nodes(module), file)
 
 
 @pytest.mark.parametrize("file,kernels", CASES, ids=[c[0] for c in CASES])

@@ -29,6 +29,12 @@ from fusionstitching.hlo.xla_runner import run_hlo_with_xla  # noqa: E402
 
 TRIVIAL = {"parameter", "constant", "tuple", "get-tuple-element"}
 
+
+def kernel_nodes(module) -> list[str]:
+    """The entry instructions that launch or compute something: a whole module as one
+    pattern."""
+    return [i.name for i in module.entry.instructions if i.opcode not in TRIVIAL]
+
 ADD = """
 %add (a: f32[], b: f32[]) -> f32[] {
   %a = f32[] parameter(0)
@@ -226,7 +232,7 @@ def _entry_outputs(module) -> list[str]:
 def snippet(name: str):
     params, body = SNIPPETS[name]
     module = parse_module(module_text(params, body))
-    nodes = [i.name for i in module.entry.instructions if i.opcode not in TRIVIAL]
+    nodes = kernel_nodes(module)
     return module, nodes, generate(module, nodes, name)
 
 
@@ -373,7 +379,7 @@ def model_args(name):
 
 def check_against_jax(module, fn, args, fast: bool = False):
     """fast: the CPU-scheduled, vectorized host kernel instead of the GPU schedule."""
-    nodes = [i.name for i in module.entry.instructions if i.opcode not in TRIVIAL]
+    nodes = kernel_nodes(module)
     spec = generate(module, nodes, fn.__name__)
     number = {p.name: p.parameter_number for p in module.entry.parameters}
     got = compile_host(spec, fast)(*[args[number[n]] for n, _ in spec.inputs])

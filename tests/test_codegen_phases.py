@@ -11,7 +11,7 @@ import costmodel
 from fusionstitching.codegen import can_stitch, generate
 from fusionstitching.hlo.parser import parse_module
 
-from test_codegen_ops import (TRIVIAL, assert_assembles_without_spills, check_against_xla,
+from test_codegen_ops import (kernel_nodes, assert_assembles_without_spills, check_against_xla,
                               module_text)
 
 # LayerNorm backward over [16,32] rows: the row statistics (mean, variance; O=16 R=32), the row
@@ -77,7 +77,7 @@ CENTERED_COLUMN_SUM = """
 
 def _generate(body: str):
     module = parse_module(module_text("", body))
-    nodes = [i.name for i in module.entry.instructions if i.opcode not in TRIVIAL]
+    nodes = kernel_nodes(module)
     return module, generate(module, nodes, "phases")
 
 
@@ -127,8 +127,7 @@ def test_too_much_work_for_one_block_is_refused_with_its_reason():
     body = CENTERED_COLUMN_SUM.replace("64,48", "1024,512").replace("f32[64]", "f32[1024]") \
         .replace("f32[48]", "f32[512]")
     module = parse_module(module_text("", body))
-    ok, reason = can_stitch(module, [i.name for i in module.entry.instructions
-                                     if i.opcode not in TRIVIAL])
+    ok, reason = can_stitch(module, kernel_nodes(module))
     assert not ok and reason.startswith("reductions over different spaces")
     points = 3 * 1024 * 512 + 2 * 512 + 1  # three reductions' operands, the outputs
     assert f"phased schedule: {points} points (reduction operands and outputs) are too many " \

@@ -18,7 +18,7 @@ from fusionstitching.codegen.kernel_ir import global_traffic
 from fusionstitching.codegen.schedule import (Schedule, build_kernel, reduction_space,
                                               reuse_shared_memory)
 from fusionstitching.hlo.parser import parse_file
-from test_codegen_ops import TRIVIAL, check_against_xla
+from test_codegen_ops import kernel_nodes, check_against_xla
 
 HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
 
@@ -26,7 +26,7 @@ HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
 @functools.cache
 def pattern_of(file: str):
     module = parse_file(os.path.join(HLO, file + ".hlo"))
-    nodes = [i.name for i in module.entry.instructions if i.opcode not in TRIVIAL]
+    nodes = kernel_nodes(module)
     return module, generate(module, nodes, "k"), flatten(module, nodes)
 
 

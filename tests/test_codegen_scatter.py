@@ -18,7 +18,7 @@ from fusionstitching.graph import build_graph
 from fusionstitching.graph.traffic import pattern_traffic
 from fusionstitching.hlo.parser import parse_file, parse_module
 from fusionstitching.hlo.xla_runner import run_hlo_with_xla
-from test_codegen_ops import (ADD, TRIVIAL, _inputs, assert_assembles_without_spills,
+from test_codegen_ops import (ADD, kernel_nodes, _inputs, assert_assembles_without_spills,
                               check_against_xla)
 
 DATA = Path(__file__).parent / "data" / "hlo"
@@ -93,7 +93,7 @@ def module(body: str):
 @functools.cache
 def snippet(name: str):
     m = module(SNIPPETS[name])
-    nodes = [i.name for i in m.entry.instructions if i.opcode not in TRIVIAL]
+    nodes = kernel_nodes(m)
     return m, nodes, generate(m, nodes, name)
 
 
@@ -126,7 +126,7 @@ def test_rows_no_window_reaches_keep_a_negative_zero_operand():
     """x + -0.0 is x for every x; a +0.0 identity would turn the operand's -0.0 into +0.0
     (assert_allclose does not see signs: they are compared here)."""
     m = module(SNIPPETS["zero_table_inserted_dim"].replace("constant(0)", "constant(-0.0)"))
-    nodes = [i.name for i in m.entry.instructions if i.opcode not in TRIVIAL]
+    nodes = kernel_nodes(m)
     spec = generate(m, nodes, "k")
     args = _inputs(m, np.random.default_rng(0))
     (want,) = run_hlo_with_xla(str(m), args)

@@ -19,7 +19,7 @@ from fusionstitching.codegen import can_stitch, compile_host, generate  # noqa: 
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
 from fusionstitching.hlo.xla_runner import run_hlo_with_xla  # noqa: E402
 from fusionstitching.pipeline import Options, stitch_module  # noqa: E402
-from test_codegen_ops import TRIVIAL, assert_assembles_without_spills  # noqa: E402
+from test_codegen_ops import kernel_nodes, assert_assembles_without_spills  # noqa: E402
 
 
 def ties_and_nans(shape, seed=0):
@@ -53,16 +53,12 @@ def captured(name: str):
     return parse_module(jax_hlo(fn, np.zeros(shape, np.float32))), shape
 
 
-def kernels(module) -> list[str]:
-    return [i.name for i in module.entry.instructions if i.opcode not in TRIVIAL]
-
-
 @functools.cache
 def stitched(name: str):
     """The whole module as one kernel (every XLA kernel of it, e.g. the reduce-max, the
     log-sum fusion and the argmax fusion of log_softmax_argmax)."""
     module, _ = captured(name)
-    return generate(module, kernels(module), name)
+    return generate(module, kernel_nodes(module), name)
 
 
 def run_both(module, spec, args):

@@ -28,7 +28,7 @@ from fusionstitching.hlo.evaluator import evaluate  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
 from fusionstitching.hlo.xla_runner import run_hlo_with_xla  # noqa: E402
 from fusionstitching.pipeline import Options, stitch_module  # noqa: E402
-from test_codegen_ops import ADD, TRIVIAL, assert_assembles_without_spills  # noqa: E402
+from test_codegen_ops import ADD, kernel_nodes, assert_assembles_without_spills  # noqa: E402
 
 COMBINERS = ADD + """%add_s32 (a: s32[], b: s32[]) -> s32[] {
   %a = s32[] parameter(0)
@@ -142,7 +142,7 @@ def assert_kernel_equals_xla_bit_for_bit(m, spec, args, expected=None):
 @functools.cache
 def snippet(name: str):
     m = module(SNIPPETS[name])
-    nodes = [i.name for i in m.entry.instructions if i.opcode not in TRIVIAL]
+    nodes = kernel_nodes(m)
     return m, nodes, generate(m, nodes, name)
 
 
@@ -218,7 +218,7 @@ def test_xla_cpu_long_scan_stitched_from_its_optimized_hlo_equals_xla():
     m = parse_module(jax_hlo(cumsum, x))
     windows = [i for c in m.computations for i in c.instructions if i.opcode == "reduce-window"]
     assert len(windows) == 2 and all("size=64" not in i.attrs["window"] for i in windows)
-    nodes = [i.name for i in m.entry.instructions if i.opcode not in TRIVIAL]
+    nodes = kernel_nodes(m)
     assert sum(m.entry.by_name()[n].opcode == "fusion" for n in nodes) >= 3
     spec = generate(m, nodes, "k")
     assert_kernel_equals_xla_bit_for_bit(m, spec, [x], expected=[np.asarray(jax.jit(cumsum)(x))])
