@@ -72,26 +72,55 @@ def blocked_edges(index: GraphIndex, plan: FusionPlan) -> collections.Counter:
     rejected (kernel names and numbers as #, so equal reasons count together), or that the
     plan preferred other patterns when it was accepted."""
     owner = {n: i for i, p in enumerate(plan.patterns) for n in p.nodes}
-    latest = {d.nodes: d for d in plan.decisions}
-    holding: dict[str, list] = {}
-    for d in latest.values():
-        for n in d.nodes:
-            holding.setdefault(n, []).append(d)
+    verdict = _PairVerdicts(plan)
     counts: collections.Counter = collections.Counter()
     for producer in index.participants:
         for consumer in index.consumers[producer]:
             if producer in owner and owner.get(consumer) == owner[producer]:
                 continue
-            both = [d for d in holding.get(producer, ()) if consumer in d.nodes]
-            if not both:
-                counts[NEVER_TOGETHER] += 1
-                continue
-            smallest = min(both, key=lambda d: len(d.nodes))
-            counts[NOT_CHOSEN if smallest.ok else _generic(smallest.reason)] += 1
+            counts[verdict(producer, consumer)] += 1
     return counts
 
 
-def _generic(reason: str) -> str:
+NO_NEIGHBOUR = "no memory-intensive producer or consumer to stitch with"
+
+
+def unstitched_reasons(index: GraphIndex, plan: FusionPlan) -> dict[str, str]:
+    """Why each memory-intensive kernel outside every stitched kernel was left to XLA: the
+    verdict on it and its nearest memory-intensive neighbour (as ``blocked_edges`` words it:
+    a rejection's reason first, then "not chosen", then "never together")."""
+    stitched = plan.stitched_nodes()
+    verdict = _PairVerdicts(plan)
+    rank = {NOT_CHOSEN: 1, NEVER_TOGETHER: 2}
+    reasons = {}
+    for node in index.participants:
+        if node in stitched:
+            continue
+        neighbours = [p for p in index.preds[node] if p in index.consumers] + \
+            index.consumers[node]
+        verdicts = [verdict(node, other) for other in neighbours]
+        reasons[node] = min(verdicts, key=lambda v: rank.get(v, 0)) if verdicts else NO_NEIGHBOUR
+    return reasons
+
+
+class _PairVerdicts:
+    """The latest verdict on the smallest candidate pattern holding two given nodes."""
+
+    def __init__(self, plan: FusionPlan):
+        self.holding: dict[str, list] = {}
+        for d in {d.nodes: d for d in plan.decisions}.values():
+            for n in d.nodes:
+                self.holding.setdefault(n, []).append(d)
+
+    def __call__(self, a: str, b: str) -> str:
+        both = [d for d in self.holding.get(a, ()) if b in d.nodes]
+        if not both:
+            return NEVER_TOGETHER
+        smallest = min(both, key=lambda d: len(d.nodes))
+        return NOT_CHOSEN if smallest.ok else generic_reason(smallest.reason)
+
+
+def generic_reason(reason: str) -> str:
     """A reason without its instance: instruction names (``fusion.12``) and numbers as #."""
     return re.sub(r"%?[\w.\-]+\.\d+|[+-]?\b\d+(\.\d+)?\b", "#", reason)
 

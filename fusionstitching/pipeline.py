@@ -16,12 +16,14 @@ import costmodel
 
 from . import codegen
 from .codegen.profile import kernel_profile, modeled_kernel_us, register_model
+from .explain import NEVER_TOGETHER, NO_NEIGHBOUR, NOT_CHOSEN, generic_reason, unstitched_reasons
 from .explorer import FusionPlan, Pattern, explore
+from .explorer.index import GraphIndex
 from .graph import OpClass, OpGraph, build_graph
 from .graph.profile import xla_kernel_profile
 from .graph.traffic import memory_intensive_regions, pattern_traffic, plan_bytes
 from .hlo.ir import NUMPY_DTYPES, Computation, Instruction, Module, Shape
-from .report import Fallback, KernelReport, PlanSummary, Report, Times, Verify
+from .report import Fallback, KernelReport, LeftToXla, PlanSummary, Report, Times, Verify
 
 
 @dataclass
@@ -239,7 +241,35 @@ def make_report(result: StitchResult, options: Options, device, times: Times) ->
         xla=summary(xla_patterns, xla_times),
         fs=summary(fs_patterns, fs_times, with_patterns=True),
         compulsory_bytes=plan_bytes(graph, memory_intensive_regions(graph)),
-        times_s=times, kernels=kernels, fallbacks=result.fallbacks)
+        times_s=times, kernels=kernels, fallbacks=result.fallbacks,
+        left_to_xla=_left_to_xla(result, options))
+
+
+def _left_to_xla(result: StitchResult, options: Options) -> list[LeftToXla]:
+    """Why each memory-intensive XLA kernel outside the stitched kernels stays XLA's, grouped
+    by reason: its pattern was given back (a fallback), the code generator cannot build it
+    even alone (asked only when the explorer rejected it with every neighbour), or the plan's
+    verdict on it and its neighbours (``explain.unstitched_reasons``)."""
+    stitched = {n for k in result.kernels for n in k.pattern.nodes}
+    given_back = {n: f.stage for f in result.fallbacks for n in f.nodes}
+    verdicts = unstitched_reasons(GraphIndex(result.graph), result.plan)
+    groups: dict[str, list[str]] = {}
+    for node in (n.name for n in result.graph.memory_intensive_nodes()):
+        if node in stitched:
+            continue
+        if node in given_back:
+            reason = f"its stitched kernel was given back to XLA ({given_back[node]}, listed above)"
+        else:
+            reason = verdicts.get(node, NO_NEIGHBOUR)
+            if reason not in (NOT_CHOSEN, NEVER_TOGETHER, NO_NEIGHBOUR):
+                try:
+                    codegen.generate(result.module, [node], "probe", {"name": options.target})
+                except codegen.CodegenError as exc:
+                    reason = f"the code generator cannot build it even alone: " \
+                             f"{generic_reason(str(exc))}"
+        groups.setdefault(reason, []).append(node)
+    return [LeftToXla(reason, nodes)
+            for reason, nodes in sorted(groups.items(), key=lambda g: -len(g[1]))]
 
 
 # -- verification ---------------------------------------------------------------------------

@@ -66,6 +66,14 @@ class Fallback:
 
 
 @dataclass
+class LeftToXla:
+    """Memory-intensive XLA kernels outside every stitched kernel, for one reason (names and
+    numbers in it as #, so that equal causes group)."""
+    reason: str
+    nodes: list[str]
+
+
+@dataclass
 class Report:
     module: str
     target: str
@@ -76,6 +84,7 @@ class Report:
     times_s: Times = field(default_factory=Times)
     kernels: list[KernelReport] = field(default_factory=list)
     fallbacks: list[Fallback] = field(default_factory=list)
+    left_to_xla: list[LeftToXla] = field(default_factory=list)
     schema: str = SCHEMA
 
     def to_json(self) -> dict:
@@ -121,6 +130,10 @@ def format_summary(report: Report) -> str:
         lines.append(f"  verify: not run: {v.not_run}")
     for fb in report.fallbacks:
         lines.append(f"  left to XLA [{fb.stage}] {fb.nodes}: {fb.reason}")
+    if report.left_to_xla:
+        count = sum(len(group.nodes) for group in report.left_to_xla)
+        lines.append(f"  memory-intensive XLA kernels not stitched: {count}, by reason")
+        lines += [f"    {len(group.nodes):4d}  {group.reason}" for group in report.left_to_xla]
     t = report.times_s
     lines.append(f"  times: parse {t.parse:.3f}s explore {t.explore:.3f}s codegen "
                  f"{t.codegen:.3f}s ptxas {t.ptxas:.3f}s total {t.total:.3f}s")

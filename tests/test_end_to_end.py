@@ -15,6 +15,7 @@ from fusionstitching import codegen
 from fusionstitching.cli import main as cli_main
 from fusionstitching.hlo.parser import parse_file
 from fusionstitching.pipeline import Options, stitch_module
+from fusionstitching.report import format_summary
 
 DATA = Path(__file__).parent / "data" / "hlo"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
@@ -87,8 +88,9 @@ def test_replay_cli_writes_reports_and_emits_kernels(tmp_path, capsys):
     assert [r["schema"] for r in reports] == ["fusionstitching.report/1"] * 2
     layernorm = reports[0]
     assert set(layernorm) == {"schema", "module", "target", "xla", "fs", "compulsory_bytes",
-                              "verify", "times_s", "kernels", "fallbacks"}
+                              "verify", "times_s", "kernels", "fallbacks", "left_to_xla"}
     assert layernorm["xla"]["mem_kernels"] == 5 and layernorm["fs"]["mem_kernels"] == 1
+    assert layernorm["left_to_xla"] == []
     assert layernorm["verify"]["ok"] is True
     (kernel,) = layernorm["kernels"]
     assert set(kernel) == {"name", "nodes", "schemes", "grid", "block", "smem_bytes", "regs",
@@ -167,6 +169,49 @@ def test_a_stitched_kernel_modeled_slower_than_xlas_is_left_to_xla(monkeypatch):
     assert report.fs.bytes == report.xla.bytes
     assert not result.plan.patterns and not report.fallbacks
     assert any(not d.ok and "not faster than XLA's" in d.reason for d in result.plan.decisions)
+
+
+LEFT_TO_XLA = """
+HloModule left
+%neg (p: f32[64]) -> f32[64] {
+  %p = f32[64] parameter(0)
+  ROOT %n = f32[64] negate(%p)
+}
+%less (p: f32[64]) -> pred[64] {
+  %p = f32[64] parameter(0)
+  ROOT %c = pred[64] compare(%p, %p), direction=LT, type=TOTALORDER
+}
+%add (p: f32[8]) -> f32[8] {
+  %p = f32[8] parameter(0)
+  ROOT %a = f32[8] add(%p, %p)
+}
+ENTRY %main (x: f32[64], y: f32[8]) -> (pred[64], f32[8]) {
+  %x = f32[64] parameter(0)
+  %y = f32[8] parameter(1)
+  %a = f32[64] fusion(%x), kind=kLoop, calls=%neg
+  %b = pred[64] fusion(%a), kind=kLoop, calls=%less
+  %c = f32[8] fusion(%y), kind=kLoop, calls=%add
+  ROOT %t = (pred[64], f32[8]) tuple(%b, %c)
+}
+"""
+
+
+def test_report_says_why_each_memory_intensive_kernel_was_left_to_xla():
+    """The code generator refuses total-order comparisons: the pair is refused with that
+    reason, the comparison's kernel is named as unbuildable even alone, and a kernel with no
+    memory-intensive neighbour is counted with its own reason."""
+    from fusionstitching.explain import NO_NEIGHBOUR
+    from fusionstitching.hlo.parser import parse_module
+
+    report = stitch_module(parse_module(LEFT_TO_XLA), Options(ptxas=False)).report
+    groups = {group.reason: group.nodes for group in report.left_to_xla}
+    assert report.fs.mem_kernels == report.xla.mem_kernels == 3
+    assert groups == {
+        "the code generator cannot build it even alone: compare b/c: total-order comparisons "
+        "are not supported": ["b"],
+        "compare b/c: total-order comparisons are not supported": ["a"],
+        NO_NEIGHBOUR: ["c"]}, groups
+    assert "memory-intensive XLA kernels not stitched: 3, by reason" in format_summary(report)
 
 
 def test_verify_compare_matches_nan_with_nan_and_infinities_with_themselves():
