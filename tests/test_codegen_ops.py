@@ -181,6 +181,23 @@ SNIPPETS = {
   %dus = f32[16,8]{1,0} dynamic-update-slice(%x, %u, %i, %zero)
   %g = f32[5,8]{1,0} gather(%dus, %idx), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}
   ROOT %out = (f32[4,8]{1,0}, f32[5,8]{1,0}) tuple(%ds, %g)"""),
+    # An Adam update of a weight gradient reduced in the other layout (DIEN, Transformer
+    # training from TF): the reduction is read only through the transpose.
+    "reduction_read_transposed": ("x: f32[16,8,6], m: f32[6,8]", """
+  %x = f32[16,8,6]{2,1,0} parameter(0)
+  %m = f32[6,8]{1,0} parameter(1)
+  %zero = f32[] constant(0)
+  %r = f32[8,6]{1,0} reduce(%x, %zero), dimensions={0}, to_apply=%add
+  %t = f32[6,8]{1,0} transpose(%r), dimensions={1,0}
+  %d = f32[6,8]{1,0} subtract(%t, %m)
+  %s = f32[6,8]{1,0} multiply(%t, %t)
+  ROOT %o = (f32[6,8]{1,0}, f32[6,8]{1,0}) tuple(%d, %s)"""),
+    "reduction_of_middle_dim_read_permuted": ("x: f32[4,3,5,2]", """
+  %x = f32[4,3,5,2]{3,2,1,0} parameter(0)
+  %zero = f32[] constant(0)
+  %r = f32[4,5,2]{2,1,0} reduce(%x, %zero), dimensions={1}, to_apply=%max
+  %t = f32[2,4,5]{2,1,0} transpose(%r), dimensions={2,0,1}
+  ROOT %e = f32[2,4,5]{2,1,0} exponential(%t)"""),
     "column_reduction_with_consumer": ("x: f32[64,32]", """
   %x = f32[64,32]{1,0} parameter(0)
   %z = f32[] constant(0)
@@ -278,7 +295,7 @@ def test_unrelated_shapes_are_packed():
 
 @pytest.mark.parametrize("kind", ["thread", "warp", "block", "tile"])
 @pytest.mark.parametrize("name", ["column_reduction_with_consumer",
-                                  "reduce_middle_dims_and_packing"])
+                                  "reduce_middle_dims_and_packing", "reduction_read_transposed"])
 def test_every_schedule_kind_matches_xla(name, kind):
     module, nodes, spec = snippet(name)
     pattern = flatten(module, nodes)

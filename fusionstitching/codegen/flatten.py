@@ -241,6 +241,7 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
         raise CodegenError("pattern has no outputs")
 
     _fold_partial_reductions(ops)
+    _transpose_before_reductions(ops, set(output_values))
     # Drop what no output needs (e.g. unused results of a multi-output fusion).
     needed = set(output_values)
     for op in reversed(ops):
@@ -283,6 +284,42 @@ def _fold_partial_reductions(ops: list[FlatOp]) -> None:
         while op.opcode == "reduce" and op.combiner is None and \
                 _folds_into(op, by_name.get(op.operands[0]), by_name):
             op.operands = [by_name[op.operands[0]].operands[0], op.operands[1]]
+
+
+def _transpose_before_reductions(ops: list[FlatOp], outputs: set[str]) -> None:
+    """transpose(reduce(x)) -> reduce(transpose(x)) when the transpose is all that reads the
+    reduction (an Adam update of a weight gradient reduced in the other layout).
+
+    A thread group owns one result of the reduction and can read it only at that result;
+    the transposed read needs another group's result (cross-block communication). Reducing a
+    transposed x gives each group the result at the transpose's own index instead. The
+    reduced dimensions move first in their order, so every result combines the same
+    elements in the same order as before (bit-identical)."""
+    users: dict[str, list[FlatOp]] = {}
+    for op in ops:
+        for operand in op.operands:
+            users.setdefault(operand, []).append(op)
+    for red in ops:
+        readers = users.get(red.name, [])
+        if red.opcode != "reduce" or red.combiner is not None or red.name in outputs or \
+                len(readers) != 1 or readers[0].opcode != "transpose":
+            continue
+        transpose, x_shape = readers[0], None
+        for op in ops:
+            if op.name == red.operands[0]:
+                x_shape = op.shape
+        reduced = sorted(red.dimensions)
+        kept = [d for d in range(x_shape.rank) if d not in reduced]
+        order = reduced + [kept[j] for j in transpose.dimensions]
+        # The reduce's name now holds the transposed x, the transpose's the reduction.
+        moved = Shape(x_shape.dtype, tuple(x_shape.dims[d] for d in order))
+        red_x, red_init = red.operands
+        transpose.opcode, transpose.operands, transpose.reducer = "reduce", [red.name, red_init], \
+            red.reducer
+        transpose.attrs = {**red.attrs, "dimensions": "{" + ",".join(
+            str(i) for i in range(len(reduced))) + "}"}
+        red.opcode, red.shape, red.operands, red.reducer = "transpose", moved, [red_x], None
+        red.attrs = {"dimensions": "{" + ",".join(map(str, order)) + "}"}
 
 
 def _folds_into(op: FlatOp, inner: FlatOp | None, by_name: dict[str, FlatOp]) -> bool:
