@@ -52,7 +52,8 @@ pattern_of = {n: k.pattern.nodes for k in result.kernels for n in k.pattern.node
 fallback_of = {n: f"{f.stage}: {f.reason}" for f in report.fallbacks for n in f.nodes}
 depth = {}  # opaque kernels on the longest path to each node
 for name, node in graph.nodes.items():  # topological order
-    depth[name] = max((depth[p] + (graph.nodes[p].is_kernel and not graph.nodes[p].memory_intensive)
+    depth[name] = max((depth[p] + int(graph.nodes[p].is_kernel and
+                                      not graph.nodes[p].memory_intensive)
                        for p in node.operands), default=0)
 causes, levelled = [], 0
 for region in memory_intensive_regions(graph):

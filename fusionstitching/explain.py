@@ -86,17 +86,18 @@ NO_NEIGHBOUR = "no memory-intensive producer or consumer to stitch with"
 
 
 def unstitched_reasons(index: GraphIndex, plan: FusionPlan) -> dict[str, str]:
-    """Why each memory-intensive kernel outside every stitched kernel was left to XLA: the
-    verdict on it and its nearest memory-intensive neighbour (as ``blocked_edges`` words it:
-    a rejection's reason first, then "not chosen", then "never together")."""
+    """Why each memory-intensive kernel outside every stitched kernel was left to XLA: of the
+    verdicts on it with each memory-intensive producer and consumer (worded as in
+    ``blocked_edges``), a rejection's reason first, then "not chosen", then "never together"."""
     stitched = plan.stitched_nodes()
+    participants = set(index.participants)
     verdict = _PairVerdicts(plan)
     rank = {NOT_CHOSEN: 1, NEVER_TOGETHER: 2}
     reasons = {}
     for node in index.participants:
         if node in stitched:
             continue
-        neighbours = [p for p in index.preds[node] if p in index.consumers] + \
+        neighbours = [p for p in index.preds[node] if p in participants] + \
             index.consumers[node]
         verdicts = [verdict(node, other) for other in neighbours]
         reasons[node] = min(verdicts, key=lambda v: rank.get(v, 0)) if verdicts else NO_NEIGHBOUR

@@ -262,11 +262,10 @@ def _left_to_xla(result: StitchResult, options: Options) -> list[LeftToXla]:
         else:
             reason = verdicts.get(node, NO_NEIGHBOUR)
             if reason not in (NOT_CHOSEN, NEVER_TOGETHER, NO_NEIGHBOUR):
-                try:
-                    codegen.generate(result.module, [node], "probe", {"name": options.target})
-                except codegen.CodegenError as exc:
+                ok, why = codegen.can_stitch(result.module, [node], {"name": options.target})
+                if not ok:
                     reason = f"the code generator cannot build it even alone: " \
-                             f"{generic_reason(str(exc))}"
+                             f"{generic_reason(why)}"
         groups.setdefault(reason, []).append(node)
     return [LeftToXla(reason, nodes)
             for reason, nodes in sorted(groups.items(), key=lambda g: -len(g[1]))]

@@ -82,10 +82,11 @@ def generate(module: Module, nodes: list[str], name: str, device: dict | None = 
     return spec
 
 
-def can_stitch(module: Module, nodes: list[str]) -> tuple[bool, str]:
+def can_stitch(module: Module, nodes: list[str], device: dict | None = None
+               ) -> tuple[bool, str]:
     """Whether `nodes` can be one kernel, and why (or why not)."""
     try:
-        spec = generate(module, nodes, "probe")
+        spec = generate(module, nodes, "probe", device)
     except CodegenError as e:
         return False, str(e)
     return True, f"ok: {spec.why}; {', '.join(spec.schemes)}"

@@ -295,6 +295,7 @@ def _transpose_before_reductions(ops: list[FlatOp], outputs: set[str]) -> None:
     transposed x gives each group the result at the transpose's own index instead. The
     reduced dimensions move first in their order, so every result combines the same
     elements in the same order as before (bit-identical)."""
+    by_name = {op.name: op for op in ops}
     users: dict[str, list[FlatOp]] = {}
     for op in ops:
         for operand in op.operands:
@@ -304,10 +305,7 @@ def _transpose_before_reductions(ops: list[FlatOp], outputs: set[str]) -> None:
         if red.opcode != "reduce" or red.combiner is not None or red.name in outputs or \
                 len(readers) != 1 or readers[0].opcode != "transpose":
             continue
-        transpose, x_shape = readers[0], None
-        for op in ops:
-            if op.name == red.operands[0]:
-                x_shape = op.shape
+        transpose, x_shape = readers[0], by_name[red.operands[0]].shape
         reduced = sorted(red.dimensions)
         kept = [d for d in range(x_shape.rank) if d not in reduced]
         order = reduced + [kept[j] for j in transpose.dimensions]

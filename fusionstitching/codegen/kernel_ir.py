@@ -63,16 +63,6 @@ class Ix:
     terms: tuple[tuple[Atom, int], ...] = ()
     const: int = 0
 
-    def __hash__(self) -> int:
-        # Expressions nest (atoms hold expressions) and key the emitter's and the profile's
-        # dicts: hashing one once, not at every lookup, was a sixth of a capability query.
-        # Equal to the generated hash, so set and dict orders are unchanged.
-        cached = self.__dict__.get("_hash")
-        if cached is None:
-            cached = hash((self.terms, self.const))
-            object.__setattr__(self, "_hash", cached)
-        return cached
-
     def __str__(self) -> str:
         parts = [str(a) if c == 1 else f"{c}*{a}" for a, c in self.terms]
         if self.const or not parts:
