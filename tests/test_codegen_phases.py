@@ -1,14 +1,16 @@
 """The phased schedule: reductions over different spaces (row statistics and column sums of the
-same inputs, a reduction consuming another space's results) in one kernel of one block, phases
-handing their results over through shared memory. Numbers against XLA:CPU (jaxlib) through
+same inputs, a reduction consuming another space's results) in one kernel, phases handing their
+results over through shared memory; one block, or the last phase spread over several blocks
+that each compute the earlier phases. Numbers against XLA:CPU (jaxlib) through
 the host backend (the GPU schedule and the one-thread host schedule), kernel and schedule
 asserted, ptxas sm_80/sm_90 without spills; and the one-block memory bound of the cost model."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import costmodel
-from fusionstitching.codegen import can_stitch, generate
+from fusionstitching.codegen import can_stitch, count_traffic, generate
 from fusionstitching.hlo.parser import parse_module
 
 from test_codegen_ops import (kernel_nodes, assert_assembles_without_spills, check_against_xla,
@@ -91,6 +93,17 @@ def centered_column_sum():
     return _generate(CENTERED_COLUMN_SUM)
 
 
+# The same LayerNorm backward with 512 columns: dgamma's 512 results (the last phase, read by
+# no reduction) are more than one block's threads.
+WIDE_LAYERNORM_BACKWARD = LAYERNORM_BACKWARD.replace("16,32", "16,512").replace(
+    "f32[32]", "f32[512]").replace("0.03125", "0.001953125")
+
+
+@pytest.fixture(scope="module")
+def wide_layernorm_backward():
+    return _generate(WIDE_LAYERNORM_BACKWARD)
+
+
 def _assert_phased(spec, phases: int) -> None:
     assert spec.why.startswith(f"phased schedule: one block of {spec.block[0]} threads, "
                                f"{phases} phases"), spec.why
@@ -118,9 +131,47 @@ def test_column_sum_of_centered_rows_reads_the_row_means_at_any_index(centered_c
     check_against_xla(module, spec, spec.host_kernel, rtol=1e-5, atol=1e-5)
 
 
+def test_last_phase_spreads_over_blocks_that_each_compute_the_row_statistics(
+        wide_layernorm_backward):
+    module, spec = wide_layernorm_backward
+    assert spec.why.startswith("phased schedule: 4 blocks of 128 threads, 5 phases"), spec.why
+    assert spec.grid == (4,) and spec.block == (128,)
+    # The row statistics (16 results, 512 points each) run a warp per row.
+    assert "warp_composition" in spec.schemes
+    one_block = [t for why, t in spec.candidates if why.startswith("phased schedule: one block")]
+    assert one_block and spec.modeled_us < one_block[0]
+    check_against_xla(module, spec, rtol=1e-5, atol=1e-5)
+    check_against_xla(module, spec, spec.host_kernel, rtol=1e-5, atol=1e-5)
+    assert spec.host_kernel.grid == (1,) and spec.host_kernel.block == (1,)
+    # Each output element is stored once over the grid; the blocks' statistics re-read x.
+    rng = np.random.default_rng(0)
+    traffic = count_traffic(spec, *[rng.standard_normal(s.dims).astype(np.float32)
+                                    for _, s in spec.inputs])
+    assert (traffic.read_bytes, traffic.write_bytes) == (spec.read_bytes, spec.write_bytes)
+    assert traffic.raw_write_bytes == spec.write_bytes
+    assert traffic.raw_read_bytes == spec.raw_read_bytes > spec.read_bytes
+
+
+def test_an_output_reading_spread_results_elsewhere_refuses_the_spread():
+    """dgamma broadcast back over the rows: each block would need every block's columns."""
+    body = WIDE_LAYERNORM_BACKWARD.replace(
+        "ROOT %out = (f32[16,512]{1,0}, f32[512]{0}, f32[512]{0}) tuple(%dx, %dgamma, %dbeta)",
+        "%dgb = f32[16,512]{1,0} broadcast(%dgamma), dimensions={1}\n"
+        "  %dxg = f32[16,512]{1,0} add(%dx, %dgb)\n"
+        "  ROOT %out = (f32[16,512]{1,0}, f32[512]{0}) tuple(%dxg, %dbeta)")
+    module, spec = _generate(body)
+    assert spec.grid == (1,), spec.why
+    assert any(why.startswith("phased schedule: 4 blocks") and t == float("inf") and
+               "reads results spread over blocks (512): needs cross-block communication" in why
+               for why, t in spec.candidates)
+    check_against_xla(module, spec, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_phased_kernels_assemble_without_spills(arch, layernorm_backward, centered_column_sum):
-    assert_assembles_without_spills([layernorm_backward[1], centered_column_sum[1]], arch)
+def test_phased_kernels_assemble_without_spills(arch, layernorm_backward, centered_column_sum,
+                                                wide_layernorm_backward):
+    assert_assembles_without_spills([layernorm_backward[1], centered_column_sum[1],
+                                     wide_layernorm_backward[1]], arch)
 
 
 def test_too_much_work_for_one_block_is_refused_with_its_reason():

@@ -235,6 +235,11 @@ class Schedule:
                        f"{self.groups_per_block} per block"
             case "block":
                 return f"[{o}]x[{r}] block schedule: one block of {b} threads per result"
+            case "phases" if self.grid_blocks > 1:
+                return f"phased schedule: {self.grid_blocks} blocks of {b} threads, " \
+                       f"{self.phases} phases (reductions over different spaces, results in " \
+                       f"shared memory; the last phase's results spread over the blocks, the " \
+                       f"earlier phases computed in every block)"
             case "phases":
                 return f"phased schedule: one block of {b} threads, {self.phases} phases " \
                        f"(reductions over different spaces, results in shared memory)"
@@ -528,10 +533,11 @@ class _Emitter:
                 if op.name in self.staged:
                     return self.staged_result(op, index)
                 self.check_locality(op, index)
-                return self.reduced[op.name], 0
+                return self.reduced[op.name], self.index_depth(ix(self.group))
             case "get-tuple-element":  # a result of a variadic reduce
                 self.check_locality(operand(0), index)
-                return self.reduced[op.operands[0]][int(op.attrs["index"])], 0
+                return self.reduced[op.operands[0]][int(op.attrs["index"])], \
+                    self.index_depth(ix(self.group))
         if code not in ELEMENTWISE:
             raise CodegenError(f"{code} {op.name}: op not supported by the code generator")
         return self.elementwise(op, [self.value(o, index) for o in op.operands])
@@ -1215,11 +1221,13 @@ def _apply_init(em: _Emitter, pattern: Pattern, r: FlatOp, total: Value, depth: 
 
 
 # ---------------------------------------------------------------------------------------------
-# Phased schedule: one block, reductions over different spaces (block composition across spaces)
+# Phased schedule: reductions over different spaces (block composition across spaces)
 # ---------------------------------------------------------------------------------------------
 # A kernel of several blocks cannot hand a finished reduction to a consumer in another thread
 # mapping without a grid-wide barrier (our launcher has no cooperative launch); one block can,
-# through shared memory and __syncthreads. One block streams at most about one SM's share of
+# through shared memory and __syncthreads. The last phase's results are read by no reduction,
+# so they can be spread over several blocks, each block computing the earlier phases itself
+# (cheap when they are small: LayerNorm's row statistics before a weight gradient's columns). One block streams at most about one SM's share of
 # the device's bandwidth (costmodel: ~25 GB/s on an H100), so it is worth it only for small
 # regions, where the launches of the XLA kernels it replaces dominate: beyond this many points
 # (reduction operand elements plus output elements; 1 MB of f32) the block would stream for
@@ -1230,6 +1238,8 @@ MAX_PHASED_POINTS = 1 << 18
 # latency-evaluator prices unrolled loops).
 SERIAL_RUN = 8
 PHASED_THREADS = 128  # see enumerate_phased_schedules
+# A phase of at most this many results per warp runs a warp per result (`_warp_per_result`).
+MAX_RESULTS_PER_WARP = 4
 
 
 def _space_of(pattern: Pattern, red: FlatOp) -> Space:
@@ -1250,18 +1260,33 @@ def _phase_plan(pattern: Pattern) -> list[list[list[FlatOp]]]:
     return plan
 
 
+def _spread_phase(pattern: Pattern, plan: list[list[list[FlatOp]]]) -> tuple[int, int] | None:
+    """(stage, phase) of the phase whose results can be spread over blocks: the last stage's
+    phase with the most results (no reduction reads them), if it has several."""
+    last = len(plan) - 1
+    j = max(range(len(plan[last])), key=lambda j: _space_of(pattern, plan[last][j][0]).groups)
+    return (last, j) if _space_of(pattern, plan[last][j][0]).groups > 1 else None
+
+
 def enumerate_phased_schedules(pattern: Pattern, device: Device) -> list[Schedule]:
-    """One schedule: one block of PHASED_THREADS threads (fewer when the widest phase or
-    output needs fewer warps), scalar steps. Each candidate builds and profiles the whole
-    region, and the explorer asks about many large regions: enumerating 128-1024 threads and
-    128-bit steps (8 candidates) made BERT train JAX H100 plan in 76 s CPU instead of 30 s,
-    for the same kernels and 1% of modeled time."""
-    spaces = [phase for stage in _phase_plan(pattern) for phase in stage]
+    """One block of PHASED_THREADS threads (fewer when the widest phase or output needs fewer
+    warps), scalar steps; and, when the last phase has more results than those threads, the
+    same block repeated over one block per PHASED_THREADS of its results. Each candidate
+    builds and profiles the whole region, and the explorer asks about many large regions:
+    enumerating 128-1024 threads and 128-bit steps (8 candidates) made BERT train JAX H100
+    plan in 76 s CPU instead of 30 s, for the same kernels and 1% of modeled time."""
+    plan = _phase_plan(pattern)
+    spaces = [phase for stage in plan for phase in stage]
     widest = max([sp.groups if sp.groups > 1 else sp.reduced
                   for sp in (_space_of(pattern, phase[0]) for phase in spaces)] +
                  [s.num_elements for _, s in pattern.outputs])
     threads = min(PHASED_THREADS, device.max_threads_per_block, -(-widest // WARP) * WARP)
-    return [Schedule("phases", Space(1, 0), threads, 1, 1, 1, phases=len(spaces))]
+    one_block = Schedule("phases", Space(1, 0), threads, 1, 1, 1, phases=len(spaces))
+    spread = _spread_phase(pattern, plan)
+    results = _space_of(pattern, plan[spread[0]][spread[1]][0]).groups if spread else 0
+    if results <= threads:
+        return [one_block]
+    return [one_block, dataclasses.replace(one_block, grid_blocks=-(-results // threads))]
 
 
 def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
@@ -1273,10 +1298,16 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
     results; a phase with one result (a full reduction) is split over all threads and combined
     with a block_reduce, leaving the result in every thread. A barrier ends each stage, after
     which any thread reads any result (no locality check). The outputs are packed loops over
-    the block's threads. With one thread (the host schedule) every phase is serial."""
-    threads = sched.block[0]
-    tid, bid = Var("tid", threads), Var("bid", 1)
-    em = _Emitter(pattern, Var("o", 1))  # reductions are staged, never read at "the" group
+    the block's threads. With one thread (the host schedule) every phase is serial.
+
+    With several blocks, the last phase (``_spread_phase``) is spread over the grid instead,
+    one thread per result, and the outputs that read it are computed by that thread at its
+    result; every block computes the earlier phases, and the other outputs are packed loops
+    over the grid's threads."""
+    threads, blocks = sched.block[0], sched.grid_blocks
+    tid, bid = Var("tid", threads), Var("bid", blocks)
+    no_group = Var("o", 1)  # reductions are staged, never read at "the" group
+    em = _Emitter(pattern, no_group)
     schemes = {"thread_composition", "block_composition"}
     shared: list[SharedArray] = []
     plan = _phase_plan(pattern)
@@ -1285,12 +1316,23 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
     if variadic:
         raise CodegenError(f"reduce {variadic[0]}: a variadic reduction in a phased schedule "
                            f"is not supported")
-    points = sum(_space_of(pattern, phase[0]).groups * _space_of(pattern, phase[0]).reduced
-                 for stage in plan for phase in stage) + \
-        sum(s.num_elements for _, s in pattern.outputs)
+    spread = _spread_phase(pattern, plan) if blocks > 1 else None
+    outputs = [(i, s, v) for i, ((_, s), v) in enumerate(zip(pattern.outputs,
+                                                                pattern.output_values))]
+    reads_spread = _downstream(pattern, plan[spread[0]][spread[1]]) if spread else set()
+    spread_outputs = [out for out in outputs if out[2] in reads_spread]
+    packed = [out for out in outputs if out[2] not in reads_spread]
+    points_of = {(k, j): _space_of(pattern, phase[0]).groups *
+                 _space_of(pattern, phase[0]).reduced
+                 for k, stage in enumerate(plan) for j, phase in enumerate(stage)}
+    shared_points = sum(p for at, p in points_of.items() if at != spread)
+    spread_points = points_of.get(spread, 0) + sum(s.num_elements for _, s, _ in outputs)
+    points = shared_points + -(-spread_points // blocks)
     if points > MAX_PHASED_POINTS:
         raise CodegenError(f"{points} points (reduction operands and outputs) are too many "
-                           f"for one block (at most {MAX_PHASED_POINTS})")
+                           f"for {'one block' if blocks == 1 else f'each of {blocks} blocks'} "
+                           f"(at most {MAX_PHASED_POINTS})")
+    first_output = len(pattern.inputs)
     for k, stage in enumerate(plan):
         if len(stage) > 1 or any(len(phase) > 1 and _independent(
                 pattern, [red.name for red in phase]) for phase in stage):
@@ -1306,10 +1348,15 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
                                       for red, shape in operands]
 
             reducers = [red.reducer for red in phase]
+            if (k, j) == spread:
+                _spread_results(em, pattern, phase, space, values_at, spread_outputs,
+                                first_output, add(scale(bid, threads), tid), threads * blocks)
+                em.group = no_group
+                continue
             if space.groups == 1 and threads >= WARP:
-                spread = _over_points(em, Points(ix(tid), space.reduced, threads, 1, False,
-                                                 f"r{k}_{j}"), values_at(ix(0)), reducers)
-                for red, partial in zip(phase, spread):
+                partials = _over_points(em, Points(ix(tid), space.reduced, threads, 1, False,
+                                                   f"r{k}_{j}"), values_at(ix(0)), reducers)
+                for red, partial in zip(phase, partials):
                     total = em.fresh(partial.dtype)
                     scratch = SharedArray(f"smem_{_tag(red)}", partial.dtype, WARP)
                     shared.append(scratch)
@@ -1318,33 +1365,101 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
                 continue
             arrays = [SharedArray(f"res_{_tag(red)}", red.shape.dtype, space.groups)
                       for red in phase]
+            if space.groups <= MAX_RESULTS_PER_WARP * (threads // WARP):
+                _warp_per_result(em, pattern, phase, space, values_at, arrays, tid, f"{k}_{j}")
+                schemes.add("warp_composition")
+            else:
+                def per_result(result: Ix, phase=phase, arrays=arrays, values_at=values_at,
+                               reducers=reducers, space=space, tag=f"{k}_{j}") -> list:
+                    depth = len(em.scopes) - 1
+                    serial = _serial_reduce(em, space.reduced, values_at(result), reducers, tag)
+                    for red, partial, array in zip(phase, serial, arrays):
+                        em.place(SharedStore(array, result,
+                                             _apply_init(em, pattern, red, partial, depth)),
+                                 depth)
+                    return []
 
-            def per_result(result: Ix, phase=phase, arrays=arrays, values_at=values_at,
-                           reducers=reducers, space=space, tag=f"{k}_{j}") -> list:
-                depth = len(em.scopes) - 1
-                serial = _serial_reduce(em, space.reduced, values_at(result), reducers, tag)
-                for red, partial, array in zip(phase, serial, arrays):
-                    em.place(SharedStore(array, result,
-                                         _apply_init(em, pattern, red, partial, depth)), depth)
-                return []
-
-            _over_points(em, Points(ix(tid), space.groups, threads, 1, False, f"o{k}_{j}"),
-                         per_result, [])
+                _over_points(em, Points(ix(tid), space.groups, threads, 1, False, f"o{k}_{j}"),
+                             per_result, [])
             shared += arrays
             em.staged.update((red.name, array) for red, array in zip(phase, arrays))
             stored = True
         if stored:
             em.place(Barrier(), 0)
-    first_output = len(pattern.inputs)
-    packed = [(i, s, v) for i, ((_, s), v) in
-              enumerate(zip(pattern.outputs, pattern.output_values))]
-    _packed_outputs(em, pattern, packed, first_output, ix(tid), threads, sched.vector, True,
-                    schemes)
+    element = ix(tid) if blocks == 1 else add(scale(bid, threads), tid)
+    _packed_outputs(em, pattern, packed, first_output, element, threads * blocks, sched.vector,
+                    True, schemes)
     buffers = [Buffer(n, s, False) for n, s in pattern.inputs] + \
               [Buffer(n, s, True) for n, s in pattern.outputs]
     kernel = Kernel(name, buffers, sched.grid, sched.block, shared, em.scopes[0], tid, bid,
                     list(em.constants.values()))
     return kernel, schemes
+
+
+def _warp_per_result(em: _Emitter, pattern: Pattern, phase: list[FlatOp], space: Space,
+                     values_at, arrays: list[SharedArray], tid: Var, tag: str) -> None:
+    """A phase with few results: a warp per result, its lanes splitting the points and a
+    warp_reduce combining them (one thread per result would leave most threads idle and
+    each result a serial chain of R points). Warp w takes results w, w + warps, ...,
+    unrolled so that the warp_reduces stay at top level (the host backend splits a block
+    there); a warp past the last result reduces a copy of another (a shuffle needs every
+    lane) and stores nothing."""
+    warps = tid.extent // WARP
+    lane, warp = mod(tid, WARP), div(tid, WARP)
+    for u in range(-(-space.groups // warps)):
+        result = add(warp, u * warps)
+        at = mod(result, space.groups)
+        partials = _over_points(em, Points(lane, space.reduced, WARP, 1, False, f"w{tag}_{u}"),
+                                values_at(at), [red.reducer for red in phase])
+        stores = []
+        for red, partial, array in zip(phase, partials, arrays):
+            total = em.fresh(partial.dtype)
+            em.place(WarpReduce(total, partial, red.reducer), 0)
+            stores.append(SharedStore(array, at, _apply_init(em, pattern, red, total)))
+        store = If(lane, ix(0), stores)
+        em.place(store if (u + 1) * warps <= space.groups else
+                 If(result, ix(space.groups), [store], "lt"), 0)
+
+
+def _downstream(pattern: Pattern, reductions: list[FlatOp]) -> set[str]:
+    """The ops that read these reductions' results, directly or through other ops."""
+    reached = {red.name for red in reductions}
+    for op in pattern.ops:  # topological order
+        if any(o in reached for o in op.operands):
+            reached.add(op.name)
+    return reached
+
+
+def _spread_results(em: _Emitter, pattern: Pattern, phase: list[FlatOp], space: Space,
+                    values_at, outputs: list, first_output: int, first: Ix, step: int) -> None:
+    """A phase spread over the grid: the thread at ``first`` (then every ``step``-th) reduces
+    one result serially and computes the outputs that read it, at that result (locality: an
+    output read elsewhere needs another block's result, and is refused)."""
+    result_shape = _result_shape(phase[0])
+
+    def per_result(result: Ix) -> list:
+        depth = len(em.scopes) - 1
+        group = Var("o_s", space.groups)
+        em.place(IndexLet(group, result), depth)
+        em.var_depth[group] = depth
+        em.group = group
+        serial = _serial_reduce(em, space.reduced, values_at(ix(group)),
+                                [red.reducer for red in phase], f"s_{_tag(phase[0])}")
+        for red, partial in zip(phase, serial):
+            em.reduced[red.name] = _apply_init(em, pattern, red, partial, depth)
+        for i, shape, value_name in outputs:
+            if shape.num_elements != space.groups:
+                raise CodegenError(f"output {value_name} ({shape.num_elements} elements) reads "
+                                   f"results spread over blocks ({space.groups}): needs "
+                                   f"cross-block communication")
+            index = _reshaped(delinearize(ix(group), result_shape), result_shape, shape)
+            value, _ = em.value(value_name, index)
+            em.store(first_output + i, shape, linearize(index, shape), value)
+        return []
+
+    _over_points(em, Points(first, space.groups, step, 1, False, "o_spread"), per_result, [])
+    for red in phase:
+        del em.reduced[red.name]
 
 
 def _serial_reduce(em: _Emitter, count: int, visit, reducers: list[str], tag: str
@@ -1446,7 +1561,7 @@ def host_schedule(pattern: Pattern, chosen: Schedule | None = None) -> Schedule:
     loop (vectorizable) and per-group or per-kernel values are computed once, not per element.
     A phased kernel (``chosen``) stays phased, with one thread."""
     if chosen is not None and chosen.kind == "phases":
-        return dataclasses.replace(chosen, groups_per_block=1, vector=1)
+        return dataclasses.replace(chosen, groups_per_block=1, vector=1, grid_blocks=1)
     space = reduction_space(pattern)
     if space.reduced == 0:
         return Schedule("loop", space, 1, 1, 1)
