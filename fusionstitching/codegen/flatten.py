@@ -242,6 +242,7 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
 
     _fold_partial_reductions(ops)
     _transpose_before_reductions(ops, set(output_values))
+    output_values = _merge_repeated_ops(ops, output_values)
     # Drop what no output needs (e.g. unused results of a multi-output fusion).
     needed = set(output_values)
     for op in reversed(ops):
@@ -318,6 +319,38 @@ def _transpose_before_reductions(ops: list[FlatOp], outputs: set[str]) -> None:
             str(i) for i in range(len(reduced))) + "}"}
         red.opcode, red.shape, red.operands, red.reducer = "transpose", moved, [red_x], None
         red.attrs = {"dimensions": "{" + ",".join(map(str, order)) + "}"}
+
+
+# Ops that compute something new each time they run: never merged.
+_NOT_REPEATABLE = {"rng", "rng-bit-generator", "rng-get-and-update-state", "custom-call"}
+
+
+def _merge_repeated_ops(ops: list[FlatOp], output_values: list[str]) -> list[str]:
+    """Readers of an op that repeats an earlier one (same opcode, shape, operands and
+    attributes) read the earlier one instead; returns the output values renamed so.
+
+    XLA repeats work across fusions (a LayerNorm's mean computed in each of two fusions);
+    stitched into one kernel, the schedule would reduce the same values twice. The emitter
+    already computes a repeated elementwise op once per index (value CSE, paper 4.5), but a
+    reduction's partial sums, shuffles and shared-memory round trips are emitted per reduce
+    op, so the repeat is removed here, for every op alike. A merged reduction combines the
+    same elements in the same order: results are bit-identical."""
+    first: dict[tuple, str] = {}
+    rename: dict[str, str] = {}
+    for op in ops:
+        op.operands = [rename.get(o, o) for o in op.operands]
+        if op.opcode in _NOT_REPEATABLE or op.combiner is not None:
+            continue
+        # The to_apply computation's name differs per fusion; `reducer` is what it computes.
+        ignored = {"frontend_attributes"} | ({"to_apply"} if op.reducer else set())
+        key = (op.opcode, op.shape, tuple(op.operands), op.literal, op.parameter_number,
+               op.reducer, tuple(sorted((k, v) for k, v in op.attrs.items()
+                                        if k not in ignored)))
+        if key in first:
+            rename[op.name] = first[key]
+        else:
+            first[key] = op.name
+    return [rename.get(v, v) for v in output_values]
 
 
 def _folds_into(op: FlatOp, inner: FlatOp | None, by_name: dict[str, FlatOp]) -> bool:
