@@ -11,6 +11,8 @@ import pytest
 
 import costmodel
 from fusionstitching.codegen import can_stitch, count_traffic, generate
+from fusionstitching.codegen.flatten import flatten
+from fusionstitching.codegen.schedule import Schedule, Space, build_phased_kernel
 from fusionstitching.hlo.parser import parse_module
 
 from test_codegen_ops import (kernel_nodes, assert_assembles_without_spills, check_against_xla,
@@ -134,14 +136,23 @@ def test_column_sum_of_centered_rows_reads_the_row_means_at_any_index(centered_c
 def test_last_phase_spreads_over_blocks_that_each_compute_the_row_statistics(
         wide_layernorm_backward):
     module, spec = wide_layernorm_backward
-    assert spec.why.startswith("phased schedule: 4 blocks of 128 threads, 5 phases"), spec.why
-    assert spec.grid == (4,) and spec.block == (128,)
+    # dgamma's 512 columns in tiles of 32 columns x 4 threads (16 blocks), modeled faster
+    # than a thread per column (4 blocks) and than one block.
+    assert spec.why.startswith("phased schedule: 16 blocks of 128 threads, 5 phases"), spec.why
+    assert "in tiles of 32 results x 4 threads" in spec.why
+    assert spec.grid == (16,) and spec.block == (128,)
     # The row statistics (16 results, 512 points each) run a warp per row.
     assert "warp_composition" in spec.schemes
-    one_block = [t for why, t in spec.candidates if why.startswith("phased schedule: one block")]
-    assert one_block and spec.modeled_us < one_block[0]
+    times = {why.split(";")[0].split(", 5 phases")[0]: t for why, t in spec.candidates}
+    assert spec.modeled_us < times["phased schedule: 4 blocks of 128 threads"] < \
+        times["phased schedule: one block of 128 threads"]
     check_against_xla(module, spec, rtol=1e-5, atol=1e-5)
     check_against_xla(module, spec, spec.host_kernel, rtol=1e-5, atol=1e-5)
+    thread_per_column = build_phased_kernel(
+        flatten(module, spec.nodes), Schedule("phases", Space(1, 0), 128, 1, 4, phases=5),
+        "t")[0]
+    assert thread_per_column.grid == (4,)
+    check_against_xla(module, spec, thread_per_column, rtol=1e-5, atol=1e-5)
     assert spec.host_kernel.grid == (1,) and spec.host_kernel.block == (1,)
     # Each output element is stored once over the grid; the blocks' statistics re-read x.
     rng = np.random.default_rng(0)

@@ -238,8 +238,10 @@ class Schedule:
             case "phases" if self.grid_blocks > 1:
                 return f"phased schedule: {self.grid_blocks} blocks of {b} threads, " \
                        f"{self.phases} phases (reductions over different spaces, results in " \
-                       f"shared memory; the last phase's results spread over the blocks, the " \
-                       f"earlier phases computed in every block)"
+                       f"shared memory; the last phase's results spread over the blocks" + \
+                       (f" in tiles of {self.groups_per_block} results x " \
+                        f"{self.threads_per_group} threads" if self.threads_per_group > 1
+                        else "") + ", the earlier phases computed in every block)"
             case "phases":
                 return f"phased schedule: one block of {b} threads, {self.phases} phases " \
                        f"(reductions over different spaces, results in shared memory)"
@@ -1238,7 +1240,9 @@ MAX_PHASED_POINTS = 1 << 18
 # latency-evaluator prices unrolled loops).
 SERIAL_RUN = 8
 PHASED_THREADS = 128  # see enumerate_phased_schedules
-# A phase of at most this many results per warp runs a warp per result (`_warp_per_result`).
+# A phase of at most this many results per warp runs a warp per result (`_warp_per_result`)
+# when its results have more points than one serial run: up to SERIAL_RUN points a thread
+# per result waits for one batch of loads, less than a warp's five shuffles after it.
 MAX_RESULTS_PER_WARP = 4
 
 
@@ -1270,8 +1274,9 @@ def _spread_phase(pattern: Pattern, plan: list[list[list[FlatOp]]]) -> tuple[int
 
 def enumerate_phased_schedules(pattern: Pattern, device: Device) -> list[Schedule]:
     """One block of PHASED_THREADS threads (fewer when the widest phase or output needs fewer
-    warps), scalar steps; and, when the last phase has more results than those threads, the
-    same block repeated over one block per PHASED_THREADS of its results. Each candidate
+    warps), scalar steps; and the last phase spread over several such blocks: one per
+    PHASED_THREADS of its results (a thread per result) when it has more, and one per warp
+    of its results (a tile: each result split over the block's warps). Each candidate
     builds and profiles the whole region, and the explorer asks about many large regions:
     enumerating 128-1024 threads and 128-bit steps (8 candidates) made BERT train JAX H100
     plan in 76 s CPU instead of 30 s, for the same kernels and 1% of modeled time."""
@@ -1284,9 +1289,15 @@ def enumerate_phased_schedules(pattern: Pattern, device: Device) -> list[Schedul
     one_block = Schedule("phases", Space(1, 0), threads, 1, 1, 1, phases=len(spaces))
     spread = _spread_phase(pattern, plan)
     results = _space_of(pattern, plan[spread[0]][spread[1]][0]).groups if spread else 0
-    if results <= threads:
-        return [one_block]
-    return [one_block, dataclasses.replace(one_block, grid_blocks=-(-results // threads))]
+    out = [one_block]
+    if results > threads:
+        out.append(dataclasses.replace(one_block, grid_blocks=-(-results // threads)))
+    if results > WARP and results % WARP == 0 and threads > WARP:
+        # A warp of results per block, each split over the block's warps (a tile).
+        out.append(dataclasses.replace(one_block, groups_per_block=WARP,
+                                       threads_per_group=threads // WARP,
+                                       grid_blocks=results // WARP))
+    return out
 
 
 def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
@@ -1349,8 +1360,8 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
 
             reducers = [red.reducer for red in phase]
             if (k, j) == spread:
-                _spread_results(em, pattern, phase, space, values_at, spread_outputs,
-                                first_output, add(scale(bid, threads), tid), threads * blocks)
+                _spread_results(em, pattern, sched, phase, space, values_at, spread_outputs,
+                                first_output, shared, tid, bid)
                 em.group = no_group
                 continue
             if space.groups == 1 and threads >= WARP:
@@ -1365,7 +1376,8 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
                 continue
             arrays = [SharedArray(f"res_{_tag(red)}", red.shape.dtype, space.groups)
                       for red in phase]
-            if space.groups <= MAX_RESULTS_PER_WARP * (threads // WARP):
+            if space.groups <= MAX_RESULTS_PER_WARP * (threads // WARP) and \
+                    space.reduced > SERIAL_RUN:
                 _warp_per_result(em, pattern, phase, space, values_at, arrays, tid, f"{k}_{j}")
                 schemes.add("warp_composition")
             else:
@@ -1430,23 +1442,22 @@ def _downstream(pattern: Pattern, reductions: list[FlatOp]) -> set[str]:
     return reached
 
 
-def _spread_results(em: _Emitter, pattern: Pattern, phase: list[FlatOp], space: Space,
-                    values_at, outputs: list, first_output: int, first: Ix, step: int) -> None:
-    """A phase spread over the grid: the thread at ``first`` (then every ``step``-th) reduces
-    one result serially and computes the outputs that read it, at that result (locality: an
-    output read elsewhere needs another block's result, and is refused)."""
-    result_shape = _result_shape(phase[0])
+def _spread_results(em: _Emitter, pattern: Pattern, sched: Schedule, phase: list[FlatOp],
+                    space: Space, values_at, outputs: list, first_output: int,
+                    shared: list[SharedArray], tid: Var, bid: Var) -> None:
+    """A phase spread over the grid, and the outputs that read it computed at its results
+    (locality: an output read elsewhere needs another block's result, and is refused).
 
-    def per_result(result: Ix) -> list:
-        depth = len(em.scopes) - 1
-        group = Var("o_s", space.groups)
-        em.place(IndexLet(group, result), depth)
-        em.var_depth[group] = depth
-        em.group = group
-        serial = _serial_reduce(em, space.reduced, values_at(ix(group)),
-                                [red.reducer for red in phase], f"s_{_tag(phase[0])}")
-        for red, partial in zip(phase, serial):
-            em.reduced[red.name] = _apply_init(em, pattern, red, partial, depth)
+    ``sched.threads_per_group`` 1: a thread per result reducing its points serially, the
+    grid's threads striding over the results. More: a tile, ``groups_per_block`` results per
+    block side by side in the lanes (coalesced, as for column sums), each split over that
+    many threads and combined in shared memory (`_combine`); its first thread stores."""
+    width, depth = sched.groups_per_block, sched.threads_per_group
+    result_shape = _result_shape(phase[0])
+    reducers = [red.reducer for red in phase]
+
+    def output_stores(group: Var) -> list[GlobalStore]:
+        stores = []
         for i, shape, value_name in outputs:
             if shape.num_elements != space.groups:
                 raise CodegenError(f"output {value_name} ({shape.num_elements} elements) reads "
@@ -1454,10 +1465,39 @@ def _spread_results(em: _Emitter, pattern: Pattern, phase: list[FlatOp], space: 
                                    f"cross-block communication")
             index = _reshaped(delinearize(ix(group), result_shape), result_shape, shape)
             value, _ = em.value(value_name, index)
-            em.store(first_output + i, shape, linearize(index, shape), value)
-        return []
+            stores.append(GlobalStore(first_output + i, linearize(index, shape), value))
+        return stores
 
-    _over_points(em, Points(first, space.groups, step, 1, False, "o_spread"), per_result, [])
+    if depth > 1:
+        group = Var("o_s", space.groups)
+        em.place(IndexLet(group, add(scale(bid, width), mod(tid, width))), 0)
+        em.group = group
+        partials = _over_points(em, Points(div(tid, width), space.reduced, depth, 1, False,
+                                           "r_s"), values_at(ix(group)), reducers)
+        tile = Schedule("tile", space, width, depth, sched.grid_blocks)
+        for red, partial in zip(phase, partials):
+            total = _combine(em, tile, red, partial, shared, tid, mod(tid, width))
+            em.reduced[red.name] = _apply_init(em, pattern, red, total)
+        em.place(If(div(tid, width), ix(0), output_stores(group)), 0)
+    else:
+        def per_result(result: Ix) -> list:
+            at = len(em.scopes) - 1
+            group = Var("o_s", space.groups)
+            em.place(IndexLet(group, result), at)
+            em.var_depth[group] = at
+            em.group = group
+            serial = _serial_reduce(em, space.reduced, values_at(ix(group)), reducers,
+                                    f"s_{_tag(phase[0])}")
+            for red, partial in zip(phase, serial):
+                em.reduced[red.name] = _apply_init(em, pattern, red, partial, at)
+            for store in output_stores(group):
+                em.place(store, at)
+            return []
+
+        threads = sched.block[0]
+        _over_points(em, Points(add(scale(bid, threads), tid), space.groups,
+                                threads * sched.grid_blocks, 1, False, "o_spread"),
+                     per_result, [])
     for red in phase:
         del em.reduced[red.name]
 
@@ -1561,7 +1601,8 @@ def host_schedule(pattern: Pattern, chosen: Schedule | None = None) -> Schedule:
     loop (vectorizable) and per-group or per-kernel values are computed once, not per element.
     A phased kernel (``chosen``) stays phased, with one thread."""
     if chosen is not None and chosen.kind == "phases":
-        return dataclasses.replace(chosen, groups_per_block=1, vector=1, grid_blocks=1)
+        return dataclasses.replace(chosen, groups_per_block=1, threads_per_group=1, vector=1,
+                                   grid_blocks=1)
     space = reduction_space(pattern)
     if space.reduced == 0:
         return Schedule("loop", space, 1, 1, 1)
