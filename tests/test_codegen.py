@@ -22,7 +22,7 @@ from fusionstitching.codegen.schedule import (build_kernel, enumerate_schedules,
                                               reduction_space, resolve_device)
 from fusionstitching.hlo.evaluator import evaluate  # noqa: E402
 from fusionstitching.hlo.parser import parse_file, parse_module  # noqa: E402
-from test_codegen_ops import check_against_xla, kernel_nodes  # noqa: E402
+from test_codegen_ops import ADD, check_against_xla, kernel_nodes  # noqa: E402
 
 HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
 
@@ -229,26 +229,16 @@ def test_column_major_layout_is_addressed_physically():
 
 
 # XLA:GPU repeats a reduction in two fusions (each consumer recomputes the row sum of x).
-REPEATED_REDUCTION = """HloModule m
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-%centered (x: f32[64,256]) -> f32[64,256] {
-  %x = f32[64,256]{1,0} parameter(0)
+ROW_SUM_THEN = """%{name} (x: f32[64,256]) -> f32[64,256] {{
+  %x = f32[64,256]{{1,0}} parameter(0)
   %zero = f32[] constant(0)
-  %sum = f32[64]{0} reduce(%x, %zero), dimensions={1}, to_apply=%add
-  %sum_b = f32[64,256]{1,0} broadcast(%sum), dimensions={0}
-  ROOT %c = f32[64,256]{1,0} subtract(%x, %sum_b)
-}
-%scaled (x: f32[64,256]) -> f32[64,256] {
-  %x = f32[64,256]{1,0} parameter(0)
-  %zero = f32[] constant(0)
-  %sum = f32[64]{0} reduce(%x, %zero), dimensions={1}, to_apply=%add
-  %sum_b = f32[64,256]{1,0} broadcast(%sum), dimensions={0}
-  ROOT %m = f32[64,256]{1,0} multiply(%x, %sum_b)
-}
+  %sum = f32[64]{{0}} reduce(%x, %zero), dimensions={{1}}, to_apply=%add
+  %sum_b = f32[64,256]{{1,0}} broadcast(%sum), dimensions={{0}}
+  ROOT %r = f32[64,256]{{1,0}} {op}(%x, %sum_b)
+}}
+"""
+REPEATED_REDUCTION = "HloModule m\n" + ADD + ROW_SUM_THEN.format(
+    name="centered", op="subtract") + ROW_SUM_THEN.format(name="scaled", op="multiply") + """
 ENTRY %main {
   %x = f32[64,256]{1,0} parameter(0)
   %f1 = f32[64,256]{1,0} fusion(%x), kind=kInput, calls=%centered

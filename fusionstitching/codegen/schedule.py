@@ -1053,12 +1053,7 @@ def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, 
             _over_points(em, Points(member, r, sched.threads_per_group, sched.vector,
                                     sched.cached), store_point, [])
             em.flush_stores(0)
-        stores = []
-        for i, shape, value_name in per_group:
-            result = _result_shape(ref)
-            index = _reshaped(delinearize(ix(group), result), result, shape)
-            value, _ = em.value(value_name, index)
-            stores.append(GlobalStore(first_output + i, linearize(index, shape), value))
+        stores = _stores_at_group(em, _result_shape(ref), group, per_group, first_output)
         if stores and sched.kind == "thread":
             em.scopes[0] += stores
         elif stores:
@@ -1076,6 +1071,18 @@ def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, 
     kernel = Kernel(name, buffers, sched.grid, sched.block, shared, em.scopes[0], tid, bid,
                     list(em.constants.values()))
     return kernel, schemes
+
+
+def _stores_at_group(em: _Emitter, result: Shape, group: Var, outputs: list,
+                     first_output: int) -> list[GlobalStore]:
+    """The stores of per-group outputs (as many elements as ``result``, a reduction's result
+    shape) at the element of result ``group``."""
+    stores = []
+    for i, shape, value_name in outputs:
+        index = _reshaped(delinearize(ix(group), result), result, shape)
+        value, _ = em.value(value_name, index)
+        stores.append(GlobalStore(first_output + i, linearize(index, shape), value))
+    return stores
 
 
 def _packed_outputs(em: _Emitter, pattern: Pattern, packed: list, first_output: int,
@@ -1229,11 +1236,12 @@ def _apply_init(em: _Emitter, pattern: Pattern, r: FlatOp, total: Value, depth: 
 # mapping without a grid-wide barrier (our launcher has no cooperative launch); one block can,
 # through shared memory and __syncthreads. The last phase's results are read by no reduction,
 # so they can be spread over several blocks, each block computing the earlier phases itself
-# (cheap when they are small: LayerNorm's row statistics before a weight gradient's columns). One block streams at most about one SM's share of
-# the device's bandwidth (costmodel: ~25 GB/s on an H100), so it is worth it only for small
-# regions, where the launches of the XLA kernels it replaces dominate: beyond this many points
-# (reduction operand elements plus output elements; 1 MB of f32) the block would stream for
-# ~40 us, the time of some 20 launches, and the pattern is better cut into one-space kernels.
+# (cheap when they are small: LayerNorm's row statistics before a weight gradient's columns).
+# One block streams at most about one SM's share of the device's bandwidth (costmodel:
+# ~25 GB/s on an H100), so it is worth it only for small regions, where the launches of the
+# XLA kernels it replaces dominate: beyond this many points per block (reduction operand
+# elements plus output elements; 1 MB of f32) the block would stream for ~40 us, the time of
+# some 20 launches, and the pattern is better cut into one-space kernels.
 MAX_PHASED_POINTS = 1 << 18
 # A thread reduces a result's points in runs of this many, a constant-trip loop LLVM unrolls:
 # the run's loads are in flight together instead of one full latency each (as the
@@ -1311,14 +1319,14 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
     which any thread reads any result (no locality check). The outputs are packed loops over
     the block's threads. With one thread (the host schedule) every phase is serial.
 
-    With several blocks, the last phase (``_spread_phase``) is spread over the grid instead,
-    one thread per result, and the outputs that read it are computed by that thread at its
-    result; every block computes the earlier phases, and the other outputs are packed loops
-    over the grid's threads."""
+    A phase of few results with more than SERIAL_RUN points each runs a warp per result
+    (`_warp_per_result`). With several blocks, the last phase (``_spread_phase``) is spread
+    over the grid instead (`_spread_results`: a thread per result, or tiles) and the outputs
+    that read it are computed at its results; every block computes the earlier phases, and
+    the other outputs are packed loops over the grid's threads."""
     threads, blocks = sched.block[0], sched.grid_blocks
     tid, bid = Var("tid", threads), Var("bid", blocks)
-    no_group = Var("o", 1)  # reductions are staged, never read at "the" group
-    em = _Emitter(pattern, no_group)
+    em = _Emitter(pattern, Var("o", 1))  # reductions are staged, never read at "the" group
     schemes = {"thread_composition", "block_composition"}
     shared: list[SharedArray] = []
     plan = _phase_plan(pattern)
@@ -1336,6 +1344,7 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
     points_of = {(k, j): _space_of(pattern, phase[0]).groups *
                  _space_of(pattern, phase[0]).reduced
                  for k, stage in enumerate(plan) for j, phase in enumerate(stage)}
+    # Every block runs the phases not spread; the spread phase and the outputs are shared out.
     shared_points = sum(p for at, p in points_of.items() if at != spread)
     spread_points = points_of.get(spread, 0) + sum(s.num_elements for _, s, _ in outputs)
     points = shared_points + -(-spread_points // blocks)
@@ -1362,7 +1371,6 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
             if (k, j) == spread:
                 _spread_results(em, pattern, sched, phase, space, values_at, spread_outputs,
                                 first_output, shared, tid, bid)
-                em.group = no_group
                 continue
             if space.groups == 1 and threads >= WARP:
                 partials = _over_points(em, Points(ix(tid), space.reduced, threads, 1, False,
@@ -1453,21 +1461,17 @@ def _spread_results(em: _Emitter, pattern: Pattern, sched: Schedule, phase: list
     block side by side in the lanes (coalesced, as for column sums), each split over that
     many threads and combined in shared memory (`_combine`); its first thread stores."""
     width, depth = sched.groups_per_block, sched.threads_per_group
-    result_shape = _result_shape(phase[0])
     reducers = [red.reducer for red in phase]
+    for _, shape, value_name in outputs:
+        if shape.num_elements != space.groups:
+            raise CodegenError(f"output {value_name} ({shape.num_elements} elements) reads "
+                               f"results spread over blocks ({space.groups}): needs "
+                               f"cross-block communication")
 
     def output_stores(group: Var) -> list[GlobalStore]:
-        stores = []
-        for i, shape, value_name in outputs:
-            if shape.num_elements != space.groups:
-                raise CodegenError(f"output {value_name} ({shape.num_elements} elements) reads "
-                                   f"results spread over blocks ({space.groups}): needs "
-                                   f"cross-block communication")
-            index = _reshaped(delinearize(ix(group), result_shape), result_shape, shape)
-            value, _ = em.value(value_name, index)
-            stores.append(GlobalStore(first_output + i, linearize(index, shape), value))
-        return stores
+        return _stores_at_group(em, _result_shape(phase[0]), group, outputs, first_output)
 
+    outer_group = em.group
     if depth > 1:
         group = Var("o_s", space.groups)
         em.place(IndexLet(group, add(scale(bid, width), mod(tid, width))), 0)
@@ -1500,6 +1504,7 @@ def _spread_results(em: _Emitter, pattern: Pattern, sched: Schedule, phase: list
                      per_result, [])
     for red in phase:
         del em.reduced[red.name]
+    em.group = outer_group
 
 
 def _serial_reduce(em: _Emitter, count: int, visit, reducers: list[str], tag: str
