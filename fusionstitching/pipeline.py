@@ -15,7 +15,7 @@ import numpy as np
 import costmodel
 
 from . import codegen
-from .codegen.profile import kernel_profile, modeled_kernel_us, register_model
+from .codegen.profile import modeled_kernel_us
 from .explain import NEVER_TOGETHER, NO_NEIGHBOUR, NOT_CHOSEN, generic_reason, unstitched_reasons
 from .explorer import FusionPlan, Pattern, explore
 from .explorer.index import GraphIndex
@@ -99,7 +99,6 @@ def plan_module(graph: OpGraph, options: Options, device,
     estimate, and each pattern is generated once. ``built`` receives the kernel of every
     accepted pattern, so that the pipeline does not generate the chosen ones again."""
     built = {} if built is None else built  # accepted patterns
-    priced: dict[frozenset[str], costmodel.KernelProfile] = {}  # profiled on demand (beam)
     xla_us: dict[str, float] = {}  # XLA's kernel times, asked again by every query
 
     def xla_kernel_us(node: str) -> float:
@@ -121,12 +120,10 @@ def plan_module(graph: OpGraph, options: Options, device,
     def profile_of(nodes: list[str]) -> costmodel.KernelProfile:
         if len(nodes) == 1:
             return xla_kernel_profile(graph, nodes[0], device)
-        key = frozenset(nodes)
-        if key not in priced:
-            if key not in built:  # the explorer prices only patterns the query accepted
-                raise ValueError(f"no stitched kernel was built for {nodes}")
-            priced[key] = kernel_profile(built[key])  # as modeled_kernel_us prices it
-        return priced[key]
+        spec = built.get(frozenset(nodes))
+        if spec is None:  # the explorer prices only patterns the query accepted
+            raise ValueError(f"no stitched kernel was built for {nodes}")
+        return spec.profile  # as modeled_kernel_us prices it
 
     return explore(graph, can_stitch, options.explorer, device, profile_of)
 
@@ -233,7 +230,7 @@ def make_report(result: StitchResult, options: Options, device, times: Times) ->
         kernels.append(KernelReport(
             name=spec.name, nodes=list(spec.nodes), schemes=list(spec.schemes),
             grid=list(spec.grid), block=list(spec.block), smem_bytes=spec.smem_bytes,
-            regs=nv.regs if nv else None, regs_model=register_model(spec),
+            regs=nv.regs if nv else None, regs_model=spec.regs_model,
             spills=nv.spills if nv else None, bytes=kbytes,
             modeled_us=round(modeled_us, 3)))
     return Report(

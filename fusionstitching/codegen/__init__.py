@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from costmodel import KernelProfile
+
 from ..hlo.ir import Module, Shape
 from .flatten import CodegenError, flatten
 from .host import HostKernel, Traffic, compile_host, count_traffic
@@ -52,6 +54,9 @@ class KernelSpec:
     # Bytes of every global load the kernel executes (all threads): above read_bytes when it
     # re-reads inputs (a stage without producer caching, a recomputed producer).
     raw_read_bytes: int = 0
+    # The latency-evaluator's view of `kernel` (profile.kernel_profile), kept from the
+    # schedule choice so that pricing the kernel again does not walk its IR again.
+    profile: KernelProfile | None = None
 
     def __str__(self) -> str:
         return str(self.kernel)
@@ -62,8 +67,6 @@ def generate(module: Module, nodes: list[str], name: str, device: dict | None = 
 
     ``device``: {"name": "h100"|"a100"|...} (default h100), the GPU whose latency-evaluator
     chooses among the enumerated schedules."""
-    from .profile import register_model  # profile.py imports KernelSpec from here
-
     pattern = flatten(module, nodes)
     scheduled = schedule_pattern(pattern, name, device)
     kernel = scheduled.kernel
@@ -73,11 +76,11 @@ def generate(module: Module, nodes: list[str], name: str, device: dict | None = 
         smem_bytes=kernel.smem_bytes, kernel=kernel,
         read_bytes=sum(s.byte_size for _, s in pattern.inputs),
         write_bytes=sum(s.byte_size for _, s in pattern.outputs),
-        regs_model=0, why=scheduled.schedule.why,
+        regs_model=scheduled.profile.regs_per_thread, why=scheduled.schedule.why,
         modeled_us=scheduled.modeled_us, smem_bytes_no_reuse=scheduled.smem_bytes_no_reuse,
         candidates=scheduled.candidates,
-        host_kernel=build_kernel(pattern, host_schedule(pattern, scheduled.schedule), name)[0])
-    spec.regs_model = register_model(spec)
+        host_kernel=build_kernel(pattern, host_schedule(pattern, scheduled.schedule), name)[0],
+        profile=scheduled.profile)
     spec.raw_read_bytes = global_traffic(kernel)[0]
     return spec
 

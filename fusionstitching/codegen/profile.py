@@ -807,6 +807,8 @@ def kernel_profile(spec: KernelSpec) -> costmodel.KernelProfile:
 
 
 def modeled_kernel_us(spec: KernelSpec, device: costmodel.Device) -> float:
-    """The latency-evaluator's time for this kernel on ``device`` (modeled, not measured)."""
-    return costmodel.kernel_latency_us(kernel_profile(spec), device).total_us
+    """The latency-evaluator's time for this kernel on ``device`` (modeled, not measured),
+    from the profile ``generate`` kept when there is one."""
+    profile = spec.profile if spec.profile is not None else kernel_profile(spec)
+    return costmodel.kernel_latency_us(profile, device).total_us
 

@@ -83,7 +83,7 @@ from types import SimpleNamespace
 import networkx as nx
 import numpy as np
 
-from costmodel import kernel_latency_us, load_device
+from costmodel import KernelProfile, kernel_latency_us, load_device
 from costmodel.devices import Device
 
 from ..hlo.evaluator import _Window as Window
@@ -927,6 +927,7 @@ class ScheduledKernel:
     modeled_us: float
     smem_bytes_no_reuse: int
     candidates: list[tuple[str, float]]
+    profile: KernelProfile  # what modeled_us was priced from
 
 
 @dataclass(frozen=True)
@@ -1696,15 +1697,15 @@ def schedule_pattern(pattern: Pattern, name: str, device: dict | Device | None =
         description = f"{sched.why}; grid {kernel.grid[0]} x {kernel.block[0]}, " \
                       f"~{profile.regs_per_thread} regs, {kernel.smem_bytes} B smem"
         candidates.append((description, modeled))
-        built.append((modeled, len(built), sched, kernel, schemes, no_reuse))
+        built.append((modeled, len(built), sched, kernel, schemes, no_reuse, profile))
     if not built:
         # Unsupported ops fail every schedule alike: the first reason speaks for all; a
         # pattern only the phased schedule could build says why that failed too.
         phased = [reason for why, reason in refusals if why.startswith("phased schedule")]
         raise CodegenError(refusals[0][1] + (f"; phased schedule: {phased[0]}" if phased
                                               and phased[0] != refusals[0][1] else ""))
-    modeled, _, sched, kernel, schemes, no_reuse = min(built, key=lambda b: b[:2])
+    modeled, _, sched, kernel, schemes, no_reuse, profile = min(built, key=lambda b: b[:2])
     order = ["kernel_packing", "thread_composition", "warp_composition", "block_composition"]
     return ScheduledKernel(kernel, sched, [s for s in order if s in schemes], modeled, no_reuse,
                            candidates + [(f"{why}; refused: {reason}", math.inf)
-                                         for why, reason in refusals])
+                                         for why, reason in refusals], profile)
