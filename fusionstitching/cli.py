@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("paths", nargs="+", help="HLO text files or folders")
     rp.add_argument("--target", default="h100", help="GPU to model and assemble for "
                                                      "(h100, a100, v100)")
-    rp.add_argument("--explorer", default="greedy", help="fusion strategy")
+    rp.add_argument("--explorer", default="beam", help="fusion strategy (beam, greedy)")
     rp.add_argument("--verify", action="store_true",
                     help="run XLA's plan and the stitched plan on random inputs and compare")
     rp.add_argument("--json", metavar="OUT", help="write the list of Reports as JSON")

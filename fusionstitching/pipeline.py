@@ -29,7 +29,7 @@ from .report import Fallback, KernelReport, LeftToXla, PlanSummary, Report, Time
 @dataclass
 class Options:
     target: str = "h100"
-    explorer: str = "greedy"
+    explorer: str = "beam"
     verify: bool = False
     emit_dir: str | None = None
     ptxas: bool = True  # assemble each kernel (registers and spills come from ptxas)

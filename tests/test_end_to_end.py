@@ -198,7 +198,8 @@ ENTRY %main (x: f32[64], y: f32[8]) -> (pred[64], f32[8]) {
 
 def test_report_says_why_each_memory_intensive_kernel_was_left_to_xla():
     """The code generator refuses total-order comparisons: the pair is refused with that
-    reason, the comparison's kernel is named as unbuildable even alone, and a kernel with no
+    reason (the beam explorer tried it as a pack of two launch-bound kernels: remote fusion),
+    the comparison's kernel is named as unbuildable even alone, and a kernel with no
     memory-intensive neighbour is counted with its own reason."""
     from fusionstitching.explain import NO_NEIGHBOUR
     from fusionstitching.hlo.parser import parse_module
@@ -209,7 +210,8 @@ def test_report_says_why_each_memory_intensive_kernel_was_left_to_xla():
     assert groups == {
         "the code generator cannot build it even alone: compare b/c: total-order comparisons "
         "are not supported": ["b"],
-        "compare b/c: total-order comparisons are not supported": ["a"],
+        "remote fusion: code generator: compare b/c: total-order comparisons are not "
+        "supported": ["a"],
         NO_NEIGHBOUR: ["c"]}, groups
     assert "memory-intensive XLA kernels not stitched: 3, by reason" in format_summary(report)
 
@@ -229,7 +231,8 @@ def test_verify_compare_matches_nan_with_nan_and_infinities_with_themselves():
 def test_dien_training_step_verifies_with_its_nans():
     """The stitched DIEN training step (JAX, XLA:CPU) against XLA and the evaluator: Adam's
     NaNs must be where XLA puts them, finite values within tolerance."""
+    # greedy: Adam's NaNs are the same in its plan, which is made 3x faster than beam's
     report = stitch_module(parse_file(DATA / "dien_train_small_jax_cpu.hlo.gz"),
-                           Options(ptxas=False, verify=True)).report
+                           Options(explorer="greedy", ptxas=False, verify=True)).report
     assert report.verify.ran and report.verify.ok, (report.verify, report.fallbacks)
     assert report.fs.mem_kernels < report.xla.mem_kernels

@@ -185,8 +185,10 @@ def test_a_dead_let_takes_no_register():
 
 
 def _stitched(paths: list[str]):
+    # greedy: the kernels the floors below were measured on, planned 3x faster than beam's
     for path in paths:
-        result = pipeline.stitch_module(parse_file(path), pipeline.Options(ptxas=False))
+        result = pipeline.stitch_module(parse_file(path),
+                                        pipeline.Options(explorer="greedy", ptxas=False))
         yield from (k.spec for k in result.kernels)
 
 
