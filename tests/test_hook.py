@@ -47,20 +47,24 @@ def run_script(tmp_path, env: dict) -> subprocess.CompletedProcess:
 
 
 def test_parse_flags():
-    parsed, problems = flags.parse("--async --verify=false --target=a100 --cache_dir=/c "
-                                   "--dump_to='/d d' --report=/r.json --keep=stitched")
+    parsed, problems = flags.parse("--async --verify=false --target=a100 --explorer=greedy "
+                                   "--cache_dir=/c --dump_to='/d d' --report=/r.json "
+                                   "--keep=stitched")
     assert parsed == flags.Flags(async_compile=True, verify=False, target="a100",
-                                 cache_dir="/c", dump_to="/d d", report="/r.json",
-                                 keep="stitched")
+                                 explorer="greedy", cache_dir="/c", dump_to="/d d",
+                                 report="/r.json", keep="stitched")
     assert not problems
     assert parsed.jit_options() == {"async_compile": True, "verify": False, "target": "a100",
-                                    "dump_to": "/d d", "keep": "stitched", "cache_dir": "/c"}
+                                    "explorer": "greedy", "dump_to": "/d d",
+                                    "keep": "stitched", "cache_dir": "/c"}
 
 
 def test_bad_flags_are_named_and_ignored():
-    parsed, problems = flags.parse("--verify --asynch --target=tpu --report -x --keep=slow")
+    parsed, problems = flags.parse("--verify --asynch --target=tpu --report -x --keep=slow "
+                                   "--explorer=dp")
     assert parsed == flags.Flags(verify=True)
-    assert len(problems) == 5
+    assert len(problems) == 6 and any("'--explorer=dp': expected one of beam, greedy" in p
+                                      for p in problems)
     assert any("--asynch" in p for p in problems) and any("tpu" in p for p in problems)
     assert any("needs a value" in p for p in problems)
 
@@ -98,7 +102,7 @@ def test_unchanged_script_is_stitched_and_reported(tmp_path):
         "FUSIONSTITCHING": "1",
         "FUSIONSTITCHING_FLAGS": f"--verify --keep=stitched --cache_dir={tmp_path / 'cache'} "
                                  f"--dump_to={tmp_path / 'dump'} --report={report_path} "
-                                 "--frobnicate"})
+                                 "--explorer=greedy --frobnicate"})
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.splitlines()
     assert lines[0] == "jax imported at start-up: False"  # the hook waits for the import
@@ -106,6 +110,7 @@ def test_unchanged_script_is_stitched_and_reported(tmp_path):
     assert float(lines[2].split(":")[1]) < 1e-5
     warnings = [line for line in run.stderr.splitlines() if "FUSIONSTITCHING_FLAGS" in line]
     assert len(warnings) == 1 and "--frobnicate" in warnings[0]
+    assert "--explorer=greedy" not in warnings[0]  # a known flag, passed to the pipeline
 
     (report,) = json.loads(report_path.read_text())
     assert report["schema"] == "fusionstitching.report/1"

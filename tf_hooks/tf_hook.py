@@ -324,7 +324,8 @@ class TfCompiled:
         self.function, self.concrete, self.flags = function, concrete, flags
         self.name = concrete.name.decode() if isinstance(concrete.name, bytes) \
             else str(concrete.name)
-        self.options = pipeline.Options(target=flags.target, ptxas=False)
+        self.options = pipeline.Options(target=flags.target, explorer=flags.explorer,
+                                        ptxas=False)
         self.cache_dir = flags.cache_dir if flags.cache_dir is not None else default_dir()
         self.info = RuntimeInfo(mode="async" if flags.async_compile else "sync")
         self.fallbacks: list = []
