@@ -111,6 +111,26 @@ def test_three_d_reshape_indices_fold_back_to_rows():
     assert "//" not in text.split("for r")[1].split("\n")[1]  # global_load x[r + 256*o]
 
 
+def test_middle_digits_of_a_delinearized_row_fold_back():
+    """BatchNorm's statistics reduce f32[4,8,8,32] over its first three dimensions: the row
+    r of the column reduction is delinearized into three digits and linearized again, which
+    folds to 32*r only when the middle digit ((r // 8) % 8) joins the low one (r % 8)."""
+    from fusionstitching.codegen.kernel_ir import Var, add, div, mod, scale
+    r, column = Var("r", 256), Var("o", 32)
+    address = add(scale(div(r, 64), 2048), scale(mod(div(r, 8), 8), 256),
+                  scale(mod(r, 8), 32), column)
+    assert str(address) == "o + 32*r"
+    x, points = Var("x", 4096), np.arange(4096)
+    for k, m, c in [(8, 8, 1), (4, 16, 3), (3, 5, 2)]:  # ((x // k) % m)*k*c + (x % k)*c
+        joined = add(scale(mod(div(x, k), m), k * c), scale(mod(x, k), c))
+        assert str(joined) == (f"(x % {k * m})" if c == 1 else f"{c}*(x % {k * m})")
+        np.testing.assert_array_equal(joined.evaluate({"x": points}),
+                                      ((points // k) % m) * k * c + (points % k) * c)
+    module = parse_file(os.path.join(HLO, "batchnorm_train_4x8x8x32_jax_h100.hlo"))
+    kernel = str(generate(module, ["input_reduce_fusion"], "column_sum").kernel)
+    assert "global_load buffer0[o + 32*r]" in kernel, kernel
+
+
 SNIPPET = """
 HloModule m, entry_computation_layout={{(f32[8,64]{{1,0}})->f32[8,64]{{1,0}}}}
 

@@ -108,15 +108,33 @@ def add(*xs: int | Var | Ix) -> Ix:
         const += x.const
         for a, c in x.terms:
             coeffs[a] = coeffs.get(a, 0) + c
-    # (a // k) * k + a % k == a: undoes a delinearize-then-linearize round trip.
+    # Undo a delinearize-then-linearize round trip, one digit at a time:
+    # (a // k) * k + a % k == a, and ((a // k) % m) * k + a % k == a % (k*m) (the middle
+    # digits of a row of [4,8,8,32] reduced over its first three dimensions).
     for atom in list(coeffs):
-        if isinstance(atom, FloorDiv) and coeffs.get(atom):
-            partner = Mod(atom.arg, atom.k)
-            c_mod = coeffs.get(partner, 0)
-            if c_mod and coeffs[atom] == c_mod * atom.k:
-                del coeffs[atom], coeffs[partner]
-                return add(_make(coeffs, const), scale(atom.arg, c_mod))
+        if not coeffs.get(atom):
+            continue
+        if isinstance(atom, FloorDiv):  # (a // k) * k
+            a, k, m = atom.arg, atom.k, None
+        elif isinstance(atom, Mod) and (digit := _bare_floordiv(atom.arg)) is not None:
+            a, k, m = digit.arg, digit.k, atom.k  # ((a // k) % m) * k
+        else:
+            continue
+        low = Mod(a, k)
+        c_low = coeffs.get(low, 0)
+        if c_low and coeffs[atom] == c_low * k:
+            del coeffs[atom], coeffs[low]
+            joined = a if m is None else mod(a, k * m)
+            return add(_make(coeffs, const), scale(joined, c_low))
     return _make(coeffs, const)
+
+
+def _bare_floordiv(x: Ix) -> FloorDiv | None:
+    """The floor division ``x`` is, if it is one as is."""
+    if x.const == 0 and len(x.terms) == 1 and x.terms[0][1] == 1 \
+            and isinstance(x.terms[0][0], FloorDiv):
+        return x.terms[0][0]
+    return None
 
 
 def scale(x: int | Var | Ix, k: int) -> Ix:
