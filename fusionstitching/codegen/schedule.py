@@ -1126,11 +1126,31 @@ def _combine(em: _Emitter, sched: Schedule, red: FlatOp, partial: Value,
         shared.append(scratch)
         em.place(BlockReduce(total, partial, red.reducer, scratch), 0)
         return total
-    # tile: [depth][width] partials, combined by halving the depth (a tree: log2(depth)
-    # steps with a barrier each; a serial combine of the column by every thread was fully
-    # unrolled by LLVM and held all its loads in registers).
     depth, width = sched.threads_per_group, sched.groups_per_block
     member = div(tid, width)
+    if depth == WARP:
+        # A warp per result (XLA's column reductions): the [depth][width] partials go through
+        # a tile padded to width + 1 columns, so that a warp reading one column down its 32
+        # rows hits 32 banks; each warp combines its column with shuffles and one lane
+        # writes the total, which every thread reads back at its own column: two barriers,
+        # where the tree below takes log2(depth).
+        pitch = width + 1
+        tile = SharedArray(f"tile_{tag}", partial.dtype, depth * pitch)
+        totals = SharedArray(f"totals_{tag}", partial.dtype, width)
+        shared += [tile, totals]
+        warp, warp_lane = div(tid, WARP), mod(tid, WARP)
+        column, combined = em.fresh(partial.dtype), em.fresh(partial.dtype)
+        em.place(SharedStore(tile, add(scale(member, pitch), lane), partial), 0)
+        em.place(Barrier(), 0)
+        em.place(SharedLoad(column, tile, add(scale(warp_lane, pitch), warp)), 0)
+        em.place(WarpReduce(combined, column, red.reducer), 0)
+        em.place(If(warp_lane, ix(0), [SharedStore(totals, warp, combined)]), 0)
+        em.place(Barrier(), 0)
+        em.place(SharedLoad(total, totals, lane), 0)
+        return total
+    # Narrower tiles: combined by halving the depth (a tree: log2(depth) steps with a
+    # barrier each; a serial combine of the column by every thread was fully unrolled by
+    # LLVM and held all its loads in registers).
     tile = SharedArray(f"tile_{tag}", partial.dtype, sched.block[0])
     shared.append(tile)
     em.place(SharedStore(tile, ix(tid), partial), 0)
