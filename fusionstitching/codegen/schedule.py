@@ -19,9 +19,10 @@ Schedules of the thread groups (the paper's thread / warp / block schedules, plu
   memory across warps) (block composition).
 * tile: a block owns ``width`` consecutive results (lanes, minor in the thread index so that
   column reductions read coalesced rows) times ``depth`` threads splitting R; partial values
-  go through a shared-memory tile [depth][width] and each thread combines its column of the
-  tile in a fixed order (block composition; column reductions such as BatchNorm statistics
-  and bias gradients).
+  go through a shared-memory tile [depth][width], whose columns a 32-deep tile combines with
+  a warp each (the tile padded to width + 1 columns, shuffles) and a narrower one by halving
+  the depth (block composition; column reductions such as BatchNorm statistics and bias
+  gradients).
 
 Phased schedule (block composition across spaces). Reductions over different spaces (a
 LayerNorm backward's row statistics and its column sums dgamma/dbeta, a column sum of rows
