@@ -1,8 +1,13 @@
 """Op graph classes, traffic accounting and the baseline plan on small HLO snippets."""
+from pathlib import Path
+
 from fusionstitching.explorer import Decision, KernelDag, connected_region_plan
 from fusionstitching.graph import OpClass, build_graph
-from fusionstitching.graph.traffic import memory_intensive_regions, pattern_traffic, plan_bytes
-from fusionstitching.hlo.parser import parse_module
+from fusionstitching.graph.traffic import (acyclic_lower_bound_bytes, memory_intensive_regions,
+                                          pattern_traffic, plan_bytes)
+from fusionstitching.hlo.parser import parse_file, parse_module
+
+DATA = Path(__file__).parent / "data" / "hlo"
 
 # XLA:CPU's LayerNorm plan shape, reduced: reduce -> subtract -> reduce -> rsqrt -> output.
 LAYERNORM = """
@@ -135,3 +140,40 @@ ENTRY %main (x: f32[4,8]) -> f32[32] {
 """)
     graph = build_graph(module)
     assert not KernelDag(graph).creates_cycle(frozenset(["neg", "abs"]))
+
+
+# a = exp(x) is read by c after a GEMM that b feeds: {a, b, c} is one region, but c cannot
+# share a kernel with a.
+GEMM_BETWEEN = """
+HloModule gemm_between
+
+ENTRY %main (x: f32[16,16], w: f32[16,16]) -> f32[16,16] {
+  %x = f32[16,16]{1,0} parameter(0)
+  %w = f32[16,16]{1,0} parameter(1)
+  %a = f32[16,16]{1,0} exponential(%x)
+  %b = f32[16,16]{1,0} negate(%a)
+  %d = f32[16,16]{1,0} dot(%b, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %c = f32[16,16]{1,0} add(%a, %d)
+}
+"""
+
+
+def test_lower_bound_counts_values_read_after_a_gemm_and_is_reached():
+    graph = build_graph(parse_module(GEMM_BETWEEN))
+    regions = memory_intensive_regions(graph)
+    assert regions == [["a", "b", "c"]]
+    square = 16 * 16 * 4
+    compulsory = plan_bytes(graph, regions)  # reads x and d, writes b and c
+    assert compulsory == 4 * square
+    # a is written (c needs it) and read again (by c's kernel): the best acyclic plan
+    bound = acyclic_lower_bound_bytes(graph)
+    assert bound == compulsory + 2 * square == plan_bytes(graph, [["a", "b"], ["c"]])
+    # and no plan of acyclic kernels goes below it
+    assert plan_bytes(graph, [["a"], ["b"], ["c"]]) >= bound
+
+
+def test_lower_bound_is_below_xlas_plan_on_the_gpu_corpus():
+    for path in sorted(DATA.glob("*_h100.hlo*")):
+        graph = build_graph(parse_file(path))
+        xla = plan_bytes(graph, [[n.name] for n in graph.memory_intensive_nodes()])
+        assert acyclic_lower_bound_bytes(graph) <= xla, path.name

@@ -79,3 +79,46 @@ def memory_intensive_regions(graph: OpGraph) -> list[list[str]]:
 
 def plan_bytes(graph: OpGraph, patterns: Iterable[Iterable[str]]) -> int:
     return sum(sum(pattern_traffic(graph, p)) for p in patterns)
+
+
+def acyclic_lower_bound_bytes(graph: OpGraph) -> int:
+    """Bytes no plan of acyclic kernels can go below; ``compulsory_bytes`` can be below it.
+
+    Compulsory bytes price one kernel per connected memory-intensive region, which a path
+    through an opaque kernel (a GEMM) between two of the region's kernels forbids. Each value
+    a region makes and one of its own kernels reads *after* such a path is written by its
+    producer's kernel and read by another: its read, and its write unless something outside
+    needs it anyway, are bytes every plan moves beyond compulsory. Packing regions into one
+    kernel can read a value two regions share once instead of twice, so those reads are
+    taken back. Each value is counted on its own, so the sum bounds every plan."""
+    nodes = graph.nodes
+    regions = memory_intensive_regions(graph)
+    region_of = {n: i for i, region in enumerate(regions) for n in region}
+    bit = {name: 1 << i for i, name in enumerate(nodes)}
+    below: dict[str, int] = {}  # every node a path from the node reaches
+    after_opaque: dict[str, int] = {}  # the nodes a path through an opaque kernel reaches
+    for name in reversed(nodes):  # dict order is topological order
+        reach = through = 0
+        for user in dict.fromkeys(nodes[name].users):
+            reach |= bit[user] | below[user]
+            if nodes[user].is_kernel and not nodes[user].memory_intensive:  # opaque
+                through |= bit[user] | below[user]
+            else:
+                through |= after_opaque[user]
+        below[name], after_opaque[name] = reach, through
+    consumers: dict[Value, set[str]] = {}
+    for node in graph.kernel_nodes():
+        for v in _consumed_values(graph, node):
+            consumers.setdefault(v, set()).add(node.name)
+    returned = {resolve(graph, o) for o in graph.outputs}
+    bound = plan_bytes(graph, regions)
+    for value, users in consumers.items():
+        size = value_bytes(graph, value)
+        producer = value[0]
+        readers = {region_of[u] for u in users if u in region_of}
+        if producer not in region_of:  # read once per region it feeds, once if packed
+            bound -= size * max(0, len(readers) - 1)
+        elif any(after_opaque[producer] & bit[u] for u in users if u in region_of):
+            needed_anyway = value in returned or any(u not in region_of for u in users)
+            bound += size if needed_anyway else 2 * size
+    return bound
