@@ -184,6 +184,26 @@ def test_a_dead_let_takes_no_register():
         assert _within(register_model(spec), codegen.compile_nvptx(spec, arch).regs), arch
 
 
+
+@needs_ptxas
+@pytest.mark.parametrize("stores", [2, 15])
+def test_a_block_of_stores_holds_its_addresses(stores):
+    """Beam's packs zero many scalar outputs in one guarded block: ptxas reads every store's
+    base address at the block's start (SASS), so all of them are live before the first store
+    (15 stores: 42 registers on sm_90, where the model said 15 when it counted one address
+    at a time); the first two fit in ptxas's minimum."""
+    tid, bid, e = Var("tid", 32), Var("bid", 1), Var("e", 1)
+    zero = Value("zero", "s32")
+    scalar = Shape("s32", (), ())
+    buffers = [Buffer(f"out{i}", scalar, True) for i in range(stores)]
+    kernel = Kernel("scalar_stores", buffers, (1,), (32,), [],
+                    [Const(zero, 0),
+                     If(add(scale(bid, 32), tid), ix(1),
+                        [GlobalStore(i, ix(0), zero) for i in range(stores)], cmp="lt")],
+                    tid, bid)
+    spec = _spec(kernel)
+    assert _within(register_model(spec), codegen.compile_nvptx(spec, "sm_90").regs)
+
 def _stitched(paths: list[str]):
     # greedy: the kernels the floors below were measured on, planned 3x faster than beam's
     for path in paths:
@@ -214,15 +234,18 @@ def _check_registers(specs, archs, share_within: float) -> None:
 def test_register_model_no_worse_than_measured():
     """A regression floor, not issue 5's goal: 104 of 126 kernels (82.5%) were within 25% of
     ptxas after the vector and straight-line lowering of e4654b1, 108 of 125 (86.4%) after the
-    Philox, vector-lane and occupancy rules of 803cfa3; the goal of 90% is the slow test below."""
-    _check_registers(_one_capture_per_model(), ["sm_90"], share_within=0.80)
+    Philox, vector-lane and occupancy rules of 803cfa3, 94 of 117 (80.3%) on the kernels of
+    2026-11-23 and 100 of 117 (85.5%) with their store addresses read at their block's start;
+    the goal of 90% is the slow test below."""
+    _check_registers(_one_capture_per_model(), ["sm_90"], share_within=0.84)
 
 
 @pytest.mark.slow
 @needs_ptxas
 def test_register_model_within_25_percent_of_ptxas_whole_corpus():
     """Issue 5's criterion: 92.1% sm_80, 90.0% sm_90 of 470 corpus kernels (bench_regs after
-    803cfa3; 83.4% and 82.8% before it)."""
+    803cfa3; 83.4% and 82.8% before it). Not met on 2026-11-23: 85.8% and 83.4% of the 445
+    kernels stitched then, 87.4% and 85.8% with store addresses read at their block's start."""
     specs = list(_stitched(sorted(glob.glob(os.path.join(HLO, "*.hlo*")))))
     _check_registers(specs, ["sm_80", "sm_90"], share_within=0.90)
 

@@ -35,6 +35,10 @@ allocates registers for (observed in its PTX for the corpus kernels, LLVM O3):
   (for sm_80 the multiply-add reads it from the constant bank; the model follows sm_90, the
   default target);
   straight-line code keeps one 64-bit address per access pattern and adds constant offsets;
+  a store's base address is read from the constant bank at the start of its straight-line
+  block, as loads are hoisted, so its register pair lives from there (SASS of a packed
+  kernel: the 15 output pointers of a block of scalar stores all read before its first
+  store; model 15, ptxas 42 before this rule), while a load's address dies at the load;
 * a multi-instruction op (libdevice, IEEE division and square root) holds temporaries, more
   for the libdevice functions measured to need more (sine, cosine, tan, atan2, power, ...);
 * scalar constants, and elements of constant arrays at a known index (LLVM folds the load
@@ -95,6 +99,10 @@ OP_TEMPORARIES = {"tanh": 4, "sine": 9, "cosine": 9, "tan": 8, "exponential-minu
                   "cbrt": 4, "power": 5, "atan2": 8}
 # A loop's pointers are born after the preheader has read the indices they replace.
 PREHEADER = 0.75
+# Store addresses of one straight-line block that REGISTER_OVERHEAD already holds: only
+# those beyond are counted from the block's start (a guarded pair of scalar stores takes
+# ptxas's minimum of 8 registers; a block of 15 such stores 42).
+STORE_ADDRESSES_IN_OVERHEAD = 2
 # A loop that steps this many pointers or more steps the buffers' base registers themselves
 # (NVPTX PTX of the corpus: every loop with 8 or more, and 3 of the 41 with 6 or 7), and those
 # hold the kernel parameters from the kernel's start.
@@ -293,6 +301,7 @@ class _Lifetimes:
         self.iteration: tuple = ()
         self.fresh = itertools.count()
         self.region = 0  # where the current straight-line block begins (loads hoist to it)
+        self.stores_in_block: dict[int, int] = {}  # distinct store addresses per block
 
     # registers
     def define(self, key, width: int, at: int | None = None) -> None:
@@ -369,7 +378,7 @@ class _Lifetimes:
         return self.current.get(v, (v, ()))
 
     # addresses
-    def access(self, buffer: int, offset: Ix) -> None:
+    def access(self, buffer: int, offset: Ix, store: bool = False) -> None:
         """The registers that address ``buffer[offset]``, and the index variables it reads."""
         loop = self.rolled[-1] if self.rolled else None
         if loop is not None and _steps_with(offset, loop.var):
@@ -392,7 +401,12 @@ class _Lifetimes:
         self.use_index(offset)
         pattern = tuple(sorted(self.unrolled_terms(offset)))
         address = ("address", loop and loop.first, buffer, str(offset), pattern)  # in its loop
-        self.define(address, POINTER_WIDTH)
+        # A store's base is read at the start of its block (see the module docstring).
+        hoisted = loop is None and self.hoist_loads and store and address not in self.start
+        if hoisted:
+            self.stores_in_block[self.region] = self.stores_in_block.get(self.region, 0) + 1
+        self.define(address, POINTER_WIDTH, at=self.region if hoisted and
+                    self.stores_in_block[self.region] > STORE_ADDRESSES_IN_OVERHEAD else None)
         self.use(address)
 
     def at_preheader(self, loop: _RolledLoop, key) -> None:
@@ -465,7 +479,7 @@ class _Lifetimes:
                 self.define_reusable(s.dst, cse_key, at=self.region if reusable
                                      and not self.rolled and self.hoist_loads else None)
             case GlobalStore():
-                self.access(s.buffer, s.offset)
+                self.access(s.buffer, s.offset, store=True)
                 self.use_value(s.value)
             case SharedStore():
                 self.use_index(s.index)
