@@ -307,6 +307,32 @@ def test_every_schedule_kind_matches_xla(name, kind):
     check_against_xla(module, spec, kernel)
 
 
+
+@pytest.mark.parametrize("width,depth", [(8, 8), (16, 8), (8, 16), (32, 8)])
+def test_narrow_tiles_combine_with_sub_warp_shuffles(width, depth):
+    """Tiles of at most four warps combine each warp's members of a result with a butterfly
+    over the xor distances 16 down to the tile's width, then add the warps' totals after one
+    barrier (the halving tree takes log2(depth)); wider tiles keep the tree. Both equal XLA
+    through the host backend and assemble without spills."""
+    module, nodes, spec = snippet("column_reduction_with_consumer")
+    pattern = flatten(module, nodes)
+    tile = next(s for s in enumerate_schedules(reduction_space(pattern), resolve_device(None), [])
+                if s.kind == "tile" and (s.groups_per_block, s.threads_per_group) == (width, depth))
+    kernel, _ = build_kernel(pattern, tile, "narrow_tile")
+    text = str(kernel)
+    warps = width * depth // 32
+    assert ("sub-warp shuffles" in tile.why) == (width < 32 and warps <= 4), tile.why
+    if width < 32 and warps <= 4:
+        assert text.count("warp_reduce.add") == 2 and f"(lanes mod {width})" in text, text
+        assert text.count("barrier") == 2, text  # one per statistic
+    else:
+        assert "warp_reduce" not in text and text.count("barrier") == 2 * (1 + depth.bit_length() - 1)
+    reuse_shared_memory(kernel)
+    check_against_xla(module, spec, kernel)
+    for arch in ("sm_80", "sm_90"):
+        assert_assembles_without_spills(
+            [dataclasses.replace(spec, kernel=kernel, smem_bytes=kernel.smem_bytes)], arch)
+
 def test_candidates_carry_modeled_times_and_the_choice_is_the_fastest():
     _, _, spec = snippet("column_reduction_with_consumer")
     kinds = {d.split(" ")[1] for d, _ in spec.candidates}

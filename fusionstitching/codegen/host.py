@@ -138,7 +138,7 @@ class HostLowering(ThreadLowering):
             base = b.mul(w, width)
             self.counted_loop(zero, width, 1, lambda l: b.store(
                 b.load(at(self.arrays[s.src], b.add(base, l)), typ=ty), at(lanes, l)))
-            for offset in (16, 8, 4, 2, 1):
+            for offset in s.offsets():
                 def step(l: ir.Value) -> None:  # lane l combines its own value with lane l^offset
                     mine = b.load(at(lanes, l), typ=ty)
                     other = b.load(at(lanes, b.xor(l, ir.Constant(I32, offset))), typ=ty)

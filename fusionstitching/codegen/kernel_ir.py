@@ -385,11 +385,17 @@ class If:
 
 @dataclass
 class WarpReduce:
-    """xor-shuffle butterfly over the 32 lanes of a warp: every lane gets the combined value."""
+    """xor-shuffle butterfly over the 32 lanes of a warp: every lane gets the combined value.
+    With ``lowest`` > 1 the butterfly stops there (xor distances 16 down to ``lowest``): lane l
+    gets the value combined over the lanes congruent to l modulo ``lowest``."""
 
     dst: Value
     src: Value
     kind: str
+    lowest: int = 1  # a power of two up to 16
+
+    def offsets(self) -> tuple[int, ...]:
+        return tuple(1 << k for k in range(4, self.lowest.bit_length() - 2, -1))
 
 
 @dataclass
@@ -518,7 +524,8 @@ def _format_body(body: list, depth: int) -> list[str]:
                 out.append(f"{pad}if {s.lhs} {'==' if s.cmp == 'eq' else '<'} {s.rhs}:")
                 out += _format_body(s.body, depth + 1)
             case WarpReduce():
-                out.append(f"{pad}{s.dst}:{s.dst.dtype} = warp_reduce.{s.kind} {s.src}")
+                over = f" (lanes mod {s.lowest})" if s.lowest > 1 else ""
+                out.append(f"{pad}{s.dst}:{s.dst.dtype} = warp_reduce.{s.kind} {s.src}{over}")
             case BlockReduce():
                 out.append(f"{pad}{s.dst}:{s.dst.dtype} = block_reduce.{s.kind} {s.src} "
                            f"via {s.scratch.name}")

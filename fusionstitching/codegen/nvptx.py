@@ -89,7 +89,7 @@ class NvptxLowering(ThreadLowering):
             return
         to_bits = {F32: lambda v: b.bitcast(v, I32), I32: lambda v: v}.get(ty, lambda v: b.zext(v, I32))
         from_bits = {F32: lambda v: b.bitcast(v, F32), I32: lambda v: v}.get(ty, lambda v: b.trunc(v, ty))
-        for offset in (16, 8, 4, 2, 1):  # lane l combines its own value with lane l^offset
+        for offset in s.offsets():  # lane l combines its own value with lane l^offset
             other = self.intrinsic("llvm.nvvm.shfl.sync.bfly.i32", I32, [
                 ir.Constant(I32, -1), to_bits(value), ir.Constant(I32, offset),
                 ir.Constant(I32, 31)])
@@ -98,7 +98,7 @@ class NvptxLowering(ThreadLowering):
 
     def shuffle_reduce64(self, s: WarpReduce, value):
         b = self.builder
-        for offset in (16, 8, 4, 2, 1):
+        for offset in s.offsets():
             halves = [b.trunc(value, I32), b.trunc(b.lshr(value, ir.Constant(I64, 32)), I32)]
             lo, hi = (b.zext(self.intrinsic("llvm.nvvm.shfl.sync.bfly.i32", I32, [
                 ir.Constant(I32, -1), h, ir.Constant(I32, offset), ir.Constant(I32, 31)]), I64)

@@ -213,7 +213,7 @@ class _InstructionCounter:
                     self.add({"int": 1}, each)
                     self.walk(s.body, each)  # if any lane of the warp does
                 case WarpReduce():
-                    _count_warp_reduce(s.kind, s.dst.dtype, self.counts, each)
+                    _count_warp_reduce(s.kind, s.dst.dtype, self.counts, each, len(s.offsets()))
                     block.level[s.dst] = block.of([s.src])
                 case BlockReduce():  # as expand_block_reduce lowers it: a barrier inside
                     self.flush(block, times)
@@ -257,9 +257,10 @@ def count_instructions(kernel: Kernel, counts: dict[str, float],
     _InstructionCounter(kernel, counts, load_window).walk(kernel.body, 1.0)
 
 
-def _count_warp_reduce(kind: str, dtype: str, counts: dict[str, float], times: float) -> None:
-    add_instructions(counts, {"shfl": SHUFFLE_STEPS}, times)
-    add_instructions(counts, op_instructions(kind, dtype), times * SHUFFLE_STEPS)
+def _count_warp_reduce(kind: str, dtype: str, counts: dict[str, float], times: float,
+                       steps: int = SHUFFLE_STEPS) -> None:
+    add_instructions(counts, {"shfl": steps}, times)
+    add_instructions(counts, op_instructions(kind, dtype), times * steps)
 
 
 def _nested_body(stmt) -> list:

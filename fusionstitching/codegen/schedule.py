@@ -20,9 +20,11 @@ Schedules of the thread groups (the paper's thread / warp / block schedules, plu
 * tile: a block owns ``width`` consecutive results (lanes, minor in the thread index so that
   column reductions read coalesced rows) times ``depth`` threads splitting R; partial values
   go through a shared-memory tile [depth][width], whose columns a 32-deep tile combines with
-  a warp each (the tile padded to width + 1 columns, shuffles) and a narrower one by halving
-  the depth (block composition; column reductions such as BatchNorm statistics and bias
-  gradients).
+  a warp each (the tile padded to width + 1 columns, shuffles); in a narrower tile of up to
+  SUBWARP_TILE_WARPS warps each warp first combines the members it holds with sub-warp
+  shuffles (lanes congruent modulo width hold one result), then every thread adds the warps'
+  totals from shared memory; wider ones halve the depth through the tile (block composition;
+  column reductions such as BatchNorm statistics and bias gradients).
 
 Phased schedule (block composition across spaces). Reductions over different spaces (a
 LayerNorm backward's row statistics and its column sums dgamma/dbeta, a column sum of rows
@@ -105,6 +107,9 @@ VECTOR = 4  # f32 elements in a 128-bit global access
 # Unrolled stages keep each cached producer's points in registers: at most this many per thread
 # (16 f32 per value keeps LayerNorm's x, its centered copy and the output under 64 registers).
 MAX_CACHED_POINTS = 16
+# Narrow tiles (depth < 32) of at most this many warps combine with sub-warp shuffles, then
+# one barrier and a serial sum of the warps' totals; more warps would hold that many loads.
+SUBWARP_TILE_WARPS = 4
 # A scatter in the gather form costs (update windows) x (output elements): this bounds the
 # code and the work per element; below it the latency-evaluator (and the pipeline's cost guard
 # against XLA's in-place scatter) decides.
@@ -213,6 +218,13 @@ class Schedule:
         return (self.groups_per_block * self.threads_per_group,)
 
     @property
+    def subwarp_tile(self) -> bool:
+        """A narrow tile whose warps combine their members with sub-warp shuffles."""
+        return (self.kind == "tile" and self.groups_per_block < WARP
+                and self.threads_per_group < WARP
+                and self.block[0] // WARP <= SUBWARP_TILE_WARPS)
+
+    @property
     def scheme(self) -> str | None:
         return {"warp": "warp_composition", "block": "block_composition",
                 "tile": "block_composition", "phases": "block_composition"}.get(self.kind)
@@ -247,7 +259,9 @@ class Schedule:
                 return f"phased schedule: one block of {b} threads, {self.phases} phases " \
                        f"(reductions over different spaces, results in shared memory)"
         return f"[{o}]x[{r}] tile schedule: {self.groups_per_block} results x " \
-               f"{self.threads_per_group} threads per block (shared-memory tile)"
+               f"{self.threads_per_group} threads per block " + \
+               ("(sub-warp shuffles, the warps' totals in shared memory)" if self.subwarp_tile
+                else "(shared-memory tile)")
 
     @property
     def points_per_thread(self) -> int:
@@ -1149,9 +1163,28 @@ def _combine(em: _Emitter, sched: Schedule, red: FlatOp, partial: Value,
         em.place(Barrier(), 0)
         em.place(SharedLoad(total, totals, lane), 0)
         return total
-    # Narrower tiles: combined by halving the depth (a tree: log2(depth) steps with a
-    # barrier each; a serial combine of the column by every thread was fully unrolled by
-    # LLVM and held all its loads in registers).
+    if sched.subwarp_tile:
+        # The members of a result are width lanes apart, so a butterfly over the xor
+        # distances from 16 down to width combines the ones a warp holds; lanes below width
+        # write the warp's totals, and after one barrier every thread adds its result's.
+        per_warp = em.fresh(partial.dtype)
+        em.place(WarpReduce(per_warp, partial, red.reducer, lowest=width), 0)
+        warps = sched.block[0] // WARP
+        totals = SharedArray(f"totals_{tag}", partial.dtype, warps * width)
+        shared.append(totals)
+        em.place(If(mod(tid, WARP), ix(width), [
+            SharedStore(totals, add(scale(div(tid, WARP), width), lane), per_warp)], "lt"), 0)
+        em.place(Barrier(), 0)
+        em.place(SharedLoad(total, totals, lane), 0)
+        for w in range(1, warps):
+            other, combined = em.fresh(partial.dtype), em.fresh(partial.dtype)
+            em.place(SharedLoad(other, totals, add(lane, w * width)), 0)
+            em.place(Compute(combined, red.reducer, [total, other]), 0)
+            total = combined
+        return total
+    # Wider tiles: combined by halving the depth (a tree: log2(depth) steps with a barrier
+    # each; a serial combine of the column by every thread was fully unrolled by LLVM and
+    # held all its loads in registers).
     tile = SharedArray(f"tile_{tag}", partial.dtype, sched.block[0])
     shared.append(tile)
     em.place(SharedStore(tile, ix(tid), partial), 0)
