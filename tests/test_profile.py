@@ -192,7 +192,7 @@ def test_a_block_of_stores_holds_its_addresses(stores):
     base address at the block's start (SASS), so all of them are live before the first store
     (15 stores: 42 registers on sm_90, where the model said 15 when it counted one address
     at a time); the first two fit in ptxas's minimum."""
-    tid, bid, e = Var("tid", 32), Var("bid", 1), Var("e", 1)
+    tid, bid = Var("tid", 32), Var("bid", 1)
     zero = Value("zero", "s32")
     scalar = Shape("s32", (), ())
     buffers = [Buffer(f"out{i}", scalar, True) for i in range(stores)]
