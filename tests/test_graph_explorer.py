@@ -1,7 +1,8 @@
 """Op graph classes, traffic accounting and the baseline plan on small HLO snippets."""
 from pathlib import Path
 
-from fusionstitching.explorer import Decision, KernelDag, connected_region_plan
+from fusionstitching.explorer import (Decision, FusionPlan, KernelDag, Pattern,
+                                      connected_region_plan, without_cycles)
 from fusionstitching.graph import OpClass, build_graph
 from fusionstitching.graph.traffic import (acyclic_lower_bound_bytes, memory_intensive_regions,
                                           pattern_traffic, plan_bytes)
@@ -177,3 +178,42 @@ def test_lower_bound_is_below_xlas_plan_on_the_gpu_corpus():
         graph = build_graph(parse_file(path))
         xla = plan_bytes(graph, [[n.name] for n in graph.memory_intensive_nodes()])
         assert acyclic_lower_bound_bytes(graph) <= xla, path.name
+
+
+# Two packs of unrelated kernels, {a, b} and {c, d}: each alone is acyclic, but a reaches d
+# and c reaches b through GEMMs, so together they form a cycle.
+INTERLOCKED = """
+HloModule interlocked
+
+ENTRY %main (x: f32[16,16], y: f32[16,16], w: f32[16,16]) -> (f32[16,16], f32[16,16]) {
+  %x = f32[16,16]{1,0} parameter(0)
+  %y = f32[16,16]{1,0} parameter(1)
+  %w = f32[16,16]{1,0} parameter(2)
+  %a = f32[16,16]{1,0} exponential(%x)
+  %g1 = f32[16,16]{1,0} dot(%a, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %d = f32[16,16]{1,0} negate(%g1)
+  %c = f32[16,16]{1,0} exponential(%y)
+  %g2 = f32[16,16]{1,0} dot(%c, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %b = f32[16,16]{1,0} negate(%g2)
+  ROOT %t = (f32[16,16]{1,0}, f32[16,16]{1,0}) tuple(%d, %b)
+}
+"""
+
+
+def test_kernels_acyclic_alone_can_form_a_cycle_together():
+    graph = build_graph(parse_module(INTERLOCKED))
+    dag = KernelDag(graph)
+    ab, cd = frozenset(["a", "b"]), frozenset(["c", "d"])
+    assert not dag.creates_cycle(ab) and not dag.creates_cycle(cd)
+    assert dag.kernel_cycle([ab]) is None and dag.kernel_cycle([cd]) is None
+    assert dag.kernel_cycle([ab, cd]) == [0, 1]
+    assert dag.kernel_cycle([frozenset(["a", "c"]), frozenset(["b", "d"])]) is None
+
+
+def test_a_plan_whose_kernels_interlock_leaves_the_last_to_xla():
+    graph = build_graph(parse_module(INTERLOCKED))
+    plan = FusionPlan("test", [Pattern(["a", "b"], "pack"), Pattern(["c", "d"], "pack")])
+    plan = without_cycles(plan, graph)
+    assert [p.nodes for p in plan.patterns] == [["a", "b"]]
+    assert plan.decisions[-1].nodes == ("c", "d") and not plan.decisions[-1].ok
+    assert "cycle" in plan.decisions[-1].reason

@@ -23,6 +23,7 @@ side's own kernels towards the other's.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 
 from ..graph import OpClass, OpGraph, classify_instruction
@@ -72,6 +73,121 @@ class KernelDag:
     def creates_cycle(self, pattern: frozenset[str]) -> bool:
         """Does a path leave ``pattern`` and come back through an outside kernel?"""
         return self._comes_back(pattern, pattern, pattern)
+
+    def kernel_cycle(self, kernels: list[frozenset[str]]) -> list[int] | None:
+        """Indices of ``kernels`` on a cycle once each of them is one node, or None. Each
+        kernel alone may be acyclic while two together are not: a path from one to the other
+        and one back, between nodes that share a kernel without a path between them (kernels
+        packed by remote fusion, sibling consumers)."""
+        owner = {n: i for i, kernel in enumerate(kernels) for n in kernel}
+        preds: dict = {}
+        succs: dict = {}
+        for name in self.kernels:
+            u = owner.get(name, name)
+            preds.setdefault(u, set())
+            for s in self.succs[name]:
+                v = owner.get(s, s)
+                if v != u:
+                    succs.setdefault(u, set()).add(v)
+                    preds.setdefault(v, set()).add(u)
+        waiting = {u: len(p) for u, p in preds.items()}
+        ready = [u for u, count in waiting.items() if count == 0]
+        while ready:
+            for v in succs.get(ready.pop(), ()):
+                waiting[v] -= 1
+                if waiting[v] == 0:
+                    ready.append(v)
+        left = {u for u, count in waiting.items() if count}
+        if not left:
+            return None
+        # Every node left waits on a predecessor left: walking predecessors must repeat, and
+        # the DAG itself is acyclic, so the loop holds a kernel (taken in a fixed order).
+        key = lambda u: (0, u) if isinstance(u, int) else (1, self.order[u])
+        u, path = min(left, key=key), []
+        while u not in path:
+            path.append(u)
+            u = min((p for p in preds[u] if p in left), key=key)
+        return sorted(x for x in path[path.index(u):] if isinstance(x, int))
+
+    def split_cycles(self, kernels: list[frozenset[str]], parts: list[list[frozenset[str]]]
+                     ) -> tuple[list[frozenset[str]], list[frozenset[str]]]:
+        """``kernels`` (each made of ``parts``: a pack's units, or itself) split until none is
+        on a cycle through the others (see ``kernel_cycle``); and the kernels split. A
+        topological sort of the kernels that, whenever every kernel left waits on another,
+        finds a cycle among them and splits a kernel on it: a pack into its units, else the
+        latest kernel listed of two or more XLA kernels into those. One pass over the graph,
+        plus the edges of each cycle's kernels."""
+        owner: dict[str, int] = {}
+        groups: dict[int, tuple[frozenset[str], list[frozenset[str]]]] = {}
+        ids = itertools.count()
+
+        def add(kernel: frozenset[str], kernel_parts: list[frozenset[str]]) -> int:
+            i = next(ids)
+            groups[i] = (kernel, kernel_parts)
+            owner.update((n, i) for n in kernel)
+            return i
+
+        for kernel, kernel_parts in zip(kernels, parts):
+            add(kernel, kernel_parts)
+        unit = lambda n: owner.get(n, n)  # a kernel's index, or an XLA kernel's own name
+        done: set[str] = set()
+
+        def waiting_of(nodes) -> int:
+            return sum(1 for n in nodes for p in self.preds[n]
+                       if p not in done and unit(p) != unit(n))
+
+        waiting = {}
+        for name in self.kernels:
+            u = unit(name)
+            if u not in waiting:
+                waiting[u] = waiting_of(groups[u][0] if isinstance(u, int) else (name,))
+        ready = [u for u, count in waiting.items() if count == 0]
+        final: list[frozenset[str]] = []
+        split: list[frozenset[str]] = []
+        earliest = 0  # into self.kernels, topological order
+        while True:
+            while ready:
+                u = ready.pop()
+                if isinstance(u, int):
+                    nodes = groups.pop(u)[0]
+                    final.append(nodes)
+                else:
+                    nodes = (u,)
+                done.update(nodes)
+                for n in nodes:
+                    for s in self.succs[n]:
+                        v = unit(s)
+                        if v != u:
+                            waiting[v] -= 1
+                            if waiting[v] == 0:
+                                ready.append(v)
+            while earliest < len(self.kernels) and self.kernels[earliest] in done:
+                earliest += 1
+            if earliest == len(self.kernels):
+                return final, split
+            # Every unit left waits on a producer left: walking producers from the earliest
+            # node's kernel repeats, and the loop is a cycle of kernels. Split a pack on it
+            # (its units were built alone), else the latest kernel listed.
+            cycle, u = [], unit(self.kernels[earliest])
+            while u not in cycle:
+                cycle.append(u)
+                nodes = groups[u][0] if isinstance(u, int) else (u,)
+                u = min((unit(p) for n in nodes for p in self.preds[n]
+                         if p not in done and unit(p) != u),
+                        key=lambda v: self.order[min(groups[v][0], key=self.order.get)]
+                        if isinstance(v, int) else self.order[v])
+            kernels_on_cycle = [v for v in cycle[cycle.index(u):]
+                                if isinstance(v, int) and len(groups[v][0]) > 1]
+            packs = [v for v in kernels_on_cycle if len(groups[v][1]) > 1]
+            kernel, kernel_parts = groups.pop(max(packs or kernels_on_cycle))
+            split.append(kernel)
+            if len(kernel_parts) == 1:
+                kernel_parts = [frozenset((n,)) for n in kernel]
+            new = [add(part, [part]) for part in kernel_parts]
+            for u in new:
+                waiting[u] = waiting_of(groups[u][0])
+                if waiting[u] == 0:
+                    ready.append(u)
 
     def joins_cycle(self, a: frozenset[str], b: frozenset[str], union: frozenset[str]) -> bool:
         """``creates_cycle(union)`` for ``union = a | b`` of two acyclic patterns. A path

@@ -465,28 +465,31 @@ class Explorer:
             units = [unit for _, unit in firsts]
             packs = self.remote_fusion(units)
             packed = {u for pack in packs for u in pack}
-            kernels = [u for u in units if u not in packed] + [
-                frozenset().union(*pack) for pack in packs]
+            kernels, split = self._acyclic(
+                [u for u in units if u not in packed] + [frozenset().union(*p) for p in packs],
+                [[u] for u in units if u not in packed] + packs)
             us, nbytes = self.plan_cost(kernels)
             notes.append(f"beam {i}: {len(kernels)} kernels, {nbytes} bytes, {us:.3f} us "
-                         f"(modeled), f = {sum(c.score for c in chosen):+.3f} us")
-            patterns = [Pattern(list(self._names(c.nodes)), self._latest[c.nodes][1])
-                        for c in chosen if c.nodes not in packed]
-            for pack in packs:
-                union = frozenset().union(*pack)
-                patterns.append(Pattern(list(self._names(union)), self._latest[union][1]))
+                         f"(modeled), f = {sum(c.score for c in chosen):+.3f} us" + split)
+            # every kernel of two or more was decided buildable (a candidate or a pack)
+            patterns = [Pattern(list(self._names(k)), self._latest[k][1])
+                        for k in kernels if len(k) > 1]
             patterns.sort(key=lambda p: order[p.nodes[0]])
             plans.append((us, nbytes, len(kernels), f"beam {i}", patterns))
         greedy = connected_region_plan(  # its code generator queries are cached with ours
             self.graph, lambda nodes: self.can_stitch(frozenset(nodes)), self.index)
         grouped = {n for p in greedy.patterns for n in p.nodes}
-        greedy_kernels = [frozenset(p.nodes) for p in greedy.patterns] + [
-            frozenset((n,)) for n in participants if n not in grouped]
+        greedy_kernels, split = self._acyclic(
+            [frozenset(p.nodes) for p in greedy.patterns] + [
+                frozenset((n,)) for n in participants if n not in grouped],
+            [[frozenset(p.nodes)] for p in greedy.patterns] + [
+                [frozenset((n,))] for n in participants if n not in grouped])
+        kept = set(greedy_kernels)
         greedy_us, greedy_bytes = self.plan_cost(greedy_kernels)
         notes.append(f"connected-region plan: {len(greedy_kernels)} kernels, {greedy_bytes} "
-                     f"bytes, {greedy_us:.3f} us (modeled)")
+                     f"bytes, {greedy_us:.3f} us (modeled)" + split)
         plans.append((greedy_us, greedy_bytes, len(greedy_kernels), "connected-region plan",
-                      greedy.patterns))
+                      [p for p in greedy.patterns if frozenset(p.nodes) in kept]))
         us, nbytes, _, label, patterns = min(
             (p for p in plans if p[1] <= xla_bytes), key=itemgetter(0, 1, 2))
         decisions = self._all_decisions()
@@ -494,6 +497,15 @@ class Explorer:
             decisions += greedy.decisions
         notes.append(f"chose {label}: {us:.3f} us, {nbytes} bytes (modeled)")
         return FusionPlan("beam", patterns, decisions, notes)
+
+    def _acyclic(self, kernels: list[frozenset[str]], parts: list[list[frozenset[str]]]
+                 ) -> tuple[list[frozenset[str]], str]:
+        """``kernels`` split where they form a cycle through each other
+        (``KernelDag.split_cycles``), and a note of what was split."""
+        kernels, split = self.index.split_cycles(kernels, parts)
+        return kernels, (f"; {len(split)} kernel(s) split where the plan's kernels formed a "
+                         f"cycle: {', '.join(self._names(k)[0] for k in split[:5])}"
+                         + (" ..." if len(split) > 5 else "") if split else "")
 
     def _all_decisions(self) -> list[Decision]:
         """Every decision in order (for ``explain``); fills ``self.decisions``."""
