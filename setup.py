@@ -31,7 +31,7 @@ class DevelopWithHook(develop):
 
 setup(
     name="fusionstitching",
-    version="0.1.0",
+    version="0.2.0",
     description="FusionStitching: a post-XLA pass that stitches memory-intensive fusions "
                 "into larger kernels (registers, warp shuffles, shared memory)",
     long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
