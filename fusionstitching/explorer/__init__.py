@@ -27,19 +27,4 @@ def explore(graph, can_stitch, strategy: str = "beam", device=None,
     pattern (``Explorer``), so plans are compared by the report's model."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown explorer {strategy!r}; known: {', '.join(STRATEGIES)}")
-    return without_cycles(STRATEGIES[strategy](graph, can_stitch, device, profile_of), graph)
-
-
-def without_cycles(plan: FusionPlan, graph) -> FusionPlan:
-    """``plan`` with patterns left to XLA, the last on a cycle first, until its kernels form
-    no cycle through each other (``KernelDag.kernel_cycle``: each pattern alone was checked).
-    The beam explorer already splits its candidate plans so; the baseline's runs of
-    different regions can still interlock."""
-    dag = KernelDag(graph)
-    while (cycle := dag.kernel_cycle([frozenset(p.nodes) for p in plan.patterns])) is not None:
-        dropped = plan.patterns.pop(cycle[-1])
-        reason = (f"left to XLA: with {len(cycle) - 1} other kernel(s) of the plan it forms a "
-                  "cycle (a path from each to the next)")
-        plan.decisions.append(Decision(tuple(dropped.nodes), False, reason))
-        plan.notes.append(f"{dropped.nodes[0]} and {len(dropped.nodes) - 1} more: {reason}")
-    return plan
+    return STRATEGIES[strategy](graph, can_stitch, device, profile_of)

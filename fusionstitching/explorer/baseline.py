@@ -52,4 +52,12 @@ def connected_region_plan(graph: OpGraph, can_stitch: CanStitch,
             current = [name]
         if len(current) > 1:
             patterns.append(Pattern(current, "longest buildable run of its region"))
+    # Each pattern is acyclic; runs of different regions can still interlock.
+    kernels = [frozenset(p.nodes) for p in patterns]
+    _, split = dag.split_cycles(kernels, [[k] for k in kernels])
+    for pattern in [p for p in patterns if frozenset(p.nodes) in split]:
+        patterns.remove(pattern)
+        decisions.append(Decision(tuple(pattern.nodes), False, "left to XLA: with other "
+                                  "kernels of the plan it forms a cycle (a path from each to "
+                                  "the next)"))
     return FusionPlan("greedy", patterns, decisions)

@@ -74,49 +74,17 @@ class KernelDag:
         """Does a path leave ``pattern`` and come back through an outside kernel?"""
         return self._comes_back(pattern, pattern, pattern)
 
-    def kernel_cycle(self, kernels: list[frozenset[str]]) -> list[int] | None:
-        """Indices of ``kernels`` on a cycle once each of them is one node, or None. Each
-        kernel alone may be acyclic while two together are not: a path from one to the other
-        and one back, between nodes that share a kernel without a path between them (kernels
-        packed by remote fusion, sibling consumers)."""
-        owner = {n: i for i, kernel in enumerate(kernels) for n in kernel}
-        preds: dict = {}
-        succs: dict = {}
-        for name in self.kernels:
-            u = owner.get(name, name)
-            preds.setdefault(u, set())
-            for s in self.succs[name]:
-                v = owner.get(s, s)
-                if v != u:
-                    succs.setdefault(u, set()).add(v)
-                    preds.setdefault(v, set()).add(u)
-        waiting = {u: len(p) for u, p in preds.items()}
-        ready = [u for u, count in waiting.items() if count == 0]
-        while ready:
-            for v in succs.get(ready.pop(), ()):
-                waiting[v] -= 1
-                if waiting[v] == 0:
-                    ready.append(v)
-        left = {u for u, count in waiting.items() if count}
-        if not left:
-            return None
-        # Every node left waits on a predecessor left: walking predecessors must repeat, and
-        # the DAG itself is acyclic, so the loop holds a kernel (taken in a fixed order).
-        key = lambda u: (0, u) if isinstance(u, int) else (1, self.order[u])
-        u, path = min(left, key=key), []
-        while u not in path:
-            path.append(u)
-            u = min((p for p in preds[u] if p in left), key=key)
-        return sorted(x for x in path[path.index(u):] if isinstance(x, int))
-
     def split_cycles(self, kernels: list[frozenset[str]], parts: list[list[frozenset[str]]]
                      ) -> tuple[list[frozenset[str]], list[frozenset[str]]]:
         """``kernels`` (each made of ``parts``: a pack's units, or itself) split until none is
-        on a cycle through the others (see ``kernel_cycle``); and the kernels split. A
-        topological sort of the kernels that, whenever every kernel left waits on another,
-        finds a cycle among them and splits a kernel on it: a pack into its units, else the
-        latest kernel listed of two or more XLA kernels into those. One pass over the graph,
-        plus the edges of each cycle's kernels."""
+        on a cycle through the others; and the kernels split. Each kernel alone may be acyclic
+        while several together are not: a path from one to the next and from the last back,
+        between nodes that share a kernel without a path between them (packs of independent
+        kernels, sibling consumers, runs of different regions). A topological sort of the
+        kernels that, whenever every kernel left waits on another, finds a cycle among them
+        and splits a kernel on it: a pack into its units, else the latest kernel listed of
+        two or more XLA kernels into those. One pass over the graph, plus the edges of each
+        cycle's kernels."""
         owner: dict[str, int] = {}
         groups: dict[int, tuple[frozenset[str], list[frozenset[str]]]] = {}
         ids = itertools.count()

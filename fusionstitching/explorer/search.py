@@ -479,17 +479,13 @@ class Explorer:
         greedy = connected_region_plan(  # its code generator queries are cached with ours
             self.graph, lambda nodes: self.can_stitch(frozenset(nodes)), self.index)
         grouped = {n for p in greedy.patterns for n in p.nodes}
-        greedy_kernels, split = self._acyclic(
-            [frozenset(p.nodes) for p in greedy.patterns] + [
-                frozenset((n,)) for n in participants if n not in grouped],
-            [[frozenset(p.nodes)] for p in greedy.patterns] + [
-                [frozenset((n,))] for n in participants if n not in grouped])
-        kept = set(greedy_kernels)
+        greedy_kernels = [frozenset(p.nodes) for p in greedy.patterns] + [
+            frozenset((n,)) for n in participants if n not in grouped]
         greedy_us, greedy_bytes = self.plan_cost(greedy_kernels)
         notes.append(f"connected-region plan: {len(greedy_kernels)} kernels, {greedy_bytes} "
-                     f"bytes, {greedy_us:.3f} us (modeled)" + split)
+                     f"bytes, {greedy_us:.3f} us (modeled)")
         plans.append((greedy_us, greedy_bytes, len(greedy_kernels), "connected-region plan",
-                      [p for p in greedy.patterns if frozenset(p.nodes) in kept]))
+                      greedy.patterns))
         us, nbytes, _, label, patterns = min(
             (p for p in plans if p[1] <= xla_bytes), key=itemgetter(0, 1, 2))
         decisions = self._all_decisions()
