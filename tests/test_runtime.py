@@ -324,6 +324,23 @@ def test_rewrite_rejects_pattern_value_missing_from_outputs():
         rewrite.rewrite_module(parse_module(OPTIMIZED), [kernel], ["fusionstitching_x"])
 
 
+def test_rewrite_refuses_kernels_that_form_a_cycle():
+    """A kernel holding x and z, where z needs y = f(x) computed outside: no order of the
+    custom call and y exists. The rewrite says so (the build leaves the module to XLA)
+    instead of looping."""
+    text = """HloModule cycle
+ENTRY %main (a: f32[8,4]) -> f32[8,4] {
+  %a = f32[8,4]{1,0} parameter(0)
+  %x = f32[8,4]{1,0} exponential(%a)
+  %y = f32[8,4]{1,0} negate(%x)
+  ROOT %z = f32[8,4]{1,0} add(%x, %y)
+}
+"""
+    kernel = stitched(["x", "z"], "fusionstitching_cycle_0", ["a", "y"], ["x", "z"])
+    with pytest.raises(rewrite.RewriteError, match="cycle through y"):
+        rewrite.rewrite_module(parse_module(text), [kernel], ["fusionstitching_x"])
+
+
 def test_bitcast_between_layouts_becomes_logical_ops():
     text = """HloModule layouts
 ENTRY %main (a: f32[4,6]) -> (f32[6,4], f32[2,12], f32[24]) {

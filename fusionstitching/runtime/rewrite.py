@@ -207,9 +207,13 @@ def _live(instructions: list[Instruction], root: str) -> list[Instruction]:
 
 
 def _topological(instructions: list[Instruction]) -> list[Instruction]:
-    """Operands before users, otherwise the given order (stable, so the text stays readable)."""
+    """Operands before users, otherwise the given order (stable, so the text stays readable).
+
+    Raises RewriteError on a cycle: kernels that depend on each other through the rest of
+    the module (the explorer's plans are acyclic; this keeps a bad plan from looping here)."""
     by_name = {i.name: i for i in instructions}
     placed: set[str] = set()
+    on_path: set[str] = set()  # expanded, operands not all placed yet
     order: list[Instruction] = []
     for start in instructions:
         stack = [(start, False)]
@@ -218,9 +222,14 @@ def _topological(instructions: list[Instruction]) -> list[Instruction]:
             if inst.name in placed:
                 continue
             if expanded:
+                on_path.discard(inst.name)
                 placed.add(inst.name)
                 order.append(inst)
                 continue
+            if inst.name in on_path:
+                raise RewriteError(f"the stitched kernels form a cycle through {inst.name}: "
+                                   "a kernel needs a value that needs the kernel's own result")
+            on_path.add(inst.name)
             stack.append((inst, True))
             stack.extend((by_name[op], False) for op in reversed(inst.operands)
                          if op not in placed)
