@@ -242,3 +242,46 @@ def test_interlocked_kernels_are_split_a_pack_into_its_units_first():
     assert split == [ab] and sorted(map(sorted, kernels)) == [["a"], ["b"], ["c", "d"]]
     assert not kernels_form_a_cycle(dag, kernels)
     assert dag.split_cycles([ab], [[ab]]) == ([ab], [])
+
+
+# As INTERLOCKED, with a chain after each of c and d: {c, c2, d, d2} enters the cycle at d
+# (from g1) and leaves it at c2 (to g2).
+INTERLOCKED_CHAINS = """
+HloModule interlocked_chains
+
+ENTRY %main (x: f32[16,16], y: f32[16,16], w: f32[16,16]) -> (f32[16,16], f32[16,16]) {
+  %x = f32[16,16]{1,0} parameter(0)
+  %y = f32[16,16]{1,0} parameter(1)
+  %w = f32[16,16]{1,0} parameter(2)
+  %a = f32[16,16]{1,0} exponential(%x)
+  %g1 = f32[16,16]{1,0} dot(%a, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %d = f32[16,16]{1,0} negate(%g1)
+  %d2 = f32[16,16]{1,0} exponential(%d)
+  %c = f32[16,16]{1,0} exponential(%y)
+  %c2 = f32[16,16]{1,0} negate(%c)
+  %g2 = f32[16,16]{1,0} dot(%c2, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %b = f32[16,16]{1,0} negate(%g2)
+  ROOT %t = (f32[16,16]{1,0}, f32[16,16]{1,0}) tuple(%d2, %b)
+}
+"""
+
+
+def test_a_kernel_on_a_cycle_is_split_in_two_where_both_halves_build():
+    dag = KernelDag(build_graph(parse_module(INTERLOCKED_CHAINS)))
+    ab, cd = frozenset(["a", "b"]), frozenset(["c", "c2", "d", "d2"])
+    asked = []
+
+    def buildable(nodes):
+        asked.append(nodes)
+        return True
+
+    kernels, split = dag.split_cycles([ab, cd], [[ab], [cd]], buildable)
+    # what the cycle's entry d feeds inside the kernel, and the rest
+    assert split == [cd] and sorted(map(sorted, kernels)) == [["a", "b"], ["c", "c2"],
+                                                              ["d", "d2"]]
+    assert sorted(map(sorted, asked)) == [["c", "c2"], ["d", "d2"]]
+    assert not kernels_form_a_cycle(dag, kernels)
+    # a half the code generator refuses: the kernel goes back to XLA's kernels
+    kernels, _ = dag.split_cycles([ab, cd], [[ab], [cd]], lambda nodes: nodes != asked[0])
+    assert sorted(map(sorted, kernels)) == [["a", "b"], ["c"], ["c2"], ["d"], ["d2"]]
+    assert not kernels_form_a_cycle(dag, kernels)

@@ -52,12 +52,24 @@ def connected_region_plan(graph: OpGraph, can_stitch: CanStitch,
             current = [name]
         if len(current) > 1:
             patterns.append(Pattern(current, "longest buildable run of its region"))
-    # Each pattern is acyclic; runs of different regions can still interlock.
-    kernels = [frozenset(p.nodes) for p in patterns]
-    _, split = dag.split_cycles(kernels, [[k] for k in kernels])
-    for pattern in [p for p in patterns if frozenset(p.nodes) in split]:
-        patterns.remove(pattern)
-        decisions.append(Decision(tuple(pattern.nodes), False, "left to XLA: with other "
-                                  "kernels of the plan it forms a cycle (a path from each to "
-                                  "the next)"))
+    # Each pattern is acyclic; runs of different regions can still interlock. Where they do,
+    # a run is cut in two where it can be built so, else left to XLA.
+    reasons: dict[frozenset[str], str] = {frozenset(p.nodes): p.reason for p in patterns}
+
+    def buildable(nodes: frozenset[str]) -> bool:
+        ok, reason = _check(sorted(nodes, key=dag.order.__getitem__))
+        reasons[nodes] = ("part of a run cut where the plan's kernels formed a cycle (a path "
+                          f"from each to the next): {reason}")
+        return ok
+
+    kernels, split = dag.split_cycles(list(reasons), [[k] for k in reasons], buildable)
+    for nodes in split:
+        decisions.append(Decision(tuple(sorted(nodes, key=dag.order.__getitem__)), False,
+                                  "cut: with other kernels of the plan it forms a cycle (a "
+                                  "path from each to the next)"))
+    # each run in its place, or the parts it was cut into (each inside one run)
+    parts = sorted((k for k in kernels if len(k) > 1),
+                   key=lambda k: min(map(dag.order.__getitem__, k)))
+    patterns = [Pattern(sorted(k, key=dag.order.__getitem__), reasons[k])
+                for p in patterns for k in parts if k <= frozenset(p.nodes)]
     return FusionPlan("greedy", patterns, decisions)

@@ -24,7 +24,7 @@ side's own kernels towards the other's.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ..graph import OpClass, OpGraph, classify_instruction
 from ..graph.traffic import Value, resolve, value_bytes
@@ -74,7 +74,8 @@ class KernelDag:
         """Does a path leave ``pattern`` and come back through an outside kernel?"""
         return self._comes_back(pattern, pattern, pattern)
 
-    def split_cycles(self, kernels: list[frozenset[str]], parts: list[list[frozenset[str]]]
+    def split_cycles(self, kernels: list[frozenset[str]], parts: list[list[frozenset[str]]],
+                     buildable: Callable[[frozenset[str]], bool] | None = None
                      ) -> tuple[list[frozenset[str]], list[frozenset[str]]]:
         """``kernels`` (each made of ``parts``: a pack's units, or itself) split until none is
         on a cycle through the others; and the kernels split. Each kernel alone may be acyclic
@@ -82,8 +83,12 @@ class KernelDag:
         between nodes that share a kernel without a path between them (packs of independent
         kernels, sibling consumers, runs of different regions). A topological sort of the
         kernels that, whenever every kernel left waits on another, finds a cycle among them
-        and splits a kernel on it: a pack into its units, else the latest kernel listed of
-        two or more XLA kernels into those. One pass over the graph, plus the edges of each
+        and splits a kernel on it: a pack before a pattern, else the latest kernel listed.
+
+        The split is in two where it can be (``_halves``): what the kernel's nodes entered by
+        the cycle feed inside it, and the rest, if ``buildable`` accepts each half of two or
+        more parts; else the kernel goes back to its parts (a pack's units were built alone; a
+        pattern's part is each XLA kernel). One pass over the graph, plus the edges of each
         cycle's kernels."""
         owner: dict[str, int] = {}
         groups: dict[int, tuple[frozenset[str], list[frozenset[str]]]] = {}
@@ -144,18 +149,46 @@ class KernelDag:
                          if p not in done and unit(p) != u),
                         key=lambda v: self.order[min(groups[v][0], key=self.order.get)]
                         if isinstance(v, int) else self.order[v])
-            kernels_on_cycle = [v for v in cycle[cycle.index(u):]
-                                if isinstance(v, int) and len(groups[v][0]) > 1]
+            loop = cycle[cycle.index(u):]  # each waits on the next, the last on the first
+            kernels_on_cycle = [v for v in loop if isinstance(v, int) and len(groups[v][0]) > 1]
             packs = [v for v in kernels_on_cycle if len(groups[v][1]) > 1]
-            kernel, kernel_parts = groups.pop(max(packs or kernels_on_cycle))
+            chosen = max(packs or kernels_on_cycle)
+            producer = loop[(loop.index(chosen) + 1) % len(loop)]
+            entered = [n for n in groups[chosen][0] if any(unit(p) == producer
+                                                             for p in self.preds[n])]
+            kernel, kernel_parts = groups.pop(chosen)
             split.append(kernel)
-            if len(kernel_parts) == 1:
-                kernel_parts = [frozenset((n,)) for n in kernel]
-            new = [add(part, [part]) for part in kernel_parts]
+            units = (kernel_parts if len(kernel_parts) > 1
+                     else [frozenset((n,)) for n in kernel])
+            halves = self._halves(units, entered)
+            whole = [frozenset().union(*half) for half in halves]
+            if buildable is not None and len(halves) == 2 and all(
+                    len(half) == 1 or buildable(nodes) for half, nodes in zip(halves, whole)):
+                new = [add(nodes, half if len(kernel_parts) > 1 else [nodes])
+                       for half, nodes in zip(halves, whole)]
+            else:
+                new = [add(part, [part]) for part in units]
             for u in new:
                 waiting[u] = waiting_of(groups[u][0])
                 if waiting[u] == 0:
                     ready.append(u)
+
+    def _halves(self, units: list[frozenset[str]], entered: list[str]
+                ) -> list[list[frozenset[str]]]:
+        """``units`` (a kernel's) in two: those holding what ``entered`` feeds inside the
+        kernel, and the rest, which holds the node the cycle leaves by (a node it enters by
+        cannot feed that one, or the graph itself had a cycle) and on which the first half
+        never waits. One list when every unit is on the entered side."""
+        unit_of = {n: i for i, unit in enumerate(units) for n in unit}
+        fed, stack = set(), [unit_of[n] for n in entered]
+        while stack:
+            i = stack.pop()
+            if i not in fed:
+                fed.add(i)
+                stack.extend(unit_of[s] for n in units[i] for s in self.succs[n]
+                             if s in unit_of)
+        rest = [unit for i, unit in enumerate(units) if i not in fed]
+        return [rest, [units[i] for i in sorted(fed)]] if rest else [units]
 
     def joins_cycle(self, a: frozenset[str], b: frozenset[str], union: frozenset[str]) -> bool:
         """``creates_cycle(union)`` for ``union = a | b`` of two acyclic patterns. A path

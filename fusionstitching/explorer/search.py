@@ -498,7 +498,13 @@ class Explorer:
                  ) -> tuple[list[frozenset[str]], str]:
         """``kernels`` split where they form a cycle through each other
         (``KernelDag.split_cycles``), and a note of what was split."""
-        kernels, split = self.index.split_cycles(kernels, parts)
+        def buildable(nodes: frozenset[str]) -> bool:
+            ok, reason = self.can_stitch(nodes)
+            self._decide(nodes, ok, "part of a kernel split where the plan's kernels formed a "
+                         f"cycle: {reason}" if ok else f"code generator: {reason}")
+            return ok
+
+        kernels, split = self.index.split_cycles(kernels, parts, buildable)
         return kernels, (f"; {len(split)} kernel(s) split where the plan's kernels formed a "
                          f"cycle: {', '.join(self._names(k)[0] for k in split[:5])}"
                          + (" ..." if len(split) > 5 else "") if split else "")
