@@ -228,6 +228,31 @@ def test_remote_fusion_packs_independent_launch_bound_kernels():
     assert plan.patterns[0].reason.startswith("remote fusion (kernel packing)")
 
 
+TWO_REGIONS = """
+HloModule two_regions
+ENTRY %main (x: f32[64,64], y: f32[32,32]) -> (f32[64,64], f32[32,32]) {
+  %x = f32[64,64]{1,0} parameter(0)
+  %y = f32[32,32]{1,0} parameter(1)
+  %a = f32[64,64]{1,0} exponential(%x)
+  %b = f32[64,64]{1,0} negate(%a)
+  %c = f32[32,32]{1,0} exponential(%y)
+  %d = f32[32,32]{1,0} negate(%c)
+  ROOT %t = (f32[64,64]{1,0}, f32[32,32]{1,0}) tuple(%b, %d)
+}
+"""
+
+
+def test_remote_fusion_packs_the_connected_region_plan_too():
+    """The baseline's two regions are two launch-bound kernels; packed, one."""
+    graph = build_graph(parse_module(TWO_REGIONS))
+    plan = explore(graph, accept_all, "beam", H100)
+    assert [set(p.nodes) for p in plan.patterns] == [{"a", "b", "c", "d"}]
+    notes = {n.split(":")[0]: n for n in plan.notes}
+    assert notes["connected-region plan"].startswith("connected-region plan: 2 kernels")
+    assert notes["connected-region plan, packed"].startswith(
+        "connected-region plan, packed: 1 kernels")
+
+
 def test_remote_fusion_asks_the_code_generator():
     graph = build_graph(parse_module(INDEPENDENT))
     plan = explore(graph, lambda nodes: (False, "no kernel packing"), "beam", H100)

@@ -446,7 +446,7 @@ class Explorer:
             # a buildable pattern through this vertex.
             growth = self.growth[vertex]
             growth += [c for c in self.ready[vertex] if c not in growth]
-        participants, order = self.index.participants, self.index.order
+        participants = self.index.participants
         xla = [frozenset((n,)) for n in participants]
         xla_us, xla_bytes = self.plan_cost(xla)
         notes = [f"XLA's plan: {len(xla)} memory-intensive kernels, {xla_bytes} bytes, "
@@ -457,25 +457,9 @@ class Explorer:
         # worse than the baseline it replaces, by the model that prices the plans.
         plans = [(xla_us, xla_bytes, len(xla), "XLA's plan", [])]
         for i, chosen in enumerate(self.beam_search()):
-            covered = {n for c in chosen for n in c.nodes}
-            # units in topological order of their first kernels (distinct: units are disjoint)
-            firsts = [(min(map(order.__getitem__, c.nodes)), c.nodes) for c in chosen] + [
-                (order[n], frozenset((n,))) for n in participants if n not in covered]
-            firsts.sort(key=itemgetter(0))
-            units = [unit for _, unit in firsts]
-            packs = self.remote_fusion(units)
-            packed = {u for pack in packs for u in pack}
-            kernels, split = self._acyclic(
-                [u for u in units if u not in packed] + [frozenset().union(*p) for p in packs],
-                [[u] for u in units if u not in packed] + packs)
-            us, nbytes = self.plan_cost(kernels)
-            notes.append(f"beam {i}: {len(kernels)} kernels, {nbytes} bytes, {us:.3f} us "
-                         f"(modeled), f = {sum(c.score for c in chosen):+.3f} us" + split)
-            # every kernel of two or more was decided buildable (a candidate or a pack)
-            patterns = [Pattern(list(self._names(k)), self._latest[k][1])
-                        for k in kernels if len(k) > 1]
-            patterns.sort(key=lambda p: order[p.nodes[0]])
-            plans.append((us, nbytes, len(kernels), f"beam {i}", patterns))
+            plans.append(self._packed_plan(
+                f"beam {i}", [c.nodes for c in chosen], {}, notes,
+                f", f = {sum(c.score for c in chosen):+.3f} us"))
         greedy = connected_region_plan(  # its code generator queries are cached with ours
             self.graph, lambda nodes: self.can_stitch(frozenset(nodes)), self.index)
         grouped = {n for p in greedy.patterns for n in p.nodes}
@@ -486,13 +470,43 @@ class Explorer:
                      f"bytes, {greedy_us:.3f} us (modeled)")
         plans.append((greedy_us, greedy_bytes, len(greedy_kernels), "connected-region plan",
                       greedy.patterns))
+        # Remote fusion applies to any choice of patterns: the baseline's too.
+        plans.append(self._packed_plan(
+            "connected-region plan, packed", [frozenset(p.nodes) for p in greedy.patterns],
+            {frozenset(p.nodes): p.reason for p in greedy.patterns}, notes))
         us, nbytes, _, label, patterns = min(
             (p for p in plans if p[1] <= xla_bytes), key=itemgetter(0, 1, 2))
         decisions = self._all_decisions()
-        if label == "connected-region plan":
+        if label.startswith("connected-region plan"):
             decisions += greedy.decisions
         notes.append(f"chose {label}: {us:.3f} us, {nbytes} bytes (modeled)")
         return FusionPlan("beam", patterns, decisions, notes)
+
+    def _packed_plan(self, label: str, patterns: list[frozenset[str]],
+                     reasons: dict[frozenset[str], str], notes: list[str], note: str = ""):
+        """``patterns`` (disjoint), the other kernels alone, remote fusion over them and the
+        split of joint cycles: the plan as (modeled us, bytes, kernels, label, patterns).
+        A kernel's reason is ``reasons``' or its latest decision's."""
+        order = self.index.order
+        covered = {n for p in patterns for n in p}
+        # units in topological order of their first kernels (distinct: units are disjoint)
+        firsts = [(min(map(order.__getitem__, p)), p) for p in patterns] + [
+            (order[n], frozenset((n,))) for n in self.index.participants if n not in covered]
+        firsts.sort(key=itemgetter(0))
+        units = [unit for _, unit in firsts]
+        packs = self.remote_fusion(units)
+        packed = {u for pack in packs for u in pack}
+        kernels, split = self._acyclic(
+            [u for u in units if u not in packed] + [frozenset().union(*p) for p in packs],
+            [[u] for u in units if u not in packed] + packs)
+        us, nbytes = self.plan_cost(kernels)
+        notes.append(f"{label}: {len(kernels)} kernels, {nbytes} bytes, {us:.3f} us "
+                     f"(modeled){note}{split}")
+        # every other kernel of two or more was decided buildable (a candidate or a pack)
+        plan = [Pattern(list(self._names(k)), reasons.get(k) or self._latest[k][1])
+                for k in kernels if len(k) > 1]
+        plan.sort(key=lambda p: order[p.nodes[0]])
+        return us, nbytes, len(kernels), label, plan
 
     def _acyclic(self, kernels: list[frozenset[str]], parts: list[list[frozenset[str]]]
                  ) -> tuple[list[frozenset[str]], str]:
