@@ -180,7 +180,8 @@ def test_lower_bound_is_below_xlas_plan_on_the_gpu_corpus():
 
 
 # Two packs of unrelated kernels, {a, b} and {c, d}: each alone is acyclic, but a reaches d
-# and c reaches b through GEMMs, so together they form a cycle.
+# and c reaches b through GEMMs, so together they form a cycle. With the chains after c and d,
+# {c, c2, d, d2} enters that cycle at d (from g1) and leaves it at c2 (to g2).
 INTERLOCKED = """
 HloModule interlocked
 
@@ -191,10 +192,12 @@ ENTRY %main (x: f32[16,16], y: f32[16,16], w: f32[16,16]) -> (f32[16,16], f32[16
   %a = f32[16,16]{1,0} exponential(%x)
   %g1 = f32[16,16]{1,0} dot(%a, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
   %d = f32[16,16]{1,0} negate(%g1)
+  %d2 = f32[16,16]{1,0} exponential(%d)
   %c = f32[16,16]{1,0} exponential(%y)
-  %g2 = f32[16,16]{1,0} dot(%c, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %c2 = f32[16,16]{1,0} negate(%c)
+  %g2 = f32[16,16]{1,0} dot(%c2, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
   %b = f32[16,16]{1,0} negate(%g2)
-  ROOT %t = (f32[16,16]{1,0}, f32[16,16]{1,0}) tuple(%d, %b)
+  ROOT %t = (f32[16,16]{1,0}, f32[16,16]{1,0}) tuple(%d2, %b)
 }
 """
 
@@ -244,30 +247,8 @@ def test_interlocked_kernels_are_split_a_pack_into_its_units_first():
     assert dag.split_cycles([ab], [[ab]]) == ([ab], [])
 
 
-# As INTERLOCKED, with a chain after each of c and d: {c, c2, d, d2} enters the cycle at d
-# (from g1) and leaves it at c2 (to g2).
-INTERLOCKED_CHAINS = """
-HloModule interlocked_chains
-
-ENTRY %main (x: f32[16,16], y: f32[16,16], w: f32[16,16]) -> (f32[16,16], f32[16,16]) {
-  %x = f32[16,16]{1,0} parameter(0)
-  %y = f32[16,16]{1,0} parameter(1)
-  %w = f32[16,16]{1,0} parameter(2)
-  %a = f32[16,16]{1,0} exponential(%x)
-  %g1 = f32[16,16]{1,0} dot(%a, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-  %d = f32[16,16]{1,0} negate(%g1)
-  %d2 = f32[16,16]{1,0} exponential(%d)
-  %c = f32[16,16]{1,0} exponential(%y)
-  %c2 = f32[16,16]{1,0} negate(%c)
-  %g2 = f32[16,16]{1,0} dot(%c2, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-  %b = f32[16,16]{1,0} negate(%g2)
-  ROOT %t = (f32[16,16]{1,0}, f32[16,16]{1,0}) tuple(%d2, %b)
-}
-"""
-
-
 def test_a_kernel_on_a_cycle_is_split_in_two_where_both_halves_build():
-    dag = KernelDag(build_graph(parse_module(INTERLOCKED_CHAINS)))
+    dag = KernelDag(build_graph(parse_module(INTERLOCKED)))
     ab, cd = frozenset(["a", "b"]), frozenset(["c", "c2", "d", "d2"])
     asked = []
 
