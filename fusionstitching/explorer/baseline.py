@@ -68,8 +68,13 @@ def connected_region_plan(graph: OpGraph, can_stitch: CanStitch,
                                   "cut: with other kernels of the plan it forms a cycle (a "
                                   "path from each to the next)"))
     # each run in its place, or the parts it was cut into (each inside one run)
-    parts = sorted((k for k in kernels if len(k) > 1),
-                   key=lambda k: min(map(dag.order.__getitem__, k)))
-    patterns = [Pattern(sorted(k, key=dag.order.__getitem__), reasons[k])
-                for p in patterns for k in parts if k <= frozenset(p.nodes)]
+    run_of = {n: i for i, p in enumerate(patterns) for n in p.nodes}
+    parts: dict[int, list[list[str]]] = {}
+    for kernel in kernels:
+        if len(kernel) > 1:
+            nodes = sorted(kernel, key=dag.order.__getitem__)
+            parts.setdefault(run_of[nodes[0]], []).append(nodes)
+    patterns = [Pattern(nodes, reasons[frozenset(nodes)])
+                for i in range(len(patterns))
+                for nodes in sorted(parts.get(i, ()), key=lambda n: dag.order[n[0]])]
     return FusionPlan("greedy", patterns, decisions)
