@@ -13,8 +13,10 @@ from fusionstitching import codegen, pipeline
 from fusionstitching.codegen.kernel_ir import (Accumulate, Barrier, BlockReduce, Buffer,
                                                Compute, Const, DynamicIndex, GlobalLoad,
                                                GlobalStore, If, IndexLet, Kernel, Loop,
-                                               SharedArray, Value, Var, add, ix, mod, scale)
-from fusionstitching.codegen.profile import kernel_profile, modeled_kernel_us, register_model
+                                               SharedArray, Value, Var, add, div, ix, mod,
+                                               scale)
+from fusionstitching.codegen.profile import (kernel_profile, modeled_kernel_us, register_model,
+                                              unrolled_trips)
 from fusionstitching.graph import build_graph
 from fusionstitching.graph.profile import fused_instructions, load_levels, xla_kernel_profile
 from fusionstitching.graph.traffic import pattern_traffic
@@ -53,8 +55,8 @@ def _spec(kernel: Kernel) -> codegen.KernelSpec:
 
 
 def test_instructions_follow_trip_counts_and_block_reduce():
-    # 2048 columns over 512 threads starting at tid: LLVM cannot bound tid tightly enough to
-    # unroll, so 4 iterations each wait for their load.
+    # 2048 columns over 512 threads starting at tid: 4 trips, which LLVM leaves a loop (it
+    # unrolls by 8), so 4 iterations each wait for their load.
     profile = kernel_profile(_spec(_row_sum_kernel(512, 2048, ix)))
     counts = profile.instructions
     assert counts["ld_global"] == 4 and "ld_global_overlapped" not in counts
@@ -72,6 +74,22 @@ def test_unrolled_loop_overlaps_its_loads():
     kernel = _row_sum_kernel(64, 256, lambda tid: mod(tid, 32), step=32)
     counts = kernel_profile(_spec(kernel)).instructions
     assert counts["ld_global"] == 1 and counts["ld_global_overlapped"] == 7
+
+
+@needs_ptxas
+@pytest.mark.parametrize("threads, cols, start, step", [
+    (512, 2048, ix, None), (64, 512, ix, None), (256, 2048, ix, None), (256, 1792, ix, None),
+    (512, 256, lambda tid: div(tid, 16), 32), (512, 128, lambda tid: div(tid, 16), 32),
+    (64, 128, lambda tid: mod(tid, 32), 32), (64, 256, lambda tid: mod(tid, 32), 32)])
+def test_unrolled_loops_are_the_ones_llvm_unrolls(threads, cols, start, step):
+    """The profile's unroll rule against the PTX: a loop of exactly 8 trips for every thread
+    of the block (LLVM bounds tid by the kernel's maxntidx) is straight-line code, loops of
+    2-7 trips keep one load in a loop."""
+    kernel = _row_sum_kernel(threads, cols, start, step)
+    loop = next(s for s in kernel.body if isinstance(s, Loop))
+    ptx = codegen.compile_nvptx(_spec(kernel), "sm_90").ptx
+    straight = ptx.count("ld.global") > 1 and "bra" not in ptx.split("ld.global")[1]
+    assert (unrolled_trips(loop, kernel) is not None) == straight, ptx
 
 
 def test_unknown_ir_nodes_are_counted_generically():

@@ -80,8 +80,10 @@ from .kernel_ir import (WARP, Barrier, BlockReduce, Compute, Const, ConstLoad, D
                         defined_values, expand_block_reduce, used_values, value_range)
 
 SHUFFLE_STEPS = WARP.bit_length() - 1  # xor butterfly over 32 lanes: 5 shuffles
-MAX_FULL_UNROLL_TRIPS = 8  # LLVM -unroll-max-upperbound: trip counts known only as a bound
-MAX_THREADS_PER_BLOCK = 1024  # range LLVM's llvm.nvvm.read.ptx.sreg.tid.x carries
+# NVPTX's LLVM unrolls loops by 8 (runtime unrolling): a loop of exactly 8 trips becomes
+# straight-line code; fewer trips stay a loop (measured: tid, tid % 32 and tid // k starts,
+# 2-7 trips one load in a loop, 8 trips eight loads and no loop).
+UNROLL_FACTOR = 8
 # 32-bit registers per value; default 1 (a 128-bit vector load's value holds 4)
 REGISTER_WIDTH = {"s64": 2, "u64": 2, "f64": 2, "pred": 0, "f32x4": 4, "s32x4": 4}
 VECTOR_WIDTHS = ("f32x4", "s32x4")
@@ -721,14 +723,16 @@ def _flatten(body: list):
 
 
 def _known_range(index: Ix, kernel: Kernel) -> tuple[int, int] | None:
-    """The range of an index LLVM can prove: threadIdx.x is below 1024 (the intrinsic's range),
-    remainders are below their divisor; other variables are unknown (None)."""
+    """The range of an index LLVM can prove: threadIdx.x is below the block size (the kernel's
+    ``maxntidx`` annotation, from which LLVM's NVVMIntrRange pass bounds the intrinsic: a
+    16 x 32 tile of 512 threads unrolls its 8-trip loop over ``tid // 16`` fully, as it would
+    not for tid < 1024), remainders are below their divisor; other variables are unknown."""
     lo = hi = index.const
     for atom, c in index.terms:
         if isinstance(atom, Var):
             if atom != kernel.tid:
                 return None
-            alo, ahi = 0, MAX_THREADS_PER_BLOCK - 1
+            alo, ahi = 0, kernel.block[0] - 1
         elif isinstance(atom, Mod):
             alo, ahi = 0, atom.k - 1
         else:
@@ -753,10 +757,11 @@ def unrolled_trips(loop: Loop, kernel: Kernel) -> int | None:
     """How often LLVM repeats the body as straight-line code, or None if the loop stays a loop.
 
     A loop that runs at most once, or whose body never reads its variable (the stores of a
-    scalar, seen without a loop in the PTX), is a guarded body. Otherwise LLVM unrolls fully
-    only a trip count that is the same for every start it can prove (``tid % 32`` has a
-    range, ``tid``'s is too wide), up to unroll-max-upperbound; loops that store were seen
-    unrolled only partially, which leaves their values short-lived, so they count as loops."""
+    scalar, seen without a loop in the PTX), is a guarded body. Otherwise only a loop of
+    exactly ``UNROLL_FACTOR`` trips for every start LLVM can prove (``_known_range``) becomes
+    straight-line code; longer loops are unrolled in groups (counted as loops here), shorter
+    ones not at all; loops that store were seen unrolled only partially, which leaves their
+    values short-lived, so they count as loops."""
     if not loop.accumulates and not _reads_var(loop.body, loop.var):
         return 1
     bounds = _trip_bounds(loop, kernel)
@@ -766,7 +771,7 @@ def unrolled_trips(loop: Loop, kernel: Kernel) -> int | None:
     if most <= 1:
         return most
     stores = any(isinstance(x, GlobalStore) for x in _flatten(loop.body))
-    if most == least and most <= MAX_FULL_UNROLL_TRIPS and not stores:
+    if most == least == UNROLL_FACTOR and not stores:
         return most
     return None
 
