@@ -209,25 +209,8 @@ def test_joining_acyclic_patterns_finds_the_cycle_through_an_outside_kernel():
     assert index.joins_cycle(frozenset("ab"), frozenset("bc"), frozenset("abc"))
     assert not index.joins_cycle(frozenset("a"), frozenset("b"), frozenset("ab"))
 
-INDEPENDENT = """
-HloModule two
-ENTRY %main (x: f32[64,64], y: f32[32,32]) -> (f32[64,64], f32[32,32]) {
-  %x = f32[64,64]{1,0} parameter(0)
-  %y = f32[32,32]{1,0} parameter(1)
-  %p = f32[64,64]{1,0} negate(%x)
-  %q = f32[32,32]{1,0} abs(%y)
-  ROOT %t = (f32[64,64]{1,0}, f32[32,32]{1,0}) tuple(%p, %q)
-}
-"""
 
-
-def test_remote_fusion_packs_independent_launch_bound_kernels():
-    graph = build_graph(parse_module(INDEPENDENT))
-    plan = explore(graph, accept_all, "beam", H100)
-    assert [set(p.nodes) for p in plan.patterns] == [{"p", "q"}]
-    assert plan.patterns[0].reason.startswith("remote fusion (kernel packing)")
-
-
+# Two independent regions of two launch-bound kernels each.
 TWO_REGIONS = """
 HloModule two_regions
 ENTRY %main (x: f32[64,64], y: f32[32,32]) -> (f32[64,64], f32[32,32]) {
@@ -242,6 +225,13 @@ ENTRY %main (x: f32[64,64], y: f32[32,32]) -> (f32[64,64], f32[32,32]) {
 """
 
 
+def test_remote_fusion_packs_independent_launch_bound_kernels():
+    graph = build_graph(parse_module(TWO_REGIONS))
+    plan = explore(graph, accept_all, "beam", H100)
+    assert [set(p.nodes) for p in plan.patterns] == [{"a", "b", "c", "d"}]
+    assert plan.patterns[0].reason.startswith("remote fusion (kernel packing)")
+
+
 def test_remote_fusion_packs_the_connected_region_plan_too():
     """The baseline's two regions are two launch-bound kernels; packed, one."""
     graph = build_graph(parse_module(TWO_REGIONS))
@@ -254,7 +244,7 @@ def test_remote_fusion_packs_the_connected_region_plan_too():
 
 
 def test_remote_fusion_asks_the_code_generator():
-    graph = build_graph(parse_module(INDEPENDENT))
+    graph = build_graph(parse_module(TWO_REGIONS))
     plan = explore(graph, lambda nodes: (False, "no kernel packing"), "beam", H100)
     assert plan.patterns == []
     assert any("no kernel packing" in d.reason for d in plan.decisions)
