@@ -175,10 +175,10 @@ class KernelDag:
 
     def _halves(self, units: list[frozenset[str]], entered: list[str]
                 ) -> list[list[frozenset[str]]]:
-        """``units`` (a kernel's) in two: those holding what ``entered`` feeds inside the
-        kernel, and the rest, which holds the node the cycle leaves by (a node it enters by
-        cannot feed that one, or the graph itself had a cycle) and on which the first half
-        never waits. One list when every unit is on the entered side."""
+        """``units`` (a kernel's) in two: the rest first, then those holding what ``entered``
+        feeds inside the kernel. No edge inside the kernel goes from the second half to the
+        first, and the first holds the node the cycle leaves by (a node it enters by cannot
+        feed that one, or the graph itself had a cycle). One list when every unit is fed."""
         unit_of = {n: i for i, unit in enumerate(units) for n in unit}
         fed, stack = set(), [unit_of[n] for n in entered]
         while stack:

@@ -462,9 +462,8 @@ class Explorer:
                 f", f = {sum(c.score for c in chosen):+.3f} us"))
         greedy = connected_region_plan(  # its code generator queries are cached with ours
             self.graph, lambda nodes: self.can_stitch(frozenset(nodes)), self.index)
-        grouped = {n for p in greedy.patterns for n in p.nodes}
-        greedy_kernels = [frozenset(p.nodes) for p in greedy.patterns] + [
-            frozenset((n,)) for n in participants if n not in grouped]
+        greedy_patterns = [frozenset(p.nodes) for p in greedy.patterns]
+        greedy_kernels = self._units(greedy_patterns)
         greedy_us, greedy_bytes = self.plan_cost(greedy_kernels)
         notes.append(f"connected-region plan: {len(greedy_kernels)} kernels, {greedy_bytes} "
                      f"bytes, {greedy_us:.3f} us (modeled)")
@@ -472,7 +471,7 @@ class Explorer:
                       greedy.patterns))
         # Remote fusion applies to any choice of patterns: the baseline's too.
         plans.append(self._packed_plan(
-            "connected-region plan, packed", [frozenset(p.nodes) for p in greedy.patterns],
+            "connected-region plan, packed", greedy_patterns,
             {frozenset(p.nodes): p.reason for p in greedy.patterns}, notes))
         us, nbytes, _, label, patterns = min(
             (p for p in plans if p[1] <= xla_bytes), key=itemgetter(0, 1, 2))
@@ -487,13 +486,7 @@ class Explorer:
         """``patterns`` (disjoint), the other kernels alone, remote fusion over them and the
         split of joint cycles: the plan as (modeled us, bytes, kernels, label, patterns).
         A kernel's reason is ``reasons``' or its latest decision's."""
-        order = self.index.order
-        covered = {n for p in patterns for n in p}
-        # units in topological order of their first kernels (distinct: units are disjoint)
-        firsts = [(min(map(order.__getitem__, p)), p) for p in patterns] + [
-            (order[n], frozenset((n,))) for n in self.index.participants if n not in covered]
-        firsts.sort(key=itemgetter(0))
-        units = [unit for _, unit in firsts]
+        units = self._units(patterns)
         packs = self.remote_fusion(units)
         packed = {u for pack in packs for u in pack}
         kernels, split = self._acyclic(
@@ -505,8 +498,18 @@ class Explorer:
         # every other kernel of two or more was decided buildable (a candidate or a pack)
         plan = [Pattern(list(self._names(k)), reasons.get(k) or self._latest[k][1])
                 for k in kernels if len(k) > 1]
-        plan.sort(key=lambda p: order[p.nodes[0]])
+        plan.sort(key=lambda p: self.index.order[p.nodes[0]])
         return us, nbytes, len(kernels), label, plan
+
+    def _units(self, patterns: list[frozenset[str]]) -> list[frozenset[str]]:
+        """``patterns`` (disjoint) and every other memory-intensive kernel alone: all kernels
+        of a plan, in topological order of their first XLA kernels."""
+        order = self.index.order
+        covered = {n for p in patterns for n in p}
+        firsts = [(min(map(order.__getitem__, p)), p) for p in patterns] + [
+            (order[n], frozenset((n,))) for n in self.index.participants if n not in covered]
+        firsts.sort(key=itemgetter(0))
+        return [unit for _, unit in firsts]
 
     def _acyclic(self, kernels: list[frozenset[str]], parts: list[list[frozenset[str]]]
                  ) -> tuple[list[frozenset[str]], str]:
