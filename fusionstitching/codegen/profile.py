@@ -74,16 +74,12 @@ from costmodel.instructions import (GENERIC_CLASS, OVERLAPPED_LOAD, add_instruct
                                     op_instructions)
 
 from . import KernelSpec
-from .kernel_ir import (WARP, Barrier, BlockReduce, Compute, Const, ConstLoad, DynamicIndex,
+from .kernel_ir import (UNROLL_FACTOR, WARP, Barrier, BlockReduce, Compute, Const, ConstLoad, DynamicIndex,
                         GlobalLoad, GlobalStore, If, IndexLet, IndexValue, Ix, Kernel, Loop, Mod,
                         SharedLoad, SharedStore, Value, Var, VectorExtract, WarpReduce,
                         defined_values, expand_block_reduce, used_values, value_range)
 
 SHUFFLE_STEPS = WARP.bit_length() - 1  # xor butterfly over 32 lanes: 5 shuffles
-# NVPTX's LLVM unrolls loops by 8 (runtime unrolling): a loop of exactly 8 trips becomes
-# straight-line code; fewer trips stay a loop (measured: tid, tid % 32 and tid // k starts,
-# 2-7 trips one load in a loop, 8 trips eight loads and no loop).
-UNROLL_FACTOR = 8
 # 32-bit registers per value; default 1 (a 128-bit vector load's value holds 4)
 REGISTER_WIDTH = {"s64": 2, "u64": 2, "f64": 2, "pred": 0, "f32x4": 4, "s32x4": 4}
 VECTOR_WIDTHS = ("f32x4", "s32x4")

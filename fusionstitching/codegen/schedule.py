@@ -97,9 +97,9 @@ from .kernel_ir import strides as _element_strides
 from .kernel_ir import (DTYPE_BYTES, WARP, Accumulate, Barrier, BlockReduce, Buffer, Compute,
                         Const, ConstArray, ConstLoad, DynamicIndex, GlobalLoad, GlobalStore, If,
                         IndexLet, IndexValue, Ix, Kernel, Loop, SharedArray, SharedLoad,
-                        SharedStore, Value, Var, VECTOR_LANES, VECTOR_TYPES, VectorExtract,
-                        VectorPack, WarpReduce, add, delinearize, div, ix, linearize, mod,
-                        row_major, scale, value_range, vector_group)
+                        SharedStore, UNROLL_FACTOR, Value, Var, VECTOR_LANES, VECTOR_TYPES,
+                        VectorExtract, VectorPack, WarpReduce, add, delinearize, div, ix,
+                        linearize, mod, row_major, scale, value_range, vector_group)
 from .llvm_lowering import MATH_OPS
 
 DEFAULT_DEVICE = {"name": "h100"}
@@ -315,10 +315,13 @@ def enumerate_schedules(space: Space, device: Device, sizes: list[int],
         vector = VECTOR if aligned and s.kind in ("warp", "block") else 1
         chunks = r // vector
         variants.append(dataclasses.replace(s, vector=vector))
-        # One chunk per thread is straight-line code already (`_over_points`): the values of
-        # a stage stay in registers for the next without unrolling.
-        if reuse and chunks % s.threads_per_group == 0 and chunks > s.threads_per_group and \
-                s.points_per_thread <= MAX_CACHED_POINTS:
+        # Unrolled stages: the values of a stage stay in registers for the next (producer
+        # caching), and a thread's loads are in flight together, where LLVM would keep a loop
+        # of fewer than UNROLL_FACTOR trips one load at a time. One chunk per thread is
+        # straight-line code already (`_over_points`).
+        trips = chunks // s.threads_per_group
+        if (reuse or trips < UNROLL_FACTOR) and chunks % s.threads_per_group == 0 and \
+                trips > 1 and s.points_per_thread <= MAX_CACHED_POINTS:
             variants.append(dataclasses.replace(s, vector=vector, cached=True))
     out = variants
     for width in _divisors_up_to(o, (32, 16, 8)):
