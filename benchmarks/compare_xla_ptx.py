@@ -16,14 +16,19 @@ generated for) and the table shows:
 * regs: ptxas ``-v`` registers per thread, and spills;
 * ld/el, st/el: global load and store *instructions* executed per element, and ldB/el: the
   bytes they load per element, where elements are those of the kernel's largest input or
-  output (a row reduction's input elements). Method: every ld.global*/st.global* in the PTX
-  counted with its width (``.v2``/``.v4`` and the element type), times the threads launched,
-  divided by the elements. A load inside a loop (a backward branch
-  in the PTX) counts once per iteration: its trip count is taken as the loop's own element
-  count, which the PTX does not state, so such kernels are marked ``loop`` and their static
-  count is scaled by the iterations XLA's or our launch needs to cover the input (the input
-  bytes divided by the bytes one pass of the loop body loads, per thread). Guarded loads
-  (``@%p ld``) count as executed.
+  output (a row reduction's input elements). Method (benchmarks/ptx_counts.py): every
+  ld.global*/st.global* in the PTX counted with its width (``.v2``/``.v4`` and the element
+  type), once for every launched thread that executes it, divided by the elements. Which
+  threads execute it follows from its guards (its predicate, branches over it) where they
+  depend on the thread and block index alone, as a row result's store guarded to one thread
+  does; other guards count every thread. An access inside a loop (a cycle of the
+  control-flow graph) counts once per thread and iteration: its trip count is taken as the
+  loop's own element count, which the PTX does not state, so such kernels are marked
+  ``loop`` and their static count is scaled by the iterations XLA's or our launch needs to
+  cover the input (the input bytes the accesses outside loops do not load, divided by the
+  bytes one pass of the loop body loads over all threads). Before 2026-11-23 every
+  access counted for every launched thread (a guarded row store as often as the row has
+  threads).
 
 What the code generator does for these rows (codegen/schedule.py): warp and block schedules
 read aligned rows in 128-bit chunks, loop schedules may take 4 elements per thread (ld/st
@@ -52,6 +57,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import costmodel  # noqa: E402
 from benchmarks.models import micro  # noqa: E402
+from benchmarks.ptx_counts import count_accesses  # noqa: E402
 from fusionstitching.capture import jax_hlo  # noqa: E402
 from fusionstitching.codegen import CodegenError, compile_nvptx, find_ptxas, generate  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
@@ -60,54 +66,6 @@ TRIVIAL = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}
 CASES = [("layernorm", (64, 256)), ("layernorm", (32, 2048)), ("softmax", (64, 256)),
          ("softmax", (32, 2048)), ("rmsnorm", (64, 256)), ("rmsnorm", (32, 2048)),
          ("gelu_tanh", (512, 1024)), ("adam", (1024, 1024)), ("batchnorm_train", (32, 8, 8, 64))]
-_WIDTH_BITS = {"b8": 8, "u8": 8, "s8": 8, "b16": 16, "f16": 16, "u16": 16, "s16": 16,
-               "b32": 32, "f32": 32, "u32": 32, "s32": 32, "b64": 64, "f64": 64, "u64": 64,
-               "s64": 64}
-
-
-@dataclass
-class PtxCounts:
-    loads: int  # static ld.global instructions
-    load_bytes: int  # bytes those instructions load (one execution each)
-    stores: int
-    store_bytes: int
-    looped_loads: int  # of which inside a loop
-    looped_load_bytes: int
-    looped_stores: int
-
-
-def _access_bytes(opcode: str) -> int:
-    parts = opcode.split(".")
-    lanes = next((int(p[1:]) for p in parts if re.fullmatch(r"v\d", p)), 1)
-    return lanes * _WIDTH_BITS.get(parts[-1], 32) // 8
-
-
-def count_accesses(ptx: str) -> PtxCounts:
-    """Static global loads/stores of a PTX kernel, and which of them sit inside a loop (between
-    a label and a later branch back to it)."""
-    lines = ptx.splitlines()
-    labels = {m.group(1): i for i, line in enumerate(lines)
-              if (m := re.match(r"^(\$L\w+):", line.strip()))}
-    loops = [(labels[m.group(1)], i) for i, line in enumerate(lines)
-             if (m := re.search(r"\bbra(?:\.uni)?\s+(\$L\w+);", line))
-             and labels.get(m.group(1), i + 1) < i]
-    counts = PtxCounts(0, 0, 0, 0, 0, 0, 0)
-    for i, line in enumerate(lines):
-        in_loop = any(a <= i <= b for a, b in loops)
-        for opcode in re.findall(r"\b(ld\.global[\w.]*|st\.global[\w.]*)", line):
-            size = _access_bytes(opcode)
-            if opcode.startswith("ld"):
-                counts.loads += 1
-                counts.load_bytes += size
-                counts.looped_loads += in_loop
-                counts.looped_load_bytes += size * in_loop
-            else:
-                counts.stores += 1
-                counts.store_bytes += size
-                counts.looped_stores += in_loop
-    return counts
-
-
 def ptxas_info(ptx: str, arch: str) -> tuple[int, int]:
     """(registers, spill store bytes) from ptxas -v."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -126,27 +84,30 @@ def ptxas_info(ptx: str, arch: str) -> tuple[int, int]:
 @dataclass
 class Kernel:
     name: str
-    threads: int  # launched in total
+    grid: int  # blocks launched
+    block: int  # threads per block
     elements: int  # of its largest input or output (a reduction's input elements)
     in_bytes: int  # bytes of the kernel's inputs (scales the loops, see the docstring)
     ptx: str
     arch: str
-    block: int = 0  # threads per block (ours; 0 for XLA's, whose block is not needed)
     smem: int = 0  # shared-memory bytes per block (ours)
 
+    @property
+    def threads(self) -> int:
+        return self.grid * self.block
+
     def per_element(self) -> tuple[float, float, float, bool]:
-        """(load instructions, store instructions, load bytes) per element, looped."""
-        c = count_accesses(self.ptx)
+        """(load instructions, store instructions, load bytes) executed per element, looped."""
+        c = count_accesses(self.ptx, self.grid, self.block)
         trips = 1.0
-        if c.looped_loads:
-            once = c.load_bytes * self.threads  # every load executed once by every thread
-            trips = max(1.0, (self.in_bytes - (once - c.looped_load_bytes * self.threads))
+        if c.looped_loads:  # the iterations that load the input bytes the rest does not
+            trips = max(1.0, (self.in_bytes - c.load_bytes)
                         / (c.looped_load_bytes * self.threads))
-        loads = (c.loads - c.looped_loads) + c.looped_loads * trips
-        load_bytes = (c.load_bytes - c.looped_load_bytes) + c.looped_load_bytes * trips
-        stores = (c.stores - c.looped_stores) + c.looped_stores * trips
-        scale = self.threads / self.elements
-        return loads * scale, stores * scale, load_bytes * scale, bool(c.looped_loads)
+        loads = c.loads + c.looped_loads * self.threads * trips
+        load_bytes = c.load_bytes + c.looped_load_bytes * self.threads * trips
+        stores = c.stores + c.looped_stores * self.threads * trips
+        return (loads / self.elements, stores / self.elements, load_bytes / self.elements,
+                bool(c.looped_loads))
 
 
 def xla_kernels(dump: str, module) -> dict[str, Kernel]:
@@ -156,7 +117,7 @@ def xla_kernels(dump: str, module) -> dict[str, Kernel]:
         for m in re.finditer(r"kCustomKernel.*?\]\s+(\S+) grid: \[(\d+), (\d+), (\d+)\] "
                              r"threads: \[(\d+), (\d+), (\d+)\]", open(path).read()):
             dims = [int(v) for v in m.groups()[1:]]
-            launches[m.group(1)] = math.prod(dims)
+            launches[m.group(1)] = (math.prod(dims[:3]), math.prod(dims[3:]))
     # Kernel names are instruction names with '.' replaced (fusion.4 -> fusion_4).
     by_name = {re.sub(r"[^\w]", "_", name): inst for name, inst in module.entry.by_name().items()}
     out = {}
@@ -168,7 +129,7 @@ def xla_kernels(dump: str, module) -> dict[str, Kernel]:
         inst = by_name[entry.group(1)]
         leaves = list(inst.shape.tuple_shapes) if inst.shape.is_tuple else [inst.shape]
         operands = [module.entry.by_name()[o].shape for o in inst.operands]
-        out[inst.name] = Kernel(inst.name, launches[entry.group(1)],
+        out[inst.name] = Kernel(inst.name, *launches[entry.group(1)],
                                 max(s.num_elements for s in leaves + operands),
                                 sum(s.byte_size for s in operands), ptx,
                                 re.search(r"\.target\s+(\w+)", ptx).group(1))
@@ -178,9 +139,9 @@ def xla_kernels(dump: str, module) -> dict[str, Kernel]:
 def ours(module, nodes: list[str], name: str) -> tuple[Kernel, str]:
     spec = generate(module, nodes, re.sub(r"[^\w]", "_", name))
     nv = compile_nvptx(spec, "sm_90")
-    return Kernel(name, math.prod(spec.grid) * math.prod(spec.block),
+    return Kernel(name, math.prod(spec.grid), math.prod(spec.block),
                   max(s.num_elements for _, s in spec.outputs + spec.inputs), spec.read_bytes,
-                  nv.ptx, "sm_90", math.prod(spec.block), spec.smem_bytes), spec.why
+                  nv.ptx, "sm_90", spec.smem_bytes), spec.why
 
 
 def row(label: str, kind: str, xla: Kernel, mine: Kernel, why: str) -> dict:
@@ -211,8 +172,9 @@ def explain(r: dict) -> str:
             "the same instructions per element; ptxas allocates more for our launch shape "
             "(block size), or XLA updates a buffer in place (one address less: BatchNorm's "
             "running statistics)" if "loop schedule" in r["why"] else
-            "our unrolled stages keep every point of the row in registers for the later "
-            "stages (producer caching), XLA re-reads or recomputes" if "unrolled" in r["why"]
+            "our unrolled stages keep the thread's points of the row in registers (their loads "
+            "in flight together; for later stages, producer caching), XLA loops" if
+            "unrolled" in r["why"]
             else "our row loop keeps its chunk addresses and partial sums live (XLA unrolls "
                  "its loop)") + (
             "; no occupancy cost: {} warps per SM either way".format(r["occupancy"][0])
@@ -222,9 +184,9 @@ def explain(r: dict) -> str:
         # Per active thread the accesses are XLA's; the method counts the idle lanes' too.
         notes.append("more accesses per element as counted: a kernel of fewer elements than a "
                      "warp is launched as one whole warp (our GPU launcher starts 32 x num_warps "
-                     "threads, runtime/gpu.py) and the idle lanes' guarded loads and stores count "
-                     "as executed (see the method); each active thread loads and stores what "
-                     "XLA's does")
+                     "threads, runtime/gpu.py), and the idle lanes load the operands the code "
+                     "generator hoists out of the bounds guard (scalars read at a fixed index); "
+                     "one warp instruction either way")
         return "; ".join(notes)
     if r["our_ld"] > r["xla_ld"] * 1.05:
         notes.append("more load instructions per element: " + (
@@ -238,11 +200,7 @@ def explain(r: dict) -> str:
             "(the latency-evaluator's choice of group size)" if row_groups else
             "a broadcast operand re-read per element"))
     if r["our_st"] > r["xla_st"] * 1.05:
-        notes.append("more stores per element: " + (
-            "more threads per row than XLA (guarded row-result stores count for every "
-            "thread, see the method); the latency-evaluator models more threads per row "
-            "faster on rows this short" if row_groups else
-            "XLA stores 2-4 elements per instruction"))
+        notes.append("more stores per element: XLA stores 2-4 elements per instruction")
     return "; ".join(notes)
 
 
@@ -292,7 +250,7 @@ def main(argv=None) -> int:
         wins += not worse
         lines.append(f"{r['case']:22s} {r['kind'][:34]:34s} {r['xla_regs']:>5d}/{r['our_regs']:<7d}"
                      f" {r['xla_ld']:>6.2f}/{r['our_ld']:<8.2f} {r['xla_ldb']:>6.1f}/{r['our_ldb']:<9.1f}"
-                     f" {r['xla_st']:>6.2f}/{r['our_st']:<8.2f} {r['loop']:4s}  "
+                     f" {r['xla_st']:>6.3f}/{r['our_st']:<8.3f} {r['loop']:4s}  "
                      f"{'not worse' if not worse else 'loss (note)'}")
         if worse:
             notes.append(f"- {r['case']} {r['kind']}: {worse} [ours: {r['why']}]")
