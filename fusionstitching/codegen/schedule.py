@@ -205,6 +205,7 @@ class Schedule:
     vector: int = 1
     # Producer caching: every reduction stage is unrolled, so the values one stage computes at
     # this thread's points stay in registers for the later stages (no re-read, no recompute).
+    # Phased schedules: short loops unrolled (`_unroll_short`).
     cached: bool = False
     # Phased schedule: how many phases (reduction spaces in dependency order) the block runs.
     phases: int = 0
@@ -231,9 +232,10 @@ class Schedule:
 
     @property
     def why(self) -> str:
+        unrolled = ", short loops unrolled" if self.kind == "phases" else \
+            ", stages unrolled (producers cached in registers)"
         return self._layout + (f", {self.vector} consecutive elements per step" if
-                               self.vector > 1 else "") + \
-            (", stages unrolled (producers cached in registers)" if self.cached else "")
+                               self.vector > 1 else "") + (unrolled if self.cached else "")
 
     @property
     def _layout(self) -> str:
@@ -369,6 +371,8 @@ class _Emitter:
         self.ops = pattern.op_map()
         self.group = group
         self.scopes: list[list] = [[]]
+        self.unroll_short = False  # phased schedules: see _unroll_short
+        self.short_loops = 0
         self.var_depth: dict[Var, int] = {}
         self.cache: dict[tuple, tuple[Value, int]] = {}
         self.reduced: dict[str, Value | list[Value]] = {}  # a list: a variadic reduce's results
@@ -1312,6 +1316,17 @@ PHASED_THREADS = 128  # see enumerate_phased_schedules
 MAX_RESULTS_PER_WARP = 4
 
 
+def _unroll_short(em: _Emitter, count: int, step: int) -> bool:
+    """Whether a thread's loop over ``count`` points, ``step`` apart, is emitted unrolled: in
+    the schedule's variant that unrolls short loops (``Schedule.cached``), those of 2 to
+    UNROLL_FACTOR - 1 trips, which LLVM keeps a loop with one load in flight per trip. Its
+    loads then issue together, but their values take registers; the latency-evaluator
+    chooses between the two variants."""
+    short = count % step == 0 and 1 < count // step < UNROLL_FACTOR
+    em.short_loops += short
+    return em.unroll_short and short
+
+
 def _space_of(pattern: Pattern, red: FlatOp) -> Space:
     operand = pattern.op_map()[red.operands[0]].shape
     result = _result_shape(red)
@@ -1363,7 +1378,7 @@ def enumerate_phased_schedules(pattern: Pattern, device: Device) -> list[Schedul
         out.append(dataclasses.replace(one_block, groups_per_block=WARP,
                                        threads_per_group=threads // WARP,
                                        grid_blocks=results // WARP))
-    return out
+    return out + [dataclasses.replace(s, cached=True) for s in out]
 
 
 def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
@@ -1385,6 +1400,7 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
     threads, blocks = sched.block[0], sched.grid_blocks
     tid, bid = Var("tid", threads), Var("bid", blocks)
     em = _Emitter(pattern, Var("o", 1))  # reductions are staged, never read at "the" group
+    em.unroll_short = sched.cached
     schemes = {"thread_composition", "block_composition"}
     shared: list[SharedArray] = []
     plan = _phase_plan(pattern)
@@ -1431,7 +1447,8 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
                                 first_output, shared, tid, bid)
                 continue
             if space.groups == 1 and threads >= WARP:
-                partials = _over_points(em, Points(ix(tid), space.reduced, threads, 1, False,
+                partials = _over_points(em, Points(ix(tid), space.reduced, threads, 1,
+                                                   _unroll_short(em, space.reduced, threads),
                                                    f"r{k}_{j}"), values_at(ix(0)), reducers)
                 for red, partial in zip(phase, partials):
                     total = em.fresh(partial.dtype)
@@ -1464,6 +1481,8 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
             stored = True
         if stored:
             em.place(Barrier(), 0)
+    if sched.cached and not em.short_loops:
+        raise CodegenError("no short loop to unroll (the same kernel as without)")
     element = ix(tid) if blocks == 1 else add(scale(bid, threads), tid)
     _packed_outputs(em, pattern, packed, first_output, element, threads * blocks, sched.vector,
                     True, schemes)
@@ -1487,7 +1506,8 @@ def _warp_per_result(em: _Emitter, pattern: Pattern, phase: list[FlatOp], space:
     for u in range(-(-space.groups // warps)):
         result = add(warp, u * warps)
         at = mod(result, space.groups)
-        partials = _over_points(em, Points(lane, space.reduced, WARP, 1, False, f"w{tag}_{u}"),
+        partials = _over_points(em, Points(lane, space.reduced, WARP, 1,
+                                           _unroll_short(em, space.reduced, WARP), f"w{tag}_{u}"),
                                 values_at(at), [red.reducer for red in phase])
         stores = []
         for red, partial, array in zip(phase, partials, arrays):
@@ -1534,8 +1554,9 @@ def _spread_results(em: _Emitter, pattern: Pattern, sched: Schedule, phase: list
         group = Var("o_s", space.groups)
         em.place(IndexLet(group, add(scale(bid, width), mod(tid, width))), 0)
         em.group = group
-        partials = _over_points(em, Points(div(tid, width), space.reduced, depth, 1, False,
-                                           "r_s"), values_at(ix(group)), reducers)
+        partials = _over_points(em, Points(div(tid, width), space.reduced, depth, 1,
+                                           _unroll_short(em, space.reduced, depth), "r_s"),
+                                values_at(ix(group)), reducers)
         tile = Schedule("tile", space, width, depth, sched.grid_blocks)
         for red, partial in zip(phase, partials):
             total = _combine(em, tile, red, partial, shared, tid, mod(tid, width))
@@ -1570,7 +1591,8 @@ def _serial_reduce(em: _Emitter, count: int, visit, reducers: list[str], tag: st
     """One thread's reduction of points 0..count-1 in the current scope: runs of SERIAL_RUN
     points (an inner loop LLVM unrolls), combined in order."""
     if count % SERIAL_RUN or count <= SERIAL_RUN:
-        return _over_points(em, Points(ix(0), count, 1, 1, False, f"r{tag}"), visit, reducers)
+        return _over_points(em, Points(ix(0), count, 1, 1, _unroll_short(em, count, 1), f"r{tag}"),
+                            visit, reducers)
     scope = len(em.scopes) - 1
     run = Var(f"q{tag}", count // SERIAL_RUN)
     em.open_loop(run)
@@ -1662,10 +1684,10 @@ def _rename_shared(body: list, rename: dict[str, SharedArray]) -> None:
 def host_schedule(pattern: Pattern, chosen: Schedule | None = None) -> Schedule:
     """The schedule a CPU runs fastest: one thread per block, so every loop is a plain serial
     loop (vectorizable) and per-group or per-kernel values are computed once, not per element.
-    A phased kernel (``chosen``) stays phased, with one thread."""
+    A phased kernel (``chosen``) stays phased, with one thread and its loops rolled."""
     if chosen is not None and chosen.kind == "phases":
         return dataclasses.replace(chosen, groups_per_block=1, threads_per_group=1, vector=1,
-                                   grid_blocks=1)
+                                   grid_blocks=1, cached=False)
     space = reduction_space(pattern)
     if space.reduced == 0:
         return Schedule("loop", space, 1, 1, 1)
