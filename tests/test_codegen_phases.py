@@ -168,6 +168,21 @@ def test_last_phase_spreads_over_blocks_that_each_compute_the_row_statistics(
     assert traffic.raw_read_bytes == spec.raw_read_bytes > spec.read_bytes
 
 
+def test_a_phase_of_many_results_splits_each_result_over_lanes(layernorm_backward):
+    """dbeta's 32 column sums over 16 rows on 128 threads: 4 lanes per column, 8 columns side
+    by side in a warp (a warp load reads 8 consecutive columns at 4 rows), a sub-warp
+    butterfly (lanes congruent mod 8), instead of a thread per column running its 16 rows
+    serially. The variant with short loops unrolled is chosen; the rolled one (4 rows per
+    lane in a loop) equals XLA too."""
+    module, spec = layernorm_backward
+    assert "warp_reduce.add" in str(spec.kernel) and "(lanes mod 8)" in str(spec.kernel)
+    assert spec.why.endswith("short loops unrolled")
+    one_block = Schedule("phases", Space(1, 0), 128, 1, 1, phases=5)
+    rolled = build_phased_kernel(flatten(module, spec.nodes), one_block, "r")[0]
+    assert "(lanes mod 8)" in str(rolled) and "for m" in str(rolled)
+    check_against_xla(module, spec, rolled, rtol=1e-5, atol=1e-5)
+
+
 def test_a_phase_loop_of_few_trips_is_unrolled_in_a_variant(wide_layernorm_backward):
     """The tile's 16 rows over 4 threads are a loop of 4 trips, which LLVM keeps a loop (one
     load in flight per trip); the variant that unrolls it equals XLA too, and a variant with

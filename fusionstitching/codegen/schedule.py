@@ -32,9 +32,10 @@ centered by their row means) cannot share one thread-group mapping, and a grid o
 blocks could hand a finished reduction to another mapping only through a grid-wide barrier.
 So, only where every one-space schedule is refused (different spaces, or locality), the
 pattern may run on one block: phases in dependency order, each reducing one space's results
-into a shared array (a thread per result; all threads and a block_reduce for a full
-reduction), a barrier after each stage, then the outputs as packed loops reading any result
-at any index. It is for small regions (MAX_PHASED_POINTS), where launches dominate.
+into a shared array (a thread, some lanes or a warp per result; all threads and a
+block_reduce for a full reduction), a barrier after each stage, then the outputs as packed
+loops reading any result at any index. It is for small regions (MAX_PHASED_POINTS), where
+launches dominate.
 
 `enumerate_schedules` lists the schedules and launch dimensions that fit the space; each is
 built, those failing the locality check (a consumer reads a reduction at an index its own
@@ -1393,7 +1394,8 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
     the block's threads. With one thread (the host schedule) every phase is serial.
 
     A phase of few results with more than SERIAL_RUN points each runs a warp per result
-    (`_warp_per_result`). With several blocks, the last phase (``_spread_phase``) is spread
+    (`_warp_per_result`), one of more results but at most half the threads 2-16 lanes per
+    result (`_lanes_per_result`). With several blocks, the last phase (``_spread_phase``) is spread
     over the grid instead (`_spread_results`: a thread per result, or tiles) and the outputs
     that read it are computed at its results; every block computes the earlier phases, and
     the other outputs are packed loops over the grid's threads."""
@@ -1463,6 +1465,9 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
                     space.reduced > SERIAL_RUN:
                 _warp_per_result(em, pattern, phase, space, values_at, arrays, tid, f"{k}_{j}")
                 schemes.add("warp_composition")
+            elif space.reduced > SERIAL_RUN and threads // space.groups >= 2:
+                _lanes_per_result(em, pattern, phase, space, values_at, arrays, tid, f"{k}_{j}")
+                schemes.add("warp_composition")
             else:
                 def per_result(result: Ix, phase=phase, arrays=arrays, values_at=values_at,
                                reducers=reducers, space=space, tag=f"{k}_{j}") -> list:
@@ -1517,6 +1522,36 @@ def _warp_per_result(em: _Emitter, pattern: Pattern, phase: list[FlatOp], space:
         store = If(lane, ix(0), stores)
         em.place(store if (u + 1) * warps <= space.groups else
                  If(result, ix(space.groups), [store], "lt"), 0)
+
+
+def _lanes_per_result(em: _Emitter, pattern: Pattern, phase: list[FlatOp], space: Space,
+                      values_at, arrays: list[SharedArray], tid: Var, tag: str) -> None:
+    """A phase of more results than `_warp_per_result` takes but at most half the block's
+    threads: ``members`` (2-16) threads per result, each warp holding ``WARP // members``
+    results side by side in its lanes (a result's members are lanes congruent modulo that
+    width), combined by a sub-warp butterfly (xor 16 down to the width). A thread per result
+    would run its R points serially; here each member runs R / members of them, and a warp
+    load reads each result at ``members`` consecutive points (column sums stay coalesced;
+    rows read ``members`` times fewer sectors than a thread per row). Threads past the last
+    result reduce a copy of another (every lane takes part in a shuffle) and store nothing."""
+    members = 1 << ((tid.extent // space.groups).bit_length() - 1)
+    members = min(members, WARP // 2)
+    width = WARP // members
+    lane = mod(tid, WARP)
+    result = add(scale(div(tid, WARP), width), mod(lane, width))
+    member = div(lane, width)
+    at = mod(result, space.groups)
+    partials = _over_points(em, Points(member, space.reduced, members, 1,
+                                       _unroll_short(em, space.reduced, members), f"m{tag}"),
+                            values_at(at), [red.reducer for red in phase])
+    stores = []
+    for red, partial, array in zip(phase, partials, arrays):
+        total = em.fresh(partial.dtype)
+        em.place(WarpReduce(total, partial, red.reducer, width), 0)
+        stores.append(SharedStore(array, at, _apply_init(em, pattern, red, total)))
+    store = If(member, ix(0), stores)
+    em.place(store if tid.extent // members == space.groups else
+             If(result, ix(space.groups), [store], "lt"), 0)
 
 
 def _downstream(pattern: Pattern, reductions: list[FlatOp]) -> set[str]:
