@@ -1509,19 +1509,8 @@ def _warp_per_result(em: _Emitter, pattern: Pattern, phase: list[FlatOp], space:
     warps = tid.extent // WARP
     lane, warp = mod(tid, WARP), div(tid, WARP)
     for u in range(-(-space.groups // warps)):
-        result = add(warp, u * warps)
-        at = mod(result, space.groups)
-        partials = _over_points(em, Points(lane, space.reduced, WARP, 1,
-                                           _unroll_short(em, space.reduced, WARP), f"w{tag}_{u}"),
-                                values_at(at), [red.reducer for red in phase])
-        stores = []
-        for red, partial, array in zip(phase, partials, arrays):
-            total = em.fresh(partial.dtype)
-            em.place(WarpReduce(total, partial, red.reducer), 0)
-            stores.append(SharedStore(array, at, _apply_init(em, pattern, red, total)))
-        store = If(lane, ix(0), stores)
-        em.place(store if (u + 1) * warps <= space.groups else
-                 If(result, ix(space.groups), [store], "lt"), 0)
+        _lanes_to_shared(em, pattern, phase, space, values_at, arrays, add(warp, u * warps),
+                         lane, WARP, (u + 1) * warps <= space.groups, f"w{tag}_{u}")
 
 
 def _lanes_per_result(em: _Emitter, pattern: Pattern, phase: list[FlatOp], space: Space,
@@ -1534,24 +1523,33 @@ def _lanes_per_result(em: _Emitter, pattern: Pattern, phase: list[FlatOp], space
     load reads each result at ``members`` consecutive points (column sums stay coalesced;
     rows read ``members`` times fewer sectors than a thread per row). Threads past the last
     result reduce a copy of another (every lane takes part in a shuffle) and store nothing."""
-    members = 1 << ((tid.extent // space.groups).bit_length() - 1)
-    members = min(members, WARP // 2)
+    members = min(1 << ((tid.extent // space.groups).bit_length() - 1), WARP // 2)
     width = WARP // members
     lane = mod(tid, WARP)
-    result = add(scale(div(tid, WARP), width), mod(lane, width))
-    member = div(lane, width)
+    _lanes_to_shared(em, pattern, phase, space, values_at, arrays,
+                     add(scale(div(tid, WARP), width), mod(lane, width)), div(lane, width),
+                     members, tid.extent // members == space.groups, f"m{tag}")
+
+
+def _lanes_to_shared(em: _Emitter, pattern: Pattern, phase: list[FlatOp], space: Space,
+                     values_at, arrays: list[SharedArray], result: Ix, member: Ix, members: int,
+                     every_result: bool, tag: str) -> None:
+    """``members`` lanes of a warp (``member`` of them; congruent modulo 32 / members) reduce
+    ``result``'s points between them, a butterfly (xor 16 down to 32 / members) combines them,
+    and member 0 stores the result into the phase's shared arrays. Lanes past the last result
+    (unless ``every_result``) reduce a copy of another, since every lane takes part in a
+    shuffle, and store nothing."""
     at = mod(result, space.groups)
     partials = _over_points(em, Points(member, space.reduced, members, 1,
-                                       _unroll_short(em, space.reduced, members), f"m{tag}"),
+                                       _unroll_short(em, space.reduced, members), tag),
                             values_at(at), [red.reducer for red in phase])
     stores = []
     for red, partial, array in zip(phase, partials, arrays):
         total = em.fresh(partial.dtype)
-        em.place(WarpReduce(total, partial, red.reducer, width), 0)
+        em.place(WarpReduce(total, partial, red.reducer, WARP // members), 0)
         stores.append(SharedStore(array, at, _apply_init(em, pattern, red, total)))
     store = If(member, ix(0), stores)
-    em.place(store if tid.extent // members == space.groups else
-             If(result, ix(space.groups), [store], "lt"), 0)
+    em.place(store if every_result else If(result, ix(space.groups), [store], "lt"), 0)
 
 
 def _downstream(pattern: Pattern, reductions: list[FlatOp]) -> set[str]:
