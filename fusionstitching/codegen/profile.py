@@ -74,10 +74,11 @@ from costmodel.instructions import (GENERIC_CLASS, OVERLAPPED_LOAD, add_instruct
                                     op_instructions)
 
 from . import KernelSpec
-from .kernel_ir import (UNROLL_FACTOR, WARP, Barrier, BlockReduce, Compute, Const, ConstLoad, DynamicIndex,
-                        GlobalLoad, GlobalStore, If, IndexLet, IndexValue, Ix, Kernel, Loop, Mod,
-                        SharedLoad, SharedStore, Value, Var, VectorExtract, WarpReduce,
-                        defined_values, expand_block_reduce, used_values, value_range)
+from .kernel_ir import (UNROLL_FACTOR, WARP, Barrier, BlockReduce, Compute, Const, ConstLoad,
+                        DynamicIndex, GlobalLoad, GlobalStore, If, IndexLet, IndexValue, Ix,
+                        Kernel, Loop, Mod, SharedLoad, SharedStore, Value, Var, VectorExtract,
+                        WarpReduce, defined_values, expand_block_reduce, used_values,
+                        value_range)
 
 SHUFFLE_STEPS = WARP.bit_length() - 1  # xor butterfly over 32 lanes: 5 shuffles
 # 32-bit registers per value; default 1 (a 128-bit vector load's value holds 4)
