@@ -23,7 +23,7 @@ import numpy as np
 
 _WIDTH_BITS = {"b8": 8, "u8": 8, "s8": 8, "b16": 16, "f16": 16, "u16": 16, "s16": 16,
                "b32": 32, "f32": 32, "u32": 32, "s32": 32, "b64": 64, "f64": 64, "u64": 64,
-               "s64": 64, "pred": 1}
+               "s64": 64}
 _COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
             "gt": np.greater, "ge": np.greater_equal}
 _INTEGER_OPS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "and": np.bitwise_and,
@@ -60,8 +60,8 @@ def _parse(line: str) -> _Instruction | None:
 
 def _normalize(value: np.ndarray, kind: str) -> np.ndarray:
     """Wraps an int64 array to the PTX type's width (signed types keep their sign)."""
-    bits = _WIDTH_BITS.get(kind, 64)
-    if bits >= 64 or kind == "pred":
+    bits = _WIDTH_BITS.get(kind, 64)  # predicates and 64-bit types as they are
+    if bits >= 64:
         return value
     value = value & ((1 << bits) - 1)
     return value - ((value >> (bits - 1)) << bits) if kind.startswith("s") else value
@@ -134,7 +134,7 @@ class ThreadValues:
         return None
 
 
-def access_bytes(opcode: str) -> int:
+def _access_bytes(opcode: str) -> int:
     parts = opcode.split(".")
     lanes = next((int(p[1:]) for p in parts if re.fullmatch(r"v\d", p)), 1)
     return lanes * _WIDTH_BITS.get(parts[-1], 32) // 8
@@ -200,7 +200,7 @@ def count_accesses(ptx: str, grid: int, block: int) -> PtxCounts:
     for i, line in enumerate(lines):
         in_loop = looped[i]
         for opcode in re.findall(r"\b(ld\.global[\w.]*|st\.global[\w.]*)", line):
-            size = access_bytes(opcode)
+            size = _access_bytes(opcode)
             threads = 0 if in_loop else executing(i)
             if opcode.startswith("ld"):
                 counts.loads += threads

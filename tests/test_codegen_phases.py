@@ -191,7 +191,7 @@ def test_a_phase_loop_of_few_trips_is_unrolled_in_a_variant(wide_layernorm_backw
     tile = Schedule("phases", Space(1, 0), 32, 4, 16, phases=5)
     pattern = flatten(module, spec.nodes)
     rolled = build_phased_kernel(pattern, tile, "r")[0]
-    unrolled = build_phased_kernel(pattern, dataclasses.replace(tile, cached=True), "u")[0]
+    unrolled = build_phased_kernel(pattern, dataclasses.replace(tile, unrolled=True), "u")[0]
     assert "for r_s" in str(rolled) and "for r_s" not in str(unrolled)
     check_against_xla(module, spec, unrolled, rtol=1e-5, atol=1e-5)
     modeled = {re.split(r"; grid |; refused: ", why)[0]: t for why, t in spec.candidates}

@@ -19,7 +19,7 @@ from fusionstitching.codegen.schedule import (Schedule, build_kernel, enumerate_
                                               reduction_space, resolve_device,
                                               reuse_shared_memory)
 from fusionstitching.hlo.parser import parse_file, parse_module
-from test_codegen_ops import kernel_nodes, check_against_xla
+from test_codegen_ops import check_against_xla, kernel_nodes, module_text
 
 HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
 
@@ -136,19 +136,11 @@ def test_gpu_division_and_roots_are_xla_gpus():
     assert "div.full.f32" in ptx and "div.rn.f32" not in ptx
 
 
-ROW_SUM = """HloModule m
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-ENTRY %main {
+ROW_SUM = """
   %x = f32[64,COLS]{1,0} parameter(0)
   %e = f32[64,COLS]{1,0} exponential(%x)
   %z = f32[] constant(0)
-  ROOT %r = f32[64]{0} reduce(%e, %z), dimensions={1}, to_apply=%add
-}
-"""
+  ROOT %r = f32[64]{0} reduce(%e, %z), dimensions={1}, to_apply=%add"""
 
 
 @pytest.mark.parametrize("cols,unrolled", [(256, True), (512, True), (1024, False)])
@@ -157,12 +149,12 @@ def test_short_row_loops_are_enumerated_unrolled_with_their_loads_in_flight(cols
     trips and one of 512 in 4, loops LLVM would keep with one load in flight
     (`unrolled_trips`); their unrolled variant is straight-line code, its loads independent.
     8 trips (1024 columns) LLVM unrolls itself: no variant."""
-    module = parse_module(ROW_SUM.replace("COLS", str(cols)))
+    module = parse_module(module_text("", ROW_SUM.replace("COLS", str(cols))))
     spec = generate(module, ["e", "r"], "k")
     pattern = flatten(module, ["e", "r"])
     warp = [s for s in enumerate_schedules(reduction_space(pattern), resolve_device(None), [64])
             if s.kind == "warp" and s.vector == 4 and s.groups_per_block == 1]
-    assert [s.cached for s in warp] == ([False, True] if unrolled else [False])
+    assert [s.unrolled for s in warp] == ([False, True] if unrolled else [False])
     kernel, _ = build_kernel(pattern, warp[-1], "k")
     check_against_xla(module, spec, kernel, rtol=1e-5)
     assert ("for r" in str(kernel)) == (not unrolled)

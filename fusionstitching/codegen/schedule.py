@@ -204,10 +204,11 @@ class Schedule:
     grid_blocks: int
     # Consecutive elements a thread takes at each step (4: 128-bit global loads and stores).
     vector: int = 1
-    # Producer caching: every reduction stage is unrolled, so the values one stage computes at
-    # this thread's points stay in registers for the later stages (no re-read, no recompute).
-    # Phased schedules: short loops unrolled (`_unroll_short`).
-    cached: bool = False
+    # Every reduction stage unrolled: a thread's loads are in flight together, and the values
+    # one stage computes at its points stay in registers for the later stages (producer
+    # caching: no re-read, no recompute). Phased schedules: short loops unrolled
+    # (`_unroll_short`).
+    unrolled: bool = False
     # Phased schedule: how many phases (reduction spaces in dependency order) the block runs.
     phases: int = 0
 
@@ -236,7 +237,7 @@ class Schedule:
         unrolled = ", short loops unrolled" if self.kind == "phases" else \
             ", stages unrolled (producers cached in registers)"
         return self._layout + (f", {self.vector} consecutive elements per step" if
-                               self.vector > 1 else "") + (unrolled if self.cached else "")
+                               self.vector > 1 else "") + (unrolled if self.unrolled else "")
 
     @property
     def _layout(self) -> str:
@@ -325,7 +326,7 @@ def enumerate_schedules(space: Space, device: Device, sizes: list[int],
         trips = chunks // s.threads_per_group
         if (reuse or trips < UNROLL_FACTOR) and chunks % s.threads_per_group == 0 and \
                 trips > 1 and s.points_per_thread <= MAX_CACHED_POINTS:
-            variants.append(dataclasses.replace(s, vector=vector, cached=True))
+            variants.append(dataclasses.replace(s, vector=vector, unrolled=True))
     out = variants
     for width in _divisors_up_to(o, (32, 16, 8)):
         for depth in (8, 16, 32):
@@ -1054,7 +1055,7 @@ def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, 
             stage = [red for red in stage if red.combiner is None]
             operands = [(red, pattern.op_map()[red.operands[0]].shape) for red in stage]
             partials = _over_points(
-                em, Points(member, r, sched.threads_per_group, sched.vector, sched.cached),
+                em, Points(member, r, sched.threads_per_group, sched.vector, sched.unrolled),
                 lambda point: [em.value(red.operands[0],
                                         _reduce_operand_index(red, shape, ix(group), point))
                                for red, shape in operands],
@@ -1075,7 +1076,7 @@ def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, 
                     em.store(first_output + i, shape, linearize(index, shape), value)
                 return []
             _over_points(em, Points(member, r, sched.threads_per_group, sched.vector,
-                                    sched.cached), store_point, [])
+                                    sched.unrolled), store_point, [])
             em.flush_stores(0)
         stores = _stores_at_group(em, _result_shape(ref), group, per_group, first_output)
         if stores and sched.kind == "thread":
@@ -1319,12 +1320,12 @@ MAX_RESULTS_PER_WARP = 4
 
 def _unroll_short(em: _Emitter, count: int, step: int) -> bool:
     """Whether a thread's loop over ``count`` points, ``step`` apart, is emitted unrolled: in
-    the schedule's variant that unrolls short loops (``Schedule.cached``), those of 2 to
+    the schedule's variant that unrolls short loops (``Schedule.unrolled``), those of 2 to
     UNROLL_FACTOR - 1 trips, which LLVM keeps a loop with one load in flight per trip. Its
     loads then issue together, but their values take registers; the latency-evaluator
     chooses between the two variants."""
     short = count % step == 0 and 1 < count // step < UNROLL_FACTOR
-    em.short_loops += short
+    em.short_loops += short  # either way: a twin without any is refused as the same kernel
     return em.unroll_short and short
 
 
@@ -1379,7 +1380,7 @@ def enumerate_phased_schedules(pattern: Pattern, device: Device) -> list[Schedul
         out.append(dataclasses.replace(one_block, groups_per_block=WARP,
                                        threads_per_group=threads // WARP,
                                        grid_blocks=results // WARP))
-    return out + [dataclasses.replace(s, cached=True) for s in out]
+    return out + [dataclasses.replace(s, unrolled=True) for s in out]
 
 
 def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
@@ -1402,7 +1403,7 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
     threads, blocks = sched.block[0], sched.grid_blocks
     tid, bid = Var("tid", threads), Var("bid", blocks)
     em = _Emitter(pattern, Var("o", 1))  # reductions are staged, never read at "the" group
-    em.unroll_short = sched.cached
+    em.unroll_short = sched.unrolled
     schemes = {"thread_composition", "block_composition"}
     shared: list[SharedArray] = []
     plan = _phase_plan(pattern)
@@ -1486,7 +1487,7 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
             stored = True
         if stored:
             em.place(Barrier(), 0)
-    if sched.cached and not em.short_loops:
+    if sched.unrolled and not em.short_loops:
         raise CodegenError("no short loop to unroll (the same kernel as without)")
     element = ix(tid) if blocks == 1 else add(scale(bid, threads), tid)
     _packed_outputs(em, pattern, packed, first_output, element, threads * blocks, sched.vector,
@@ -1720,7 +1721,7 @@ def host_schedule(pattern: Pattern, chosen: Schedule | None = None) -> Schedule:
     A phased kernel (``chosen``) stays phased, with one thread and its loops rolled."""
     if chosen is not None and chosen.kind == "phases":
         return dataclasses.replace(chosen, groups_per_block=1, threads_per_group=1, vector=1,
-                                   grid_blocks=1, cached=False)
+                                   grid_blocks=1, unrolled=False)
     space = reduction_space(pattern)
     if space.reduced == 0:
         return Schedule("loop", space, 1, 1, 1)
