@@ -139,6 +139,45 @@ def test_loads_are_hoisted_while_the_block_size_keeps_its_occupancy():
 
 
 
+
+@needs_ptxas
+def test_a_one_wave_kernel_may_take_every_register_for_its_loads():
+    """The same 128-thread kernel in a grid that runs one block per SM
+    (``min_blocks_per_sm`` 1): no register costs occupancy, so the PTX says so
+    (.minnctapersm 1), ptxas hoists all 48 loads (sm_90: 64 registers, SASS waiting on a load
+    once, against 40 registers and 3 waits without it) and the model waits one latency."""
+    kernel = _chained_inputs_kernel(128)
+    kernel.min_blocks_per_sm = 1
+    spec = _spec(kernel)
+    loads = kernel_profile(spec).instructions
+    assert loads["ld_global"] == 1 and loads["ld_global_overlapped"] == 47
+    assert register_model(spec) > 40
+    for arch in ("sm_80", "sm_90"):
+        assembled = codegen.compile_nvptx(spec, arch)
+        assert ".minnctapersm 1" in assembled.ptx and assembled.spills == 0
+        assert _within(register_model(spec), assembled.regs), arch
+    assert ".minnctapersm" not in codegen.compile_nvptx(
+        _spec(_chained_inputs_kernel(128)), "sm_90").ptx
+
+
+def test_only_grids_of_one_block_per_sm_are_marked_so():
+    """The scheduler marks a kernel whose grid fits the device's SMs (H100: 132) at one block
+    each, not one of more blocks."""
+    def grid_and_mark(n: int) -> tuple[int, int]:
+        module = parse_module(f"""HloModule m
+ENTRY %main {{
+  %x = f32[{n}]{{0}} parameter(0)
+  ROOT %y = f32[{n}]{{0}} exponential(%x)
+}}
+""")
+        spec = codegen.generate(module, ["y"], "k")
+        return spec.grid[0], spec.kernel.min_blocks_per_sm
+
+    small, large = grid_and_mark(4096), grid_and_mark(1 << 22)
+    assert small[0] <= 132 and small[1] == 1
+    assert large[0] > 132 and large[1] == 0
+
+
 def test_straight_line_loads_overlap_while_their_registers_allow():
     """48 independent loads in one straight-line block: in one-warp blocks, where ptxas hoists
     them all, the block waits one load latency; in blocks of 128 threads, capped at 32

@@ -460,6 +460,10 @@ class Kernel:
     tid: Var  # threadIdx.x
     bid: Var  # blockIdx.x
     constants: list[ConstArray] = field(default_factory=list)
+    # CUDA's __launch_bounds__ minBlocksPerMultiprocessor. 0: ptxas keeps the occupancy the
+    # block size allows (it reads .maxntid so); 1: the grid runs one block per SM on the
+    # schedule's device, so no register costs occupancy (.minnctapersm 1).
+    min_blocks_per_sm: int = 0
 
     @property
     def smem_bytes(self) -> int:

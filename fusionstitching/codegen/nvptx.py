@@ -59,6 +59,9 @@ class NvptxLowering(ThreadLowering):
         annotations.add(module.add_metadata([function, "kernel", ir.Constant(I32, 1)]))
         annotations.add(module.add_metadata([function, "maxntidx",
                                              ir.Constant(I32, kernel.block[0])]))
+        if kernel.min_blocks_per_sm:
+            annotations.add(module.add_metadata([function, "minctasm",
+                                                 ir.Constant(I32, kernel.min_blocks_per_sm)]))
 
     def buffer_pointer(self, i: int) -> ir.Value:
         return self.function.args[i]

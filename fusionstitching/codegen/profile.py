@@ -773,12 +773,16 @@ def unrolled_trips(loop: Loop, kernel: Kernel) -> int | None:
     return None
 
 
-def occupancy_registers(threads_per_block: int) -> int:
+def occupancy_registers(threads_per_block: int, min_blocks_per_sm: int = 0) -> int:
     """Registers per thread that still let an SM hold as many blocks of this size as its
     block and thread limits allow: 32 for blocks of 64 threads or more (2048 threads), 64 for
-    one-warp blocks (32 blocks of 32 threads: the SM can never be full)."""
+    one-warp blocks (32 blocks of 32 threads: the SM can never be full). A kernel that needs
+    only ``min_blocks_per_sm`` blocks per SM (`Kernel.min_blocks_per_sm`) may take what
+    those leave (255 for one block of 128 threads)."""
     blocks = min(OCCUPANCY_ARCH.max_blocks_per_sm,
                  OCCUPANCY_ARCH.max_threads_per_sm // max(threads_per_block, 1))
+    if min_blocks_per_sm:
+        blocks = min(blocks, min_blocks_per_sm)
     per_thread = REGISTERS_PER_SM // max(blocks * threads_per_block, 1)
     return min(per_thread - per_thread % 8, OCCUPANCY_ARCH.max_regs_per_thread)
 
@@ -794,7 +798,8 @@ def _registers_and_load_window(spec: KernelSpec) -> tuple[int, float]:
     hoisted = _Lifetimes(spec.kernel)
     hoisted.walk(body)
     regs = costmodel.estimate_registers(hoisted.live_counts())
-    keeps_occupancy = occupancy_registers(math.prod(spec.kernel.block))
+    keeps_occupancy = occupancy_registers(math.prod(spec.kernel.block),
+                                          spec.kernel.min_blocks_per_sm)
     if regs <= keeps_occupancy:
         return regs, math.inf
     # ptxas hoists loads only while that keeps the occupancy the block size allows; beyond,

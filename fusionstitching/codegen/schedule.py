@@ -1794,6 +1794,8 @@ def schedule_pattern(pattern: Pattern, name: str, device: dict | Device | None =
             refusals.append((sched.why, str(e)))
             continue
         no_reuse = reuse_shared_memory(kernel)
+        if math.prod(kernel.grid) <= dev.sm_count:
+            kernel.min_blocks_per_sm = 1  # the grid is one wave of one block per SM
         if kernel.smem_bytes > dev.shared_memory_per_block:
             refusals.append((sched.why, f"{kernel.smem_bytes} B shared memory exceeds "
                                         f"{dev.shared_memory_per_block} B"))
