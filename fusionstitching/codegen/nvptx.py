@@ -195,11 +195,13 @@ def compile_nvptx(spec, arch: str = "sm_90") -> NvptxKernel:
     if ptxas is None:
         return NvptxKernel(spec.name, arch, text, ptx, None, None, None, None, "")
     kernel = _assemble(ptxas, spec.name, arch, text, ptx)
-    if kernel.spills and _MAXNTID.search(ptx):
+    if kernel.spills and _MAXNTID.search(ptx) and not spec.kernel.min_blocks_per_sm:
         # ptxas reads ".maxntid N" as "keep the SM's every thread slot": with 256-thread blocks
         # it caps registers at 32 and spills a kernel that needs a few more; without the bound
         # it may use 64 (BERT train's packed optimizer kernel: 32 registers + 8 B of spills
         # with it, 40 and none without). The launch is the same either way.
+        # A kernel marked .minnctapersm 1 has no such cap (and ptxas ignores that mark
+        # without .maxntid).
         unbounded = _assemble(ptxas, spec.name, arch, text, _MAXNTID.sub("", ptx))
         if unbounded.spills == 0:
             return unbounded
