@@ -19,8 +19,16 @@ from collections.abc import Mapping
 # Op class of everything the profilers do not recognise (new IR nodes, exotic HLO ops):
 # charged as one integer-ALU instruction each (costmodel/data/cpi.json, derivations.other).
 GENERIC_CLASS = "other"
+
+
+def overlapped(op_class: str) -> str:
+    """The class of an instruction of ``op_class`` that waits for no instruction before it
+    (latency.op_costs: its issue cycles only)."""
+    return f"{op_class}_overlapped"
+
+
 # A global load issued behind an independent one still in flight (cpi.json derivations).
-OVERLAPPED_LOAD = "ld_global_overlapped"
+OVERLAPPED_LOAD = overlapped("ld_global")
 
 _IEEE_CORRECTION = 4  # fp32 Newton-Raphson steps after the SFU approximation (assumed)
 

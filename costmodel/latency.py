@@ -28,6 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .devices import Device
+from .instructions import overlapped
 from .kernel_time import LAUNCH_US, kernel_cost
 from .occupancy import ARCH_LIMITS, Occupancy, arch_limits, occupancy
 
@@ -80,9 +81,14 @@ def op_costs(sm_arch: str) -> dict[str, OpCost]:
     # Each scheduler issues at most one 32-lane warp instruction per clock, so a class with
     # R results per clock per SM keeps a scheduler busy 32 * schedulers / R cycles.
     lanes_per_sm_clock = 32 * ARCH_LIMITS[sm_arch].sub_partitions
-    return {op: OpCost(latency=arch["latency_cycles"][op][0],
-                       issue=lanes_per_sm_clock / arch["per_sm_per_clock"][op][0])
-            for op in arch["latency_cycles"]}
+    costs = {op: OpCost(latency=arch["latency_cycles"][op][0],
+                        issue=lanes_per_sm_clock / arch["per_sm_per_clock"][op][0])
+             for op in arch["latency_cycles"]}
+    # An instruction independent of those before it (another copy of an unrolled loop's
+    # body) issues without waiting for them: only its issue cycles, as for loads in flight.
+    costs.update({overlapped(op): OpCost(latency=cost.issue, issue=cost.issue)
+                  for op, cost in list(costs.items()) if overlapped(op) not in costs})
+    return costs
 
 
 def warp_cycles(instructions: Mapping[str, float], costs: Mapping[str, OpCost],

@@ -76,6 +76,41 @@ def test_unrolled_loop_overlaps_its_loads():
     assert counts["ld_global"] == 1 and counts["ld_global_overlapped"] == 7
 
 
+
+def test_index_arithmetic_is_counted_once_per_sub_expression():
+    """LLVM computes a thread's base offset once and, in a loop it unrolls, turns the loop
+    variable into immediate offsets: 8 unrolled copies cost no more integer instructions than
+    one (no step either), while a loop that stays a loop pays per iteration for its step,
+    compare-and-branch and pointer."""
+    def ints(cols: int, start_of, step: int | None, threads: int) -> float:
+        kernel = _row_sum_kernel(threads, cols, start_of, step)
+        return kernel_profile(_spec(kernel)).instructions["int"]
+
+    lane = lambda tid: mod(tid, 32)
+    assert ints(256, lane, 32, 64) <= ints(32, lane, 32, 64)  # 8 copies against one
+    # Loops of 2, 3 and 4 trips: per iteration a step and a compare-and-branch, the loop
+    # variable added to the row's offset, and the 64-bit address.
+    two, three, four = (ints(512 * trips, ix, None, 512) for trips in (2, 3, 4))
+    assert three - two == four - three == 2 + 1 + 2
+
+
+def test_copies_of_an_unrolled_body_issue_behind_the_first():
+    """An op in each of 8 unrolled copies waits for its operands once; the other 7 copies are
+    independent of it and cost their issue cycles. The accumulation joining them is a chain."""
+    tid, bid, col = Var("tid", 64), Var("bid", 4), Var("col", 256)
+    x, out = Shape("f32", (4, 256), (1, 0)), Shape("f32", (4,), (0,))
+    loaded, squared, zero, partial = (Value(n, "f32") for n in ("x", "sq", "zero", "partial"))
+    body = [Const(zero, 0.0),
+            Loop(col, mod(tid, 32), 256, 32,
+                 [GlobalLoad(loaded, 0, add(scale(bid, 256), col)),
+                  Compute(squared, "multiply", [loaded, loaded])],
+                 [Accumulate(partial, "add", zero, squared)]),
+            If(ix(tid), ix(0), [GlobalStore(1, ix(bid), partial)])]
+    kernel = Kernel("k", [Buffer("x", x, False), Buffer("out", out, True)], (4,), (64,), [],
+                    body, tid, bid)
+    counts = kernel_profile(_spec(kernel)).instructions
+    assert counts["fp32"] == 1 + 8 and counts["fp32_overlapped"] == 7
+
 @needs_ptxas
 @pytest.mark.parametrize("threads, cols, start, step", [
     (512, 2048, ix, None), (64, 512, ix, None), (256, 2048, ix, None), (256, 1792, ix, None),
