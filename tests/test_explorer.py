@@ -243,6 +243,37 @@ def test_remote_fusion_packs_the_connected_region_plan_too():
         "connected-region plan, packed: 1 kernels")
 
 
+# P = {p1, p2} packs two unconnected kernels; u reaches p1 and p2 reaches v through GEMMs.
+# u and v pack alone without a cycle, but the pack and P would each reach the other.
+JOINT_CYCLE = """
+HloModule joint_cycle
+ENTRY %main (x: f32[32,32], w: f32[32,32], z: f32[32,32]) -> (f32[32,32], f32[32,32]) {
+  %x = f32[32,32]{1,0} parameter(0)
+  %w = f32[32,32]{1,0} parameter(1)
+  %z = f32[32,32]{1,0} parameter(2)
+  %p2 = f32[32,32]{1,0} exponential(%z)
+  %u = f32[32,32]{1,0} exponential(%x)
+  %dot1 = f32[32,32]{1,0} dot(%u, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %p1 = f32[32,32]{1,0} negate(%dot1)
+  %dot2 = f32[32,32]{1,0} dot(%p2, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %v = f32[32,32]{1,0} negate(%dot2)
+  ROOT %t = (f32[32,32]{1,0}, f32[32,32]{1,0}) tuple(%p1, %v)
+}
+"""
+
+
+def test_remote_fusion_packs_nothing_into_a_cycle_with_another_kernel():
+    explorer = Explorer(build_graph(parse_module(JOINT_CYCLE)), accept_all, H100)
+    pattern, pack = frozenset({"p1", "p2"}), frozenset({"u", "v"})
+    assert not explorer.index.creates_cycle(pattern) and not explorer.index.creates_cycle(pack)
+    units = explorer._units([pattern])
+    assert units == [pattern, frozenset({"u"}), frozenset({"v"})]
+    assert explorer.remote_fusion(units) == []
+    # The latency-evaluator and the code generator accepted the pack; the cycle refused it.
+    assert explorer._packs[(frozenset({"u"}), frozenset({"v"}))][0]
+    assert explorer._latest[pack] == (False, "remote fusion: a cycle with another kernel of "
+                                             "the plan")
+
 def test_remote_fusion_asks_the_code_generator():
     graph = build_graph(parse_module(TWO_REGIONS))
     plan = explore(graph, lambda nodes: (False, "no kernel packing"), "beam", H100)

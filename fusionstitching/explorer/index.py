@@ -70,6 +70,20 @@ class KernelDag:
 
     # -- reachability --------------------------------------------------------------------
 
+    def reachable(self, pattern: frozenset[str], forward: bool = True) -> frozenset[str]:
+        """The kernels outside ``pattern`` that a path from it reaches (``forward``), or that
+        reach it: two patterns form a cycle between them when each holds a kernel of the
+        other's set. A search over the graph beyond the pattern, O(V + E) at worst."""
+        edges = self.succs if forward else self.preds
+        stack = [u for n in pattern for u in edges[n] if u not in pattern]
+        seen = set(stack)
+        while stack:
+            for w in edges[stack.pop()]:
+                if w not in seen and w not in pattern:
+                    seen.add(w)
+                    stack.append(w)
+        return frozenset(seen)
+
     def creates_cycle(self, pattern: frozenset[str]) -> bool:
         """Does a path leave ``pattern`` and come back through an outside kernel?"""
         return self._comes_back(pattern, pattern, pattern)
