@@ -8,6 +8,7 @@ import pytest
 import costmodel
 from fusionstitching import codegen
 from fusionstitching.explorer import Explorer, explore
+from fusionstitching.explorer.search import Candidate, _Beam
 from fusionstitching.codegen.profile import modeled_kernel_us
 from fusionstitching.graph import build_graph
 from fusionstitching.graph.profile import xla_kernel_profile
@@ -273,6 +274,19 @@ def test_remote_fusion_packs_nothing_into_a_cycle_with_another_kernel():
     assert explorer._packs[(frozenset({"u"}), frozenset({"v"}))][0]
     assert explorer._latest[pack] == (False, "remote fusion: a cycle with another kernel of "
                                              "the plan")
+
+
+def test_a_beam_takes_no_candidate_that_forms_a_cycle_with_its_patterns():
+    """{u, v} and {p1, p2} are acyclic alone and each reaches the other; {u, p2} and
+    {p1, v} reach one way only."""
+    explorer = Explorer(build_graph(parse_module(JOINT_CYCLE)), accept_all, H100)
+
+    def beam_holding(*nodes: str) -> _Beam:
+        return _Beam(0.0, (), (Candidate(frozenset(nodes), 1.0), None))
+
+    assert explorer._cycle_with(Candidate(frozenset({"u", "v"}), 1.0), beam_holding("p1", "p2"))
+    assert not explorer._cycle_with(Candidate(frozenset({"u", "p2"}), 1.0),
+                                    beam_holding("p1", "v"))
 
 def test_remote_fusion_asks_the_code_generator():
     graph = build_graph(parse_module(TWO_REGIONS))
