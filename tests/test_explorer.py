@@ -8,6 +8,7 @@ import pytest
 import costmodel
 from fusionstitching import codegen
 from fusionstitching.explorer import Explorer, explore
+from fusionstitching.explorer.plan import Pattern
 from fusionstitching.explorer.search import Candidate, _Beam
 from fusionstitching.codegen.profile import modeled_kernel_us
 from fusionstitching.graph import build_graph
@@ -287,6 +288,26 @@ def test_a_beam_takes_no_candidate_that_forms_a_cycle_with_its_patterns():
     assert explorer._cycle_with(Candidate(frozenset({"u", "v"}), 1.0), beam_holding("p1", "p2"))
     assert not explorer._cycle_with(Candidate(frozenset({"u", "p2"}), 1.0),
                                     beam_holding("p1", "v"))
+
+
+def test_the_plans_mix_where_each_is_fastest():
+    """Two regions, two plans each fusing one of them: mixed, both are fused, faster than
+    either plan, and each kernel keeps its plan's reason."""
+    explorer = Explorer(build_graph(parse_module(TWO_REGIONS)), accept_all, H100)
+
+    def plan(label: str, *patterns: tuple[str, ...]) -> tuple:
+        kernels = explorer._units([frozenset(p) for p in patterns])
+        us, nbytes = explorer.plan_cost(kernels)
+        return us, nbytes, len(kernels), label, [Pattern(list(p), f"from {label}")
+                                                 for p in patterns]
+
+    plans = [plan("XLA's plan"), plan("first", ("a", "b")), plan("second", ("c", "d"))]
+    us, nbytes, kernels, label, patterns = explorer._mixed_plan(plans, [])
+    assert us < min(p[0] for p in plans) and kernels == 2
+    assert label == "mixed plan (first, second)"
+    assert sorted((p.nodes, p.reason) for p in patterns) == [
+        (["a", "b"], "from first"), (["c", "d"], "from second")]
+    assert explorer._mixed_plan(plans[:2], []) is None  # one plan wins everywhere
 
 def test_remote_fusion_asks_the_code_generator():
     graph = build_graph(parse_module(TWO_REGIONS))

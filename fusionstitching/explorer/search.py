@@ -518,13 +518,64 @@ class Explorer:
         plans.append(self._packed_plan(
             "connected-region plan, packed", greedy_patterns,
             {frozenset(p.nodes): p.reason for p in greedy.patterns}, notes))
+        mixed = self._mixed_plan(plans, notes)
+        if mixed is not None:
+            plans.append(mixed)
         us, nbytes, _, label, patterns = min(
             (p for p in plans if p[1] <= xla_bytes), key=itemgetter(0, 1, 2))
         decisions = self._all_decisions()
-        if label.startswith("connected-region plan"):
+        if "connected-region plan" in label:
             decisions += greedy.decisions
         notes.append(f"chose {label}: {us:.3f} us, {nbytes} bytes (modeled)")
         return FusionPlan("beam", patterns, decisions, notes)
+
+    def _mixed_plan(self, plans: list[tuple], notes: list[str]) -> tuple | None:
+        """The plans mixed group by group. A group is a set of kernels that the plans' kernels
+        join (a connected component of "some plan's kernel holds both"), so each plan's
+        kernels cover every group exactly and a plan's time and bytes add up over the groups:
+        each group takes the plan fastest there among those moving no more bytes there than
+        XLA's kernels (``plans[0]``). None when that is no faster than the best plan, or when
+        the mixed kernels form a cycle through each other."""
+        kernels_of = [self._units([frozenset(p.nodes) for p in plan[4]]) for plan in plans]
+        root = {n: n for n in self.index.participants}
+
+        def find(n: str) -> str:
+            while root[n] != n:
+                root[n] = root[root[n]]
+                n = root[n]
+            return n
+
+        for kernels in kernels_of:
+            for kernel in kernels:
+                first = find(min(kernel))
+                for n in kernel:
+                    root[find(n)] = first
+        groups: dict[str, list[list[frozenset[str]]]] = {}
+        for i, kernels in enumerate(kernels_of):
+            for kernel in kernels:
+                groups.setdefault(find(min(kernel)), [[] for _ in plans])[i].append(kernel)
+        # Ties go to the plan that is best as a whole, so that the others are named only
+        # where they differ.
+        rank = sorted(range(len(plans)), key=lambda i: plans[i][:3])
+        chosen: list[tuple[int, frozenset[str]]] = []
+        for per_plan in groups.values():
+            costs = [self.plan_cost(kernels) for kernels in per_plan]
+            best = min((i for i in rank if costs[i][1] <= costs[0][1]),
+                       key=lambda i: (*costs[i], len(per_plan[i]), rank.index(i)))
+            chosen += [(best, kernel) for kernel in per_plan[best]]
+        kernels = [kernel for _, kernel in chosen]
+        us, nbytes = self.plan_cost(kernels)
+        if us >= min(plan[0] for plan in plans if plan[1] <= plans[0][1]) or \
+                not self.index.plan_is_acyclic(kernels):
+            return None
+        used = sorted({i for i, _ in chosen})
+        label = f"mixed plan ({', '.join(plans[i][3] for i in used)})"
+        notes.append(f"{label}: {len(kernels)} kernels, {nbytes} bytes, {us:.3f} us (modeled), "
+                     f"the fastest plan in each of {len(groups)} groups")
+        pattern_of = [{frozenset(p.nodes): p for p in plan[4]} for plan in plans]
+        patterns = [pattern_of[i][kernel] for i, kernel in chosen if len(kernel) > 1]
+        patterns.sort(key=lambda p: self.index.order[p.nodes[0]])
+        return us, nbytes, len(kernels), label, patterns
 
     def _packed_plan(self, label: str, patterns: list[frozenset[str]],
                      reasons: dict[frozenset[str], str], notes: list[str], note: str = ""):
