@@ -66,6 +66,7 @@ import costmodel
 from costmodel import KernelProfile, kernel_latency_us
 
 from ..graph import OpGraph
+from ..graph.traffic import connected_components
 from .baseline import connected_region_plan
 from .index import GraphIndex
 from .plan import Decision, FusionPlan, Pattern
@@ -537,28 +538,19 @@ class Explorer:
         XLA's kernels (``plans[0]``). None when that is no faster than the best plan, or when
         the mixed kernels form a cycle through each other."""
         kernels_of = [self._units([frozenset(p.nodes) for p in plan[4]]) for plan in plans]
-        root = {n: n for n in self.index.participants}
-
-        def find(n: str) -> str:
-            while root[n] != n:
-                root[n] = root[root[n]]
-                n = root[n]
-            return n
-
-        for kernels in kernels_of:
-            for kernel in kernels:
-                first = find(min(kernel))
-                for n in kernel:
-                    root[find(n)] = first
-        groups: dict[str, list[list[frozenset[str]]]] = {}
+        components = connected_components(
+            self.index.participants,
+            ((min(kernel), n) for kernels in kernels_of for kernel in kernels for n in kernel))
+        group_of = {n: g for g, component in enumerate(components) for n in component}
+        groups = [[[] for _ in plans] for _ in components]  # group -> plan -> its kernels
         for i, kernels in enumerate(kernels_of):
             for kernel in kernels:
-                groups.setdefault(find(min(kernel)), [[] for _ in plans])[i].append(kernel)
+                groups[group_of[min(kernel)]][i].append(kernel)
         # Ties go to the plan that is best as a whole, so that the others are named only
         # where they differ.
         rank = sorted(range(len(plans)), key=lambda i: plans[i][:3])
         chosen: list[tuple[int, frozenset[str]]] = []
-        for per_plan in groups.values():
+        for per_plan in groups:
             costs = [self.plan_cost(kernels) for kernels in per_plan]
             best = min((i for i in rank if costs[i][1] <= costs[0][1]),
                        key=lambda i: (*costs[i], len(per_plan[i]), rank.index(i)))

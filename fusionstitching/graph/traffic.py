@@ -56,10 +56,11 @@ def pattern_traffic(graph: OpGraph, pattern: Iterable[str]) -> tuple[int, int]:
             sum(value_bytes(graph, v) for v in writes))
 
 
-def memory_intensive_regions(graph: OpGraph) -> list[list[str]]:
-    """Connected components of memory-intensive kernels (edges seen through no-ops), each in
-    topological order: the ideal plan's kernels for ``compulsory_bytes``."""
-    parent = {n.name: n.name for n in graph.memory_intensive_nodes()}
+def connected_components(items: Iterable[str], links: Iterable[tuple[str, str]]
+                         ) -> list[list[str]]:
+    """The items joined by the links (pairs of items) into groups, each group in the items'
+    order (union-find)."""
+    parent = {x: x for x in items}
 
     def find(x: str) -> str:
         while parent[x] != x:
@@ -67,14 +68,23 @@ def memory_intensive_regions(graph: OpGraph) -> list[list[str]]:
             x = parent[x]
         return x
 
-    for name in parent:
-        for producer, _ in _consumed_values(graph, graph.nodes[name]):
-            if producer in parent:
-                parent[find(producer)] = find(name)
-    regions: dict[str, list[str]] = {}
-    for name in parent:  # dict order is topological order
-        regions.setdefault(find(name), []).append(name)
-    return list(regions.values())
+    for a, b in links:
+        parent[find(a)] = find(b)
+    groups: dict[str, list[str]] = {}
+    for x in parent:
+        groups.setdefault(find(x), []).append(x)
+    return list(groups.values())
+
+
+def memory_intensive_regions(graph: OpGraph) -> list[list[str]]:
+    """Connected components of memory-intensive kernels (edges seen through no-ops), each in
+    topological order: the ideal plan's kernels for ``compulsory_bytes``."""
+    names = [n.name for n in graph.memory_intensive_nodes()]  # topological order
+    memory_intensive = set(names)
+    return connected_components(names, (
+        (producer, name) for name in names
+        for producer, _ in _consumed_values(graph, graph.nodes[name])
+        if producer in memory_intensive))
 
 
 def plan_bytes(graph: OpGraph, patterns: Iterable[Iterable[str]]) -> int:
