@@ -337,7 +337,10 @@ def test_register_model_no_worse_than_measured():
 def test_register_model_within_25_percent_of_ptxas_whole_corpus():
     """Issue 5's criterion: 92.1% sm_80, 90.0% sm_90 of 470 corpus kernels (bench_regs after
     803cfa3; 83.4% and 82.8% before it). Not met on 2026-11-23: 85.8% and 83.4% of the 445
-    kernels stitched then, 87.4% and 85.8% with store addresses read at their block's start."""
+    kernels stitched then, 87.4% and 85.8% with store addresses read at their block's start;
+    on ac9f8a8 85.0% and 80.9% of 534 kernels, the largest overshoots being grids of one
+    block per SM (.minnctapersm 1, modeled with every load hoisted: BERT train JAX H100's
+    kernel 1 at 109 against 55 and 35)."""
     specs = list(_stitched(sorted(glob.glob(os.path.join(HLO, "*.hlo*")))))
     _check_registers(specs, ["sm_80", "sm_90"], share_within=0.90)
 
