@@ -9,14 +9,13 @@ import costmodel
 from fusionstitching import codegen
 from fusionstitching.explorer import Explorer, explore
 from fusionstitching.explorer.plan import Pattern
-from fusionstitching.explorer.search import Candidate, _Beam
 from fusionstitching.codegen.profile import modeled_kernel_us
 from fusionstitching.graph import build_graph
 from fusionstitching.graph.profile import xla_kernel_profile
 from fusionstitching.graph.traffic import memory_intensive_regions, pattern_traffic
 from fusionstitching.hlo.parser import parse_file, parse_module
 from fusionstitching.pipeline import Options, stitch_module
-from test_graph_explorer import kernels_form_a_cycle
+from test_graph_explorer import INTERLOCKED, kernels_form_a_cycle
 
 H100 = costmodel.load_device("h100")
 CORPUS = sorted(glob.glob("tests/data/hlo/*.hlo*"))
@@ -245,50 +244,26 @@ def test_remote_fusion_packs_the_connected_region_plan_too():
         "connected-region plan, packed: 1 kernels")
 
 
-# P = {p1, p2} packs two unconnected kernels; u reaches p1 and p2 reaches v through GEMMs.
-# u and v pack alone without a cycle, but the pack and P would each reach the other.
-JOINT_CYCLE = """
-HloModule joint_cycle
-ENTRY %main (x: f32[32,32], w: f32[32,32], z: f32[32,32]) -> (f32[32,32], f32[32,32]) {
-  %x = f32[32,32]{1,0} parameter(0)
-  %w = f32[32,32]{1,0} parameter(1)
-  %z = f32[32,32]{1,0} parameter(2)
-  %p2 = f32[32,32]{1,0} exponential(%z)
-  %u = f32[32,32]{1,0} exponential(%x)
-  %dot1 = f32[32,32]{1,0} dot(%u, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-  %p1 = f32[32,32]{1,0} negate(%dot1)
-  %dot2 = f32[32,32]{1,0} dot(%p2, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-  %v = f32[32,32]{1,0} negate(%dot2)
-  ROOT %t = (f32[32,32]{1,0}, f32[32,32]{1,0}) tuple(%p1, %v)
-}
-"""
-
-
 def test_remote_fusion_packs_nothing_into_a_cycle_with_another_kernel():
-    explorer = Explorer(build_graph(parse_module(JOINT_CYCLE)), accept_all, H100)
-    pattern, pack = frozenset({"p1", "p2"}), frozenset({"u", "v"})
-    assert not explorer.index.creates_cycle(pattern) and not explorer.index.creates_cycle(pack)
+    """With the pattern {a, b} of INTERLOCKED, c reaches b and a reaches d: packing c with
+    d is refused although each pack alone is acyclic."""
+    explorer = Explorer(build_graph(parse_module(INTERLOCKED)), accept_all, H100)
+    pattern = frozenset({"a", "b"})
     units = explorer._units([pattern])
-    assert units == [pattern, frozenset({"u"}), frozenset({"v"})]
-    assert explorer.remote_fusion(units) == []
-    # The latency-evaluator and the code generator accepted the pack; the cycle refused it.
-    assert explorer._packs[(frozenset({"u"}), frozenset({"v"}))][0]
-    assert explorer._latest[pack] == (False, "remote fusion: a cycle with another kernel of "
-                                             "the plan")
+    assert units == [pattern] + [frozenset({n}) for n in ("d", "d2", "c", "c2")]
+    d, d2, c, c2 = units[1:]
+    assert explorer.remote_fusion(units) == [[d, d2], [c, c2]]
+    # The latency-evaluator and the code generator accepted {d, d2, c}; the cycle refused it.
+    assert explorer._packs[(d, d2, c)][0]
+    assert explorer._latest[d | d2 | c] == (False, "remote fusion: a cycle with another "
+                                                   "kernel of the plan")
 
 
 def test_a_beam_takes_no_candidate_that_forms_a_cycle_with_its_patterns():
-    """{u, v} and {p1, p2} are acyclic alone and each reaches the other; {u, p2} and
-    {p1, v} reach one way only."""
-    explorer = Explorer(build_graph(parse_module(JOINT_CYCLE)), accept_all, H100)
-
-    def beam_holding(*nodes: str) -> _Beam:
-        return _Beam(0.0, (), (Candidate(frozenset(nodes), 1.0), None))
-
-    assert explorer._cycle_with(Candidate(frozenset({"u", "v"}), 1.0), beam_holding("p1", "p2"))
-    assert not explorer._cycle_with(Candidate(frozenset({"u", "p2"}), 1.0),
-                                    beam_holding("p1", "v"))
-
+    """INTERLOCKED: {c, d} and {a, b} each reach the other; {a, c} and {b, d} one way only."""
+    explorer = Explorer(build_graph(parse_module(INTERLOCKED)), accept_all, H100)
+    assert explorer._cycle_with(frozenset({"c", "d"}), [frozenset({"a", "b"})])
+    assert not explorer._cycle_with(frozenset({"a", "c"}), [frozenset({"b", "d"})])
 
 def test_the_plans_mix_where_each_is_fastest():
     """Two regions, two plans each fusing one of them: mixed, both are fused, faster than

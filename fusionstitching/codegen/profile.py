@@ -79,8 +79,8 @@ from .kernel_ir import (UNROLL_FACTOR, WARP, Barrier, BlockReduce, Compute, Cons
                         Kernel, Loop, Mod, SharedLoad, SharedStore, Value, Var, VectorExtract,
                         WarpReduce, defined_values, expand_block_reduce, used_values,
                         value_range)
+from .schedule import INTS
 
-_INTEGERS = ("s32", "u32", "s64", "u64")  # see _InstructionCounter.renames_registers
 SHUFFLE_STEPS = WARP.bit_length() - 1  # xor butterfly over 32 lanes: 5 shuffles
 # 32-bit registers per value; default 1 (a 128-bit vector load's value holds 4)
 REGISTER_WIDTH = {"s64": 2, "u64": 2, "f64": 2, "pred": 0, "f32x4": 4, "s32x4": 4}
@@ -171,7 +171,7 @@ class _InstructionCounter:
         Philox dropout kernel: 1,004 integer instructions, where counting its 1,868
         conversions and 619 such shifts as one each made 4,695 (now 2,339)."""
         if s.op == "convert":
-            return s.args[0].dtype in _INTEGERS and s.dst.dtype in _INTEGERS
+            return s.args[0].dtype in INTS and s.dst.dtype in INTS
         return s.op == "shift-right-logical" and REGISTER_WIDTH.get(s.dst.dtype) == 2 and \
             self.known.get(s.args[1]) == 32
 

@@ -84,30 +84,6 @@ class KernelDag:
                     stack.append(w)
         return frozenset(seen)
 
-    def plan_is_acyclic(self, kernels: list[frozenset[str]]) -> bool:
-        """Whether these disjoint kernels, with every other kernel alone, run in some order
-        (Kahn's topological sort of the kernels with their nodes' edges)."""
-        owner = {n: i for i, kernel in enumerate(kernels) for n in kernel}
-        waiting: dict = {}
-        for name in self.kernels:
-            u = owner.get(name, name)
-            waiting.setdefault(u, set()).update(
-                owner.get(p, p) for p in self.preds[name] if owner.get(p, p) != u)
-        consumers: dict = {}
-        for u, producers in waiting.items():
-            for p in producers:
-                consumers.setdefault(p, []).append(u)
-        ready = [u for u, producers in waiting.items() if not producers]
-        done = 0
-        while ready:
-            u = ready.pop()
-            done += 1
-            for c in consumers.get(u, []):
-                waiting[c].discard(u)
-                if not waiting[c]:
-                    ready.append(c)
-        return done == len(waiting)
-
     def creates_cycle(self, pattern: frozenset[str]) -> bool:
         """Does a path leave ``pattern`` and come back through an outside kernel?"""
         return self._comes_back(pattern, pattern, pattern)

@@ -148,7 +148,7 @@ class Explorer:
         self._profiles: dict[frozenset[str], KernelProfile] = {}  # of kernels in plans
         self._latency: dict[frozenset[str], float] = {}
         self._packs: dict[tuple, tuple[bool, float, str]] = {}  # remote fusion's verdicts
-        # The kernels each candidate reaches and is reached from (``_cycle_with``).
+        # The kernels each candidate or pack reaches and is reached from (``_cycle_with``).
         self._reach: dict[frozenset[str], tuple[frozenset[str], frozenset[str]]] = {}
         # T_penalty by (bytes read, bytes written, gathered facts): the penalty depends on
         # nothing else, and layers of a model repeat the same kernels (8 in 10 of the
@@ -364,31 +364,28 @@ class Explorer:
                     continue  # the beam already covers the vertex
                 taken = set(live)
                 for cand, positions in zip(options, placed):
-                    if taken.isdisjoint(positions) and not self._cycle_with(cand, beam):
+                    if taken.isdisjoint(positions) and not self._cycle_with(
+                            cand.nodes, (c.nodes for c in beam.patterns())):
                         new = _Beam(beam.score + cand.score, tuple(sorted(live + positions)),
                                     (cand, beam.chosen))
                         grown.setdefault((new.pending, round(new.score, 9)), new)
             beams = sorted(grown.values(), key=lambda b: -b.score)[:self.beam_width]
         return [b.patterns() for b in beams]
 
-    def _cycle_with(self, cand: Candidate, beam: _Beam) -> bool:
-        """Whether ``cand`` and one of the beam's patterns each reach the other: each alone is
-        acyclic, but the plan would split one of them again (``_acyclic``) at a cost the
-        delta-evaluator's scores do not see (on Transformer train TF, 5 of every beam's
-        patterns). Cycles through three or more patterns are left to that split."""
-        if len(cand.nodes) < 2:
+    def _cycle_with(self, nodes: frozenset[str], others) -> bool:
+        """Whether a pattern or pack (acyclic alone) and one of the plan's ``others`` kernels
+        each reach the other: the plan would have to split one of them again (``_acyclic``),
+        at a cost the scores do not see (on Transformer train TF, 5 of every beam's patterns;
+        on Transformer train JAX, 11 of a beam's kernels in packs). Cycles through three or
+        more kernels are left to that split. Each search costs O(V + E), so it is cached and
+        asked only of candidates and of packs the latency-evaluator accepted."""
+        if len(nodes) < 2:  # a kernel on a cycle with an acyclic pattern enters and leaves it
             return False
-        if cand.nodes not in self._reach:
-            self._reach[cand.nodes] = (self.index.reachable(cand.nodes),
-                                       self.index.reachable(cand.nodes, forward=False))
-        below, above = self._reach[cand.nodes]
-        link = beam.chosen
-        while link is not None:
-            other = link[0].nodes
-            if not below.isdisjoint(other) and not above.isdisjoint(other):
-                return True
-            link = link[1]
-        return False
+        if nodes not in self._reach:
+            self._reach[nodes] = (self.index.reachable(nodes),
+                                  self.index.reachable(nodes, forward=False))
+        below, above = self._reach[nodes]
+        return any(not below.isdisjoint(k) and not above.isdisjoint(k) for k in others)
 
     # -- 3. remote fusion -------------------------------------------------------------------
 
@@ -416,8 +413,12 @@ class Explorer:
             ok, packed_us, reason = verdict
             if ok:
                 union = frozenset().union(*parts)
-                if self._cycle_with_others(union, units, packs):
+                others = [u for u in units if len(u) > 1 and not u <= union] + \
+                         [frozenset().union(*pack) for pack in packs]
+                if self._cycle_with(union, others):
                     ok = False
+                    self._decide(union, False, "remote fusion: a cycle with another kernel "
+                                               "of the plan")
                 elif not self._latest[union][0]:  # refused for a cycle in another plan
                     self._decide(union, True, reason)
             if ok:
@@ -430,24 +431,6 @@ class Explorer:
         if len(current) > 1:
             packs.append(current)
         return packs
-
-    def _cycle_with_others(self, union: frozenset[str], units: list[frozenset[str]],
-                           packs: list[list[frozenset[str]]]) -> bool:
-        """Whether a pack and another kernel of the plan (a pattern, an earlier pack) each
-        reach the other: alone the pack is acyclic, but the plan would have to split one of
-        them again (``_acyclic``), losing what packing saved (on Transformer train JAX, 11 of
-        a beam's kernels were split so). The search costs O(V + E), so it runs only for
-        packs the latency-evaluator and the code generator accepted."""
-        others = [u for u in units if len(u) > 1 and not u <= union] + \
-                 [frozenset().union(*pack) for pack in packs]
-        if not others:
-            return False
-        below = self.index.reachable(union)
-        above = self.index.reachable(union, forward=False)
-        cyclic = any(not below.isdisjoint(k) and not above.isdisjoint(k) for k in others)
-        if cyclic:
-            self._decide(union, False, "remote fusion: a cycle with another kernel of the plan")
-        return cyclic
 
     def _pack_check(self, union, packed_us, separate_us) -> tuple[bool, str, float]:
         """(ok, reason, modeled us of the pack): ``packed_us`` is the estimate from the
@@ -558,7 +541,7 @@ class Explorer:
         kernels = [kernel for _, kernel in chosen]
         us, nbytes = self.plan_cost(kernels)
         if us >= min(plan[0] for plan in plans if plan[1] <= plans[0][1]) or \
-                not self.index.plan_is_acyclic(kernels):
+                self.index.split_cycles(kernels, [[k] for k in kernels])[1]:
             return None
         used = sorted({i for i, _ in chosen})
         label = f"mixed plan ({', '.join(plans[i][3] for i in used)})"
