@@ -412,6 +412,46 @@ ENTRY e {
 """
 
 
+def test_only_the_longest_chain_of_a_block_waits():
+    """y = exp(x) + x * x: the exponential's chain (SFU, fp32 and integer steps) and the add
+    after it wait their latency; the multiply beside it issues while they wait."""
+    tid, bid = Var("tid", 128), Var("bid", 1)
+    shape = Shape("f32", (128,), (0,))
+    x, e, sq, y = (Value(n, "f32") for n in ("x", "e", "sq", "y"))
+    body = [GlobalLoad(x, 0, ix(tid)), Compute(e, "exponential", [x]),
+            Compute(sq, "multiply", [x, x]), Compute(y, "add", [e, sq]),
+            GlobalStore(1, ix(tid), y)]
+    kernel = Kernel("k", [Buffer("x", shape, False), Buffer("y", shape, True)], (1,), (128,),
+                    [], body, tid, bid)
+    counts = kernel_profile(_spec(kernel)).instructions
+    assert (counts["sfu"], counts["fp32"], counts["fp32_overlapped"]) == (1, 8 + 1, 1)
+
+
+CHAINS_HLO = """
+HloModule chains
+
+fused {
+  p0 = f32[4096]{0} parameter(0)
+  e = f32[4096]{0} exponential(p0)
+  sq = f32[4096]{0} multiply(p0, p0)
+  ROOT y = f32[4096]{0} add(e, sq)
+}
+
+ENTRY e {
+  x = f32[4096]{0} parameter(0)
+  ROOT f = f32[4096]{0} fusion(x), kind=kLoop, calls=fused
+}
+"""
+
+
+def test_xla_kernels_wait_for_the_longest_chain_of_an_element():
+    """The same y = exp(x) + x * x as an XLA loop fusion, one element per thread: the
+    exponential and the add wait, the multiply issues behind them."""
+    graph = build_graph(parse_module(CHAINS_HLO))
+    counts = xla_kernel_profile(graph, "f", costmodel.load_device("h100")).instructions
+    assert (counts["sfu"], counts["fp32"], counts["fp32_overlapped"]) == (1, 8 + 1, 1)
+
+
 def test_xla_kernels_wait_once_per_dependency_level():
     """XLA's dynamic-slice fusion: the start index and the added row are loaded on one level,
     the sliced table on the next (its address needs the index)."""

@@ -69,6 +69,7 @@ import math
 import numpy as np
 
 import costmodel
+from costmodel.latency import op_costs
 from costmodel.occupancy import ARCH_LIMITS
 from costmodel.instructions import (GENERIC_CLASS, OVERLAPPED_LOAD, add_instructions,
                                     op_instructions, overlapped)
@@ -117,22 +118,41 @@ def trip_count(loop: Loop) -> int:
 
 # -- instructions ----------------------------------------------------------------------------
 
+# Latencies that rank a block's dependency chains (which one is longest); the device's own
+# costs then price the instructions (the default target's: sm_80's rank them the same).
+CHAIN_ARCH = "sm_90"
+
+
+def _chain_cycles(instructions) -> float:
+    costs = op_costs(CHAIN_ARCH)
+    return sum(n * costs[op].latency for op, n in instructions.items())
+
+
 def _compute_dtype(s: Compute) -> str:
     # compare and select produce pred / take pred; the arithmetic happens in the data type.
     return s.args[-1].dtype if s.args else s.dst.dtype
 
 
-class _LoadLevels:
-    """The global loads of one straight-line block (between branches, loops and barriers),
-    by dependency level: a load whose address reads no value loaded in the block is on level
-    1, one whose address reads a value loaded on level k (a gathered row, a dynamic-slice
-    start) on level k + 1. Values from earlier blocks are on level 0: their loads were
-    waited for when those blocks ended."""
+class _Block:
+    """One straight-line block (between branches, loops and barriers) as it is counted.
+
+    Global loads by dependency level: a load whose address reads no value loaded in the
+    block is on level 1, one whose address reads a value loaded on level k (a gathered row, a
+    dynamic-slice start) on level k + 1. Values from earlier blocks are on level 0: their
+    loads were waited for when those blocks ended.
+
+    The other instructions by dependency chain: ``chain`` holds, for each value computed in
+    the block, the longest chain of instructions ending at it (its cycles at CHAIN_COSTS'
+    latencies and its instructions by class); loaded values and values from earlier blocks
+    start chains. The block's longest chain waits each instruction's latency, and every other
+    instruction issues while the chain waits (``_InstructionCounter.flush``)."""
 
     def __init__(self):
         self.level: dict = {}  # Value or index Var defined in this block -> its level
         self.loads: dict[int, list[float]] = {}  # level -> [loads, registers they hold]
         self.addresses: set = set()  # (buffer, offset less unrolled constants) seen
+        self.chain: dict[Value, tuple[float, dict[str, float]]] = {}
+        self.issued: dict[str, float] = {}  # per run of the block, every copy
 
     def of(self, values=(), index: Ix | None = None) -> int:
         deps = list(values) + (list(index.vars()) if index is not None else [])
@@ -144,6 +164,19 @@ class _LoadLevels:
         entry = self.loads.setdefault(level, [0.0, 0.0])
         entry[0] += copies
         entry[1] += copies * registers
+
+    def longest(self, values) -> tuple[float, dict[str, float]]:
+        return max((self.chain[v] for v in values if v in self.chain),
+                   key=lambda c: c[0], default=(0.0, {}))
+
+    def extend(self, dst: Value, operands, instructions, copies: int, repeat: int = 1) -> None:
+        """``dst`` computed by ``instructions`` from ``operands`` in each of ``copies``; its
+        chain repeats them ``repeat`` times (an accumulation across unrolled copies)."""
+        cycles, counts = self.longest(operands)
+        counts = dict(counts)
+        add_instructions(counts, instructions, repeat)
+        self.chain[dst] = (cycles + repeat * _chain_cycles(instructions), counts)
+        add_instructions(self.issued, instructions, copies)
 
 
 class _InstructionCounter:
@@ -159,6 +192,7 @@ class _InstructionCounter:
         self.constant: set[Var] = set()
         self.computed: set = set()
         self.known: dict[Value, object] = {}  # constants' values
+        self.carried: set[Value] = set()  # accumulators of the unrolled loop being walked
 
     def add(self, instructions, times: float) -> None:
         add_instructions(self.counts, instructions, times)
@@ -174,14 +208,6 @@ class _InstructionCounter:
             return s.args[0].dtype in INTS and s.dst.dtype in INTS
         return s.op == "shift-right-logical" and REGISTER_WIDTH.get(s.dst.dtype) == 2 and \
             self.known.get(s.args[1]) == 32
-
-    def add_copies(self, instructions, times: float, copies: int) -> None:
-        """An instruction of each copy of an unrolled loop's body: the copies are independent,
-        so only the first waits for its operands' latency and the others issue behind it (as
-        ptxas interleaves them; the accumulation that joins them stays a chain)."""
-        self.add(instructions, times)
-        if copies > 1:
-            self.add({overlapped(k): n for k, n in instructions.items()}, times * (copies - 1))
 
     def times_of(self, index: Ix) -> float:
         return max((self.var_times.get(v, 1.0) for v in index.vars()), default=0.0)
@@ -208,9 +234,19 @@ class _InstructionCounter:
                 self.computed.add(prefix)
                 self.add({"int": 1}, self.times_of(Ix(prefix)))
 
-    def flush(self, block: _LoadLevels, times: float) -> None:
+    def flush(self, block: _Block, times: float) -> None:
         """Charge a block's loads: each level waits a full load latency once per batch of
-        loads the register window holds in flight, its other loads issue behind it."""
+        loads the register window holds in flight, its other loads issue behind it. Then its
+        other instructions: those of its longest dependency chain wait their latency, every
+        other one issues while they wait (ptxas interleaves independent chains: the copies
+        of an unrolled loop, the per-point work of a straight-line stage), so it costs only
+        its issue cycles (``<class>_overlapped``)."""
+        _, chain = block.longest(block.chain)
+        self.add(chain, times)
+        self.add({overlapped(k): n - chain.get(k, 0.0) for k, n in block.issued.items()
+                  if n > chain.get(k, 0.0)}, times)
+        block.chain.clear()
+        block.issued.clear()
         for loads, registers in block.loads.values():
             batches = loads if self.window <= 0 else \
                 min(loads, max(1, math.ceil(registers / self.window)))
@@ -221,7 +257,7 @@ class _InstructionCounter:
         block.level.clear()
         block.addresses.clear()
 
-    def address(self, block: _LoadLevels, buffer: int, offset: Ix, times: float) -> None:
+    def address(self, block: _Block, buffer: int, offset: Ix, times: float) -> None:
         """A global access's 64-bit address: a buffer's base plus the offset is two adds
         (IADD3, IADD3.X) per access pattern of a straight-line block; the copies of an
         unrolled loop and constant offsets share it (``[R+imm]`` in the SASS)."""
@@ -233,7 +269,7 @@ class _InstructionCounter:
     def walk(self, body: list, times: float, copies: int = 1) -> None:
         """``body`` run ``times`` times; ``copies`` > 1: the iterations of a loop LLVM
         unrolls, one straight-line block whose iterations' loads are independent."""
-        block, each = _LoadLevels(), times * copies
+        block, each = _Block(), times * copies
         for s in body:
             match s:
                 case Const():
@@ -248,8 +284,11 @@ class _InstructionCounter:
                         self.constant.add(s.var)
                     block.level[s.var] = block.of(index=s.index)
                 case Compute():
-                    if not self.renames_registers(s):
-                        self.add_copies(op_instructions(s.op, _compute_dtype(s)), times, copies)
+                    instructions = {} if self.renames_registers(s) else \
+                        op_instructions(s.op, _compute_dtype(s))
+                    # An accumulator carried through unrolled copies joins them in a chain.
+                    repeat = copies if self.carried.intersection(s.args) else 1
+                    block.extend(s.dst, s.args, instructions, copies, repeat)
                     block.level[s.dst] = block.of(s.args)
                 case GlobalLoad():
                     self.index(s.offset)
@@ -261,7 +300,7 @@ class _InstructionCounter:
                     self.index(s.offset)
                     self.address(block, s.buffer, s.offset, times)
                 case SharedLoad():
-                    self.add_copies({"ld_shared": 1}, times, copies)
+                    block.extend(s.dst, (), {"ld_shared": 1}, copies)
                     self.index(s.index)
                 case SharedStore():
                     self.add({"st_shared": 1}, each)
@@ -274,11 +313,12 @@ class _InstructionCounter:
                     self.add({"int": 1}, each)
                     self.walk(s.body, each)  # if any lane of the warp does
                 case WarpReduce():
-                    _count_warp_reduce(s.kind, s.dst.dtype, self.counts, each, len(s.offsets()))
+                    block.extend(s.dst, [s.src], _warp_reduce(s.kind, s.dst.dtype,
+                                                              len(s.offsets())), copies)
                     block.level[s.dst] = block.of([s.src])
                 case BlockReduce():  # as expand_block_reduce lowers it: a barrier inside
                     self.flush(block, times)
-                    _count_warp_reduce(s.kind, s.dst.dtype, self.counts, 2 * each)
+                    self.add(_warp_reduce(s.kind, s.dst.dtype), 2 * each)
                     self.add({"st_shared": 1, "barrier": 1, "ld_shared": 1, "int": 2,
                               "fp32": 1}, each)
                 case Barrier():
@@ -302,7 +342,10 @@ class _InstructionCounter:
         unrolled = unrolled_trips(s, self.kernel) is not None and trips > 1
         if unrolled:
             self.constant.add(s.var)
+            outer, self.carried = self.carried, {a.carried for a in s.accumulates
+                                                 if a.carried is not None}
             self.walk(s.body, times, copies=trips)
+            self.carried = outer
         else:
             self.walk(s.body, times * trips)
             self.add({"int": 2}, times * trips)  # step, compare-and-branch
@@ -316,17 +359,21 @@ def count_instructions(kernel: Kernel, counts: dict[str, float],
     """Add the instructions one thread executes to ``counts`` (by op class).
 
     Loads: ptxas issues a straight-line block's independent loads back to back, so a block
-    waits one full load latency per dependency level (``_LoadLevels``) and each further load
+    waits one full load latency per dependency level (``_Block``) and each further load
     of a level costs its issue (OVERLAPPED_LOAD), as long as their values fit in
     ``load_window`` registers; a level holding more waits once per window's worth (ptxas
-    issues the rest as registers free up). A loop LLVM unrolls is one such block."""
+    issues the rest as registers free up). A loop LLVM unrolls is one such block.
+
+    Other instructions: a block waits the latency of the instructions on its longest
+    dependency chain and issues the others behind them (``_Block``)."""
     _InstructionCounter(kernel, counts, load_window).walk(kernel.body, 1.0)
 
 
-def _count_warp_reduce(kind: str, dtype: str, counts: dict[str, float], times: float,
-                       steps: int = SHUFFLE_STEPS) -> None:
-    add_instructions(counts, {"shfl": steps}, times)
-    add_instructions(counts, op_instructions(kind, dtype), times * steps)
+def _warp_reduce(kind: str, dtype: str, steps: int = SHUFFLE_STEPS) -> dict[str, float]:
+    """A butterfly's instructions: per step a shuffle and the combination, a chain."""
+    counts = {"shfl": float(steps)}
+    add_instructions(counts, op_instructions(kind, dtype), steps)
+    return counts
 
 
 def _nested_body(stmt) -> list:

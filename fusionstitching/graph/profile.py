@@ -10,7 +10,10 @@ an unfused op) without its code, from the graph alone:
   combines the lanes with a 5-step shuffle butterfly;
 * instructions per thread: each fused op's instructions (costmodel/instructions.py, the table
   the stitched kernels are counted with) times its elements per thread, one global load per
-  element of each parameter and one global store per output element;
+  element of each parameter and one global store per output element. As in the stitched
+  kernels (codegen/profile.py ``_Block``), only the ops of an element's longest dependency
+  chain (``critical_chain``) wait their latency, once per unrolled group of elements; the
+  other instructions issue while they wait (``<class>_overlapped``);
 * loads as the stitched kernels' are priced (codegen/profile.py ``count_instructions``): a
   thread's loads of all inputs, in unrolled groups of 8 elements, are independent and in
   flight at once, so a group waits one full load latency per dependency level and its other
@@ -27,7 +30,8 @@ from __future__ import annotations
 import math
 
 import costmodel
-from costmodel.instructions import OVERLAPPED_LOAD, add_instructions, op_instructions
+from costmodel.instructions import OVERLAPPED_LOAD, add_instructions, op_instructions, overlapped
+from costmodel.latency import op_costs
 
 from ..hlo.ir import Instruction, Shape
 from .opgraph import OpGraph
@@ -99,6 +103,31 @@ def add_loads(counts: dict[str, float], loads_per_level: dict[int, list[float]])
         add_instructions(counts, {"ld_global": groups, OVERLAPPED_LOAD: loads - groups})
 
 
+# Latencies that rank an element's dependency chains, as codegen/profile.py CHAIN_ARCH ranks
+# the stitched kernels' (the same table, so both plans' chains are chosen alike).
+CHAIN_ARCH = "sm_90"
+
+
+def _op_instructions(inst: Instruction) -> dict[str, int]:
+    return dict(op_instructions(inst.opcode, _leaves(inst.shape)[0].dtype))
+
+
+def critical_chain(instructions: list[Instruction]) -> set[str]:
+    """The elementwise ops on an element's longest dependency chain (by latency). A reduce
+    ends the chains into it (its combination loop is priced as a chain of its own) and starts
+    a new one, which its users' chains continue."""
+    costs = op_costs(CHAIN_ARCH)
+    chain: dict[str, tuple[float, tuple[str, ...]]] = {}
+    for inst in instructions:
+        before = max((chain[o] for o in inst.operands if o in chain), key=lambda c: c[0],
+                     default=(0.0, ()))
+        if inst.opcode in ("reduce", "reduce-window"):
+            before = (0.0, ())
+        cycles = sum(n * costs[k].latency for k, n in _op_instructions(inst).items())
+        chain[inst.name] = (before[0] + cycles, before[1] + (inst.name,)) if cycles else before
+    return set(max(chain.values(), key=lambda c: c[0], default=(0.0, ()))[1])
+
+
 def fused_instructions(graph: OpGraph, node_name: str) -> list[Instruction]:
     """The instructions one XLA kernel runs: a fusion's computation, or the op itself."""
     inst = graph.computation.by_name()[node_name]
@@ -118,6 +147,7 @@ def xla_kernel_profile(graph: OpGraph, node_name: str,
     counts: dict[str, float] = {}
     names = {i.name: i for i in instructions}
     levels = load_levels(instructions)
+    critical = critical_chain(instructions)
     loads: dict[int, list[float]] = {}
 
     def load(level: int, shape: Shape) -> None:
@@ -139,8 +169,15 @@ def xla_kernel_profile(graph: OpGraph, node_name: str,
             add_instructions(counts, {"shfl": SHUFFLE_STEPS})  # then across the warp
             add_instructions(counts, combine, SHUFFLE_STEPS)
         else:
-            add_instructions(counts, op_instructions(inst.opcode, _leaves(inst.shape)[0].dtype),
-                             _elements(inst.shape) / threads)
+            per_thread = _elements(inst.shape) / threads
+            # The chain waits once per unrolled group of this thread's elements.
+            waits = min(per_thread, math.ceil(per_thread / XLA_UNROLL)) \
+                if inst.name in critical else 0.0
+            ops = _op_instructions(inst)
+            add_instructions(counts, ops, waits)
+            if per_thread > waits:
+                add_instructions(counts, {overlapped(k): n for k, n in ops.items()},
+                                 per_thread - waits)
     if node.opcode != "fusion":  # an unfused op reads its operands from global memory
         for operand in node.operands:
             load(levels.get(operand, 1), graph.nodes[operand].shape)
