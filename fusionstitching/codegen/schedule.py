@@ -1112,9 +1112,10 @@ def _stores_at_group(em: _Emitter, result: Shape, group: Var, outputs: list,
 
 def _packed_outputs(em: _Emitter, pattern: Pattern, packed: list, first_output: int,
                     element: Ix, step: int, vector: int, after_reductions: bool,
-                    schemes: set[str]) -> None:
+                    schemes: set[str], unroll: bool = False) -> None:
     """Packed loops: every thread (the first at ``element``, the next ``step`` further)
-    strides over the elements of each output size."""
+    strides over the elements of each output size. ``unroll``: a loop of the same trips for
+    every thread is emitted in unrolled runs of up to UNROLL_FACTOR trips (`_unrolled_runs`)."""
     by_size: dict[int, list] = {}
     for out in packed:
         by_size.setdefault(out[1].num_elements, []).append(out)
@@ -1128,11 +1129,37 @@ def _packed_outputs(em: _Emitter, pattern: Pattern, packed: list, first_output: 
                 value, _ = em.value(value_name, index)
                 em.store(first_output + i, shape, linearize(index, shape), value)
             return []
-        _over_points(em, Points(element, n, step, vector if n % vector == 0 else 1, False,
-                                f"e{n}"), store_element, [])
+        vector_n = vector if n % vector == 0 else 1
+        if unroll and n % (step * vector_n) == 0 and n // (step * vector_n) > 1:
+            _unrolled_runs(em, element, n, step, vector_n, store_element, f"e{n}")
+        else:
+            _over_points(em, Points(element, n, step, vector_n, False, f"e{n}"), store_element,
+                         [])
         em.flush_stores(0)
         if len(outs) > 1 and _independent(pattern, [v for _, _, v in outs]):
             schemes.add("kernel_packing")
+
+
+def _unrolled_runs(em: _Emitter, member: Ix, count: int, step: int, vector: int, visit,
+                   tag: str) -> None:
+    """A thread's chunks of ``vector`` points ``member``, ``member + step``, ... of
+    ``count`` points (the same number for every thread) in straight-line runs of up to
+    UNROLL_FACTOR: a run's loads
+    issue together (a loop that stores stays a loop in LLVM, one load latency per trip;
+    BERT train JAX's 10-phase LayerNorm-backward chain waited 25 of its 31 modeled load
+    latencies in its two output loops). Longer loops repeat a run in a loop."""
+    trips = count // vector // step
+    em.short_loops += 1
+    run = max(d for d in range(1, UNROLL_FACTOR + 1) if trips % d == 0)
+    if run == trips:
+        _over_points(em, Points(member, count, step, vector, True, tag), visit, [])
+        return
+    scope = len(em.scopes) - 1
+    runs = Var(f"q{tag}", trips // run)
+    em.open_loop(runs)
+    _over_points(em, Points(add(member, scale(runs, run * step)), run * step * vector, step,
+                            vector, True, tag), visit, [])
+    em.place(Loop(runs, ix(0), trips // run, 1, em.close_loop(), []), scope)
 
 
 def _combine(em: _Emitter, sched: Schedule, red: FlatOp, partial: Value,
@@ -1490,11 +1517,11 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
             stored = True
         if stored:
             em.place(Barrier(), 0)
-    if sched.unrolled and not em.short_loops:
-        raise CodegenError("no short loop to unroll (the same kernel as without)")
     element = ix(tid) if blocks == 1 else add(scale(bid, threads), tid)
     _packed_outputs(em, pattern, packed, first_output, element, threads * blocks, sched.vector,
-                    True, schemes)
+                    True, schemes, sched.unrolled)
+    if sched.unrolled and not em.short_loops:
+        raise CodegenError("no short loop to unroll (the same kernel as without)")
     buffers = [Buffer(n, s, False) for n, s in pattern.inputs] + \
               [Buffer(n, s, True) for n, s in pattern.outputs]
     kernel = Kernel(name, buffers, sched.grid, sched.block, shared, em.scopes[0], tid, bid,
