@@ -135,6 +135,12 @@ def test_column_sum_of_centered_rows_reads_the_row_means_at_any_index(centered_c
     _assert_phased(spec, 3)
     check_against_xla(module, spec, rtol=1e-5, atol=1e-5)
     check_against_xla(module, spec, spec.host_kernel, rtol=1e-5, atol=1e-5)
+    # The unrolled variant: the full sum's 3072 points over 128 threads (24 trips) are 3 runs
+    # of 8 unrolled trips, the runs' partial sums carried through their loop; equal to XLA too.
+    one_block = Schedule("phases", Space(1, 0), 128, 1, 1, phases=3, unrolled=True)
+    runs = build_phased_kernel(flatten(module, spec.nodes), one_block, "u")[0]
+    assert "for q1_1 = 0; q1_1 < 3; q1_1 += 1" in str(runs) and "for r1_1" not in str(runs)
+    check_against_xla(module, spec, runs, rtol=1e-5, atol=1e-5)
 
 
 def test_last_phase_spreads_over_blocks_that_each_compute_the_row_statistics(
@@ -183,13 +189,24 @@ def test_a_phase_of_many_results_splits_each_result_over_lanes(layernorm_backwar
     check_against_xla(module, spec, rolled, rtol=1e-5, atol=1e-5)
 
 
-def test_a_phase_loop_of_few_trips_is_unrolled_in_a_variant(wide_layernorm_backward,
-                                                            centered_column_sum):
+# Row sums of x[2,16] (a warp per row, no lane has two points), then the full sum of the
+# centered squares (32 points over 32 threads): no thread loops over points.
+NO_LOOPS = """
+  %x = f32[2,16]{1,0} parameter(0)
+  %zero = f32[] constant(0)
+  %s = f32[2]{0} reduce(%x, %zero), dimensions={1}, to_apply=%add
+  %sb = f32[2,16]{1,0} broadcast(%s), dimensions={0}
+  %xc = f32[2,16]{1,0} subtract(%x, %sb)
+  %sq = f32[2,16]{1,0} multiply(%xc, %xc)
+  ROOT %total = f32[] reduce(%sq, %zero), dimensions={0,1}, to_apply=%add"""
+
+
+def test_a_phase_loop_of_few_trips_is_unrolled_in_a_variant(wide_layernorm_backward):
     """The tile's 16 rows over 4 threads are a loop of 4 trips, which LLVM keeps a loop (one
     load in flight per trip); the variant that unrolls it equals XLA too. One block's packed
     output loop (8192 elements over 128 threads: 64 trips) is unrolled in runs of 8 in a loop
-    of 8 runs, and equals XLA. A variant with no loop to unroll (the centered column sum's
-    one-trip output loop and warp-per-result phases) is refused as the same kernel."""
+    of 8 runs, and equals XLA. A variant with no loop to unroll (NO_LOOPS) is refused as the
+    same kernel."""
     module, spec = wide_layernorm_backward
     tile = Schedule("phases", Space(1, 0), 32, 4, 16, phases=5)
     pattern = flatten(module, spec.nodes)
@@ -204,9 +221,9 @@ def test_a_phase_loop_of_few_trips_is_unrolled_in_a_variant(wide_layernorm_backw
     check_against_xla(module, spec, runs, rtol=1e-5, atol=1e-5)
     modeled = {re.split(r"; grid |; refused: ", why)[0]: t for why, t in spec.candidates}
     assert modeled[tile.why] < math.inf and modeled[tile.why + ", short loops unrolled"] < math.inf
-    _, centered = centered_column_sum
+    _, no_loops = _generate(NO_LOOPS)
     assert any(why.endswith("refused: no short loop to unroll (the same kernel as without)")
-               for why, _ in centered.candidates)
+               for why, _ in no_loops.candidates)
 
 
 def test_an_output_reading_spread_results_elsewhere_refuses_the_spread():

@@ -1114,8 +1114,10 @@ def _packed_outputs(em: _Emitter, pattern: Pattern, packed: list, first_output: 
                     element: Ix, step: int, vector: int, after_reductions: bool,
                     schemes: set[str], unroll: bool = False) -> None:
     """Packed loops: every thread (the first at ``element``, the next ``step`` further)
-    strides over the elements of each output size. ``unroll``: a loop of the same trips for
-    every thread is emitted in unrolled runs of up to UNROLL_FACTOR trips (`_unrolled_runs`)."""
+    strides over the elements of each output size. ``unroll``: the loops `_unroll_short`
+    takes are unrolled (in runs, `_in_runs`): a loop that stores stays a loop in LLVM, one
+    load latency per trip (BERT train JAX's 10-phase LayerNorm-backward chain waited 25 of
+    its 31 modeled load latencies in its two output loops)."""
     by_size: dict[int, list] = {}
     for out in packed:
         by_size.setdefault(out[1].num_elements, []).append(out)
@@ -1130,36 +1132,36 @@ def _packed_outputs(em: _Emitter, pattern: Pattern, packed: list, first_output: 
                 em.store(first_output + i, shape, linearize(index, shape), value)
             return []
         vector_n = vector if n % vector == 0 else 1
-        if unroll and n % (step * vector_n) == 0 and n // (step * vector_n) > 1:
-            _unrolled_runs(em, element, n, step, vector_n, store_element, f"e{n}")
-        else:
-            _over_points(em, Points(element, n, step, vector_n, False, f"e{n}"), store_element,
-                         [])
+        _in_runs(em, Points(element, n, step, vector_n,
+                            unroll and _unroll_short(em, n // vector_n, step), f"e{n}"),
+                 store_element, [], f"qe{n}")
         em.flush_stores(0)
         if len(outs) > 1 and _independent(pattern, [v for _, _, v in outs]):
             schemes.add("kernel_packing")
 
 
-def _unrolled_runs(em: _Emitter, member: Ix, count: int, step: int, vector: int, visit,
-                   tag: str) -> None:
-    """A thread's chunks of ``vector`` points ``member``, ``member + step``, ... of
-    ``count`` points (the same number for every thread) in straight-line runs of up to
-    UNROLL_FACTOR: a run's loads
-    issue together (a loop that stores stays a loop in LLVM, one load latency per trip;
-    BERT train JAX's 10-phase LayerNorm-backward chain waited 25 of its 31 modeled load
-    latencies in its two output loops). Longer loops repeat a run in a loop."""
-    trips = count // vector // step
-    em.short_loops += 1
-    run = max(d for d in range(1, UNROLL_FACTOR + 1) if trips % d == 0)
-    if run == trips:
-        _over_points(em, Points(member, count, step, vector, True, tag), visit, [])
-        return
+def _in_runs(em: _Emitter, points: Points, visit, reducers: list[str], runs_name: str,
+             always: bool = False) -> list[Value]:
+    """``_over_points`` for a thread's points of more than UNROLL_FACTOR trips (a multiple of
+    it, the same for every thread) as a loop over runs of UNROLL_FACTOR trips, each run
+    unrolled when ``points.unrolled`` (its loads issue together) and else a loop LLVM
+    unrolls; ``always``: in runs even when not unrolled. Otherwise ``_over_points`` itself.
+    The runs' partial results are combined in order."""
+    trips = points.count // points.vector // points.step
+    if trips <= UNROLL_FACTOR or not (points.unrolled or always):
+        return _over_points(em, points, visit, reducers)
     scope = len(em.scopes) - 1
-    runs = Var(f"q{tag}", trips // run)
+    runs = Var(runs_name, trips // UNROLL_FACTOR)
     em.open_loop(runs)
-    _over_points(em, Points(add(member, scale(runs, run * step)), run * step * vector, step,
-                            vector, True, tag), visit, [])
-    em.place(Loop(runs, ix(0), trips // run, 1, em.close_loop(), []), scope)
+    run = dataclasses.replace(points, count=UNROLL_FACTOR * points.step * points.vector)
+    partials = _over_points(em, run, lambda point: visit(
+        add(scale(runs, UNROLL_FACTOR * points.step * points.vector), point)), reducers)
+    accumulates = []
+    for kind, value in zip(reducers, partials):
+        init, _ = em.const(identity(kind, value.dtype), value.dtype)
+        accumulates.append(Accumulate(em.fresh(value.dtype), kind, init, value))
+    em.place(Loop(runs, ix(0), trips // UNROLL_FACTOR, 1, em.close_loop(), accumulates), scope)
+    return [a.dst for a in accumulates]
 
 
 def _combine(em: _Emitter, sched: Schedule, red: FlatOp, partial: Value,
@@ -1337,7 +1339,7 @@ MAX_PHASED_POINTS = 1 << 18
 # A thread reduces a result's points in runs of this many, a constant-trip loop LLVM unrolls:
 # the run's loads are in flight together instead of one full latency each (as the
 # latency-evaluator prices unrolled loops).
-SERIAL_RUN = 8
+SERIAL_RUN = UNROLL_FACTOR
 PHASED_THREADS = 128  # see enumerate_phased_schedules
 # A phase of at most this many results per warp runs a warp per result (`_warp_per_result`)
 # when its results have more points than one serial run: up to SERIAL_RUN points a thread
@@ -1347,16 +1349,20 @@ MAX_RESULTS_PER_WARP = 4
 
 def _unroll_short(em: _Emitter, count: int, step: int) -> bool:
     """Whether a thread's loop over ``count`` points, ``step`` apart, is emitted unrolled: in
-    the schedule's variant that unrolls short loops (``Schedule.unrolled``), those of 2 to
-    UNROLL_FACTOR trips. LLVM keeps a loop of fewer trips with one load in flight per trip,
-    and one of UNROLL_FACTOR trips too when its body is large (the PTX of BERT train JAX's
+    the schedule's variant that unrolls loops (``Schedule.unrolled``), those of the same
+    trips for every thread, 2 to UNROLL_FACTOR of them or a multiple of UNROLL_FACTOR (then
+    in runs, `_in_runs`). LLVM keeps a loop of fewer trips with one load in flight per trip,
+    one of UNROLL_FACTOR trips too when its body is large (the PTX of BERT train JAX's
     6-phase LayerNorm chain: phases 2-5's 8-trip loops stay loops, 82 loads in 6 barrier
     intervals; unrolled here, 80 loads in 3, since the values of one phase's points stay in
-    registers for the next). Its loads then issue together, but their values take
-    registers; the latency-evaluator chooses between the two variants."""
-    short = count % step == 0 and 1 < count // step <= UNROLL_FACTOR
-    em.short_loops += short  # either way: a twin without any is refused as the same kernel
-    return em.unroll_short and short
+    registers for the next), and a longer one a loop of partly unrolled trips. Unrolled, its
+    loads issue together, but their values take registers; the latency-evaluator chooses
+    between the two variants."""
+    trips = count // step
+    unrolls = count % step == 0 and 1 < trips and (trips <= UNROLL_FACTOR or
+                                                     trips % UNROLL_FACTOR == 0)
+    em.short_loops += unrolls  # either way: a twin without any is refused as the same kernel
+    return em.unroll_short and unrolls
 
 
 def _space_of(pattern: Pattern, red: FlatOp) -> Space:
@@ -1480,9 +1486,10 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
                                 first_output, shared, tid, bid)
                 continue
             if space.groups == 1 and threads >= WARP:
-                partials = _over_points(em, Points(ix(tid), space.reduced, threads, 1,
-                                                   _unroll_short(em, space.reduced, threads),
-                                                   f"r{k}_{j}"), values_at(ix(0)), reducers)
+                partials = _in_runs(em, Points(ix(tid), space.reduced, threads, 1,
+                                               _unroll_short(em, space.reduced, threads),
+                                               f"r{k}_{j}"), values_at(ix(0)), reducers,
+                                    f"q{k}_{j}")
                 for red, partial in zip(phase, partials):
                     total = em.fresh(partial.dtype)
                     scratch = SharedArray(f"smem_{_tag(red)}", partial.dtype, WARP)
@@ -1571,9 +1578,9 @@ def _lanes_to_shared(em: _Emitter, pattern: Pattern, phase: list[FlatOp], space:
     (unless ``every_result``) reduce a copy of another, since every lane takes part in a
     shuffle, and store nothing."""
     at = mod(result, space.groups)
-    partials = _over_points(em, Points(member, space.reduced, members, 1,
-                                       _unroll_short(em, space.reduced, members), tag),
-                            values_at(at), [red.reducer for red in phase])
+    partials = _in_runs(em, Points(member, space.reduced, members, 1,
+                                   _unroll_short(em, space.reduced, members), tag),
+                        values_at(at), [red.reducer for red in phase], f"q{tag}")
     stores = []
     for red, partial, array in zip(phase, partials, arrays):
         total = em.fresh(partial.dtype)
@@ -1618,9 +1625,9 @@ def _spread_results(em: _Emitter, pattern: Pattern, sched: Schedule, phase: list
         group = Var("o_s", space.groups)
         em.place(IndexLet(group, add(scale(bid, width), mod(tid, width))), 0)
         em.group = group
-        partials = _over_points(em, Points(div(tid, width), space.reduced, depth, 1,
-                                           _unroll_short(em, space.reduced, depth), "r_s"),
-                                values_at(ix(group)), reducers)
+        partials = _in_runs(em, Points(div(tid, width), space.reduced, depth, 1,
+                                       _unroll_short(em, space.reduced, depth), "r_s"),
+                            values_at(ix(group)), reducers, "q_s")
         tile = Schedule("tile", space, width, depth, sched.grid_blocks)
         for red, partial in zip(phase, partials):
             total = _combine(em, tile, red, partial, shared, tid, mod(tid, width))
@@ -1653,21 +1660,9 @@ def _spread_results(em: _Emitter, pattern: Pattern, sched: Schedule, phase: list
 def _serial_reduce(em: _Emitter, count: int, visit, reducers: list[str], tag: str
                    ) -> list[Value]:
     """One thread's reduction of points 0..count-1 in the current scope: runs of SERIAL_RUN
-    points (an inner loop LLVM unrolls), combined in order."""
-    if count % SERIAL_RUN or count <= SERIAL_RUN:
-        return _over_points(em, Points(ix(0), count, 1, 1, _unroll_short(em, count, 1), f"r{tag}"),
-                            visit, reducers)
-    scope = len(em.scopes) - 1
-    run = Var(f"q{tag}", count // SERIAL_RUN)
-    em.open_loop(run)
-    partials = _over_points(em, Points(ix(0), SERIAL_RUN, 1, 1, False, f"r{tag}"),
-                            lambda point: visit(add(scale(run, SERIAL_RUN), point)), reducers)
-    accumulates = []
-    for kind, value in zip(reducers, partials):
-        init, _ = em.const(identity(kind, value.dtype), value.dtype)
-        accumulates.append(Accumulate(em.fresh(value.dtype), kind, init, value))
-    em.place(Loop(run, ix(0), count // SERIAL_RUN, 1, em.close_loop(), accumulates), scope)
-    return [a.dst for a in accumulates]
+    points (an inner loop LLVM unrolls, or unrolled here), combined in order."""
+    points = Points(ix(0), count, 1, 1, _unroll_short(em, count, 1), f"r{tag}")
+    return _in_runs(em, points, visit, reducers, f"q{tag}", always=count % SERIAL_RUN == 0)
 
 
 def _tag(red: FlatOp) -> str:
