@@ -1546,9 +1546,14 @@ def _warp_per_result(em: _Emitter, pattern: Pattern, phase: list[FlatOp], space:
     lane) and stores nothing."""
     warps = tid.extent // WARP
     lane, warp = mod(tid, WARP), div(tid, WARP)
-    for u in range(-(-space.groups // warps)):
-        _lanes_to_shared(em, pattern, phase, space, values_at, arrays, add(warp, u * warps),
-                         lane, WARP, (u + 1) * warps <= space.groups, f"w{tag}_{u}")
+    # The stores follow the last result, so that every result's loads are in one straight-
+    # line block (a store under `if` ends one) and issue together.
+    stores = [_lanes_to_shared(em, pattern, phase, space, values_at, arrays,
+                               add(warp, u * warps), lane, WARP,
+                               (u + 1) * warps <= space.groups, f"w{tag}_{u}")
+              for u in range(-(-space.groups // warps))]
+    for store in stores:
+        em.place(store, 0)
 
 
 def _lanes_per_result(em: _Emitter, pattern: Pattern, phase: list[FlatOp], space: Space,
@@ -1564,19 +1569,20 @@ def _lanes_per_result(em: _Emitter, pattern: Pattern, phase: list[FlatOp], space
     members = min(1 << ((tid.extent // space.groups).bit_length() - 1), WARP // 2)
     width = WARP // members
     lane = mod(tid, WARP)
-    _lanes_to_shared(em, pattern, phase, space, values_at, arrays,
-                     add(scale(div(tid, WARP), width), mod(lane, width)), div(lane, width),
-                     members, tid.extent // members == space.groups, f"m{tag}")
+    em.place(_lanes_to_shared(em, pattern, phase, space, values_at, arrays,
+                              add(scale(div(tid, WARP), width), mod(lane, width)),
+                              div(lane, width), members, tid.extent // members == space.groups,
+                              f"m{tag}"), 0)
 
 
 def _lanes_to_shared(em: _Emitter, pattern: Pattern, phase: list[FlatOp], space: Space,
                      values_at, arrays: list[SharedArray], result: Ix, member: Ix, members: int,
-                     every_result: bool, tag: str) -> None:
+                     every_result: bool, tag: str) -> If:
     """``members`` lanes of a warp (``member`` of them; congruent modulo 32 / members) reduce
     ``result``'s points between them, a butterfly (xor 16 down to 32 / members) combines them,
-    and member 0 stores the result into the phase's shared arrays. Lanes past the last result
-    (unless ``every_result``) reduce a copy of another, since every lane takes part in a
-    shuffle, and store nothing."""
+    and member 0 stores the result into the phase's shared arrays (the returned statement,
+    for the caller to place). Lanes past the last result (unless ``every_result``) reduce a
+    copy of another, since every lane takes part in a shuffle, and store nothing."""
     at = mod(result, space.groups)
     partials = _in_runs(em, Points(member, space.reduced, members, 1,
                                    _unroll_short(em, space.reduced, members), tag),
@@ -1587,7 +1593,7 @@ def _lanes_to_shared(em: _Emitter, pattern: Pattern, phase: list[FlatOp], space:
         em.place(WarpReduce(total, partial, red.reducer, WARP // members), 0)
         stores.append(SharedStore(array, at, _apply_init(em, pattern, red, total)))
     store = If(member, ix(0), stores)
-    em.place(store if every_result else If(result, ix(space.groups), [store], "lt"), 0)
+    return store if every_result else If(result, ix(space.groups), [store], "lt")
 
 
 def _downstream(pattern: Pattern, reductions: list[FlatOp]) -> set[str]:
