@@ -47,7 +47,7 @@ _CHILD = """
 import json, sys
 from fusionstitching import codegen
 from fusionstitching.graph.traffic import (acyclic_lower_bound_bytes, memory_intensive_regions,
-                                          pattern_traffic, plan_bytes)
+                                          opaque_depth, pattern_traffic, plan_bytes)
 from fusionstitching.hlo.parser import parse_file
 from fusionstitching.pipeline import Options, stitch_module
 module = parse_file(sys.argv[1])
@@ -55,11 +55,7 @@ result = stitch_module(module, Options(ptxas=False))
 graph, report = result.graph, result.report
 pattern_of = {n: k.pattern.nodes for k in result.kernels for n in k.pattern.nodes}
 fallback_of = {n: f"{f.stage}: {f.reason}" for f in report.fallbacks for n in f.nodes}
-depth = {}  # opaque kernels on the longest path to each node
-for name, node in graph.nodes.items():  # topological order
-    depth[name] = max((depth[p] + int(graph.nodes[p].is_kernel and
-                                      not graph.nodes[p].memory_intensive)
-                       for p in node.operands), default=0)
+depth = opaque_depth(graph)
 causes, levelled, region_excess = [], 0, 0
 for region in memory_intensive_regions(graph):
     levels = {}

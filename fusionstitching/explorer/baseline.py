@@ -1,8 +1,10 @@
 """The baseline strategy ("greedy"): one pattern per connected memory-intensive region.
 
 Each connected region of memory-intensive kernels becomes one pattern if the code generator
-can build it and it creates no cycle; otherwise the region is cut greedily in topological
-order into the longest buildable runs. The paper's explorer (approximate DP + beam search)
+can build it and it creates no cycle; otherwise the region is cut at its opaque depths (the
+kernels with as many GEMMs on their paths; `graph.traffic.opaque_depth`), a cut no cycle
+through a GEMM crosses, and each part that still cannot be one pattern greedily in
+topological order into the longest buildable runs. The paper's explorer (approximate DP + beam search)
 replaces this; the baseline stays selectable for comparison.
 """
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..graph import OpGraph
-from ..graph.traffic import memory_intensive_regions
+from ..graph.traffic import memory_intensive_regions, opaque_depth
 from .index import KernelDag
 from .plan import Decision, FusionPlan, Pattern
 
@@ -30,6 +32,8 @@ def connected_region_plan(graph: OpGraph, can_stitch: CanStitch,
 
     patterns: list[Pattern] = []
     decisions: list[Decision] = []
+    depth = opaque_depth(graph)
+    parts: list[list[str]] = []  # parts of regions that are not one pattern
     for region in memory_intensive_regions(graph):
         if len(region) < 2:
             continue
@@ -38,8 +42,25 @@ def connected_region_plan(graph: OpGraph, can_stitch: CanStitch,
         if ok:
             patterns.append(Pattern(region, f"connected memory-intensive region: {reason}"))
             continue
+        levels: dict[int, list[str]] = {}
+        for name in region:
+            levels.setdefault(depth[name], []).append(name)
+        if len(levels) == 1:
+            parts.append(region)
+            continue
+        for level in levels.values():
+            if len(level) < 2:
+                continue
+            ok, reason = _check(level)
+            decisions.append(Decision(tuple(level), ok, reason))
+            if ok:
+                patterns.append(Pattern(level, f"the kernels of its region with as many "
+                                               f"opaque kernels before them: {reason}"))
+            else:
+                parts.append(level)
+    for part in parts:
         current: list[str] = []
-        for name in region:  # the region is in topological order
+        for name in part:  # in topological order
             candidate = current + [name]
             ok, reason = _check(candidate) if current else (True, "")
             if current:
@@ -52,6 +73,7 @@ def connected_region_plan(graph: OpGraph, can_stitch: CanStitch,
             current = [name]
         if len(current) > 1:
             patterns.append(Pattern(current, "longest buildable run of its region"))
+    patterns.sort(key=lambda p: dag.order[p.nodes[0]])
     # Each pattern is acyclic; runs of different regions can still interlock. Where they do,
     # a run is cut in two where it can be built so, else left to XLA.
     reasons: dict[frozenset[str], str] = {frozenset(p.nodes): p.reason for p in patterns}

@@ -87,6 +87,18 @@ def memory_intensive_regions(graph: OpGraph) -> list[list[str]]:
         if producer in memory_intensive))
 
 
+def opaque_depth(graph: OpGraph) -> dict[str, int]:
+    """The most opaque kernels (GEMMs, convolutions) on a path to each node. Along a path the
+    depth never falls, so two kernels of one depth have no opaque kernel between them: one
+    kernel per region and depth is a plan without cycles through opaque kernels."""
+    depth: dict[str, int] = {}
+    for name, node in graph.nodes.items():  # topological order
+        depth[name] = max((depth[p] + int(graph.nodes[p].is_kernel and
+                                          not graph.nodes[p].memory_intensive)
+                           for p in node.operands), default=0)
+    return depth
+
+
 def plan_bytes(graph: OpGraph, patterns: Iterable[Iterable[str]]) -> int:
     return sum(sum(pattern_traffic(graph, p)) for p in patterns)
 
