@@ -5,6 +5,7 @@ is verified against XLA running the same module (jaxlib) and against the numpy e
 Assembling every kernel with ptxas is in the slow test below (tests/test_codegen.py assembles
 a representative set in the default run).
 """
+import dataclasses
 import json
 from pathlib import Path
 
@@ -169,6 +170,31 @@ def test_a_stitched_kernel_modeled_slower_than_xlas_is_left_to_xla(monkeypatch):
     assert report.fs.bytes == report.xla.bytes
     assert not result.plan.patterns and not report.fallbacks
     assert any(not d.ok and "not faster than XLA's" in d.reason for d in result.plan.decisions)
+
+
+@pytest.mark.skipif(codegen.find_ptxas() is None, reason="no ptxas on PATH or in nvidia-cuda-nvcc")
+def test_a_schedule_ptxas_spills_gives_way_to_the_next_fastest(monkeypatch):
+    """The register model only estimates ptxas: when ptxas spills the chosen schedule, the
+    pipeline takes the pattern's next-fastest schedule (modeled), and says why. Here ptxas is
+    made to report spills for the first schedule chosen."""
+    import fusionstitching.pipeline as pipeline
+
+    compile_nvptx, spilled = codegen.compile_nvptx, []
+
+    def spilling_first(spec, arch="sm_90"):
+        kernel = compile_nvptx(spec, arch)
+        if not spilled or spilled[0] == spec.why:
+            spilled.append(spec.why)
+            return dataclasses.replace(kernel, spills=16)
+        return kernel
+
+    monkeypatch.setattr(pipeline.codegen, "compile_nvptx", spilling_first)
+    result = stitch_module(parse_file(DATA / "layernorm_64x256_jax_cpu.hlo"), Options(verify=True))
+    (kernel,) = result.kernels
+    assert kernel.nvptx.spills == 0 and kernel.spec.why != spilled[0]
+    assert f"{spilled[0]}; refused: ptxas (sm_90): 16 B of spill stores" in \
+        [why for why, _ in kernel.spec.candidates]
+    assert result.report.verify.ok and result.report.fs.bytes == result.report.compulsory_bytes
 
 
 LEFT_TO_XLA = """

@@ -62,13 +62,15 @@ class KernelSpec:
         return str(self.kernel)
 
 
-def generate(module: Module, nodes: list[str], name: str, device: dict | None = None) -> KernelSpec:
+def generate(module: Module, nodes: list[str], name: str, device: dict | None = None,
+             excluded: dict[str, str] | None = None) -> KernelSpec:
     """One kernel for these entry instructions; raises CodegenError(reason) when impossible.
 
     ``device``: {"name": "h100"|"a100"|...} (default h100), the GPU whose latency-evaluator
-    chooses among the enumerated schedules."""
+    chooses among the enumerated schedules. ``excluded``: schedules (``Schedule.why``) not to
+    choose, with the reason (ptxas spilled them)."""
     pattern = flatten(module, nodes)
-    scheduled = schedule_pattern(pattern, name, device)
+    scheduled = schedule_pattern(pattern, name, device, excluded or {})
     kernel = scheduled.kernel
     spec = KernelSpec(
         name=name, nodes=list(nodes), inputs=pattern.inputs, outputs=pattern.outputs,

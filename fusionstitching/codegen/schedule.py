@@ -1780,10 +1780,11 @@ def _strided_points(pattern: Pattern) -> int:
     return min(strides[d] for d in first.dimensions)
 
 
-def schedule_pattern(pattern: Pattern, name: str, device: dict | Device | None = None
-                     ) -> ScheduledKernel:
-    """Build every enumerated schedule, drop those failing locality or the device's limits,
-    and keep the one the latency-evaluator models fastest.
+def schedule_pattern(pattern: Pattern, name: str, device: dict | Device | None = None,
+                     excluded: dict[str, str] | None = None) -> ScheduledKernel:
+    """Build every enumerated schedule, drop those failing locality or the device's limits
+    or ``excluded`` (a schedule's ``why`` -> the reason), and keep the one the
+    latency-evaluator models fastest.
 
     Candidates are priced by codegen/profile.py, the same model the pipeline prices the chosen
     kernel with (and XLA's kernels against), so the choice and the report agree."""
@@ -1814,6 +1815,9 @@ def schedule_pattern(pattern: Pattern, name: str, device: dict | Device | None =
             yield from enumerate_phased_schedules(pattern, dev)
 
     for sched in schedules():
+        if sched.why in (excluded or {}):
+            refusals.append((sched.why, excluded[sched.why]))
+            continue
         if strided and sched.kind in ("warp", "block"):
             # The latency-evaluator does not price uncoalesced access; thread and tile
             # schedules read these reductions coalesced (consecutive results in lanes).
