@@ -258,29 +258,6 @@ def test_a_barrier_ends_the_block_of_loads_in_flight():
     assert (again["ld_global"], again["ld_global_overlapped"]) == (2, 1)
 
 @needs_ptxas
-def test_a_kernel_holding_more_than_a_thread_can_is_modeled_to_spill():
-    """300 products live at once (summed last to first): even with every load where it is
-    used, more than 255 registers, so the model reports more than a thread holds (the code
-    generator refuses such schedules) instead of capping at 255."""
-    tid, bid = Var("tid", 128), Var("bid", 1)
-    shape = Shape("f32", (128 * 300,), (0,))
-    loaded = [Value(f"x{i}", "f32") for i in range(300)]
-    products = [Value(f"p{i}", "f32") for i in range(300)]
-    body = []
-    for i in range(300):
-        body += [GlobalLoad(loaded[i], 0, add(scale(tid, 300), i)),
-                 Compute(products[i], "multiply", [loaded[i], loaded[i]])]
-    total = products[-1]
-    for i in reversed(range(299)):
-        nxt = Value(f"s{i}", "f32")
-        body.append(Compute(nxt, "add", [total, products[i]]))
-        total = nxt
-    body.append(GlobalStore(1, ix(tid), total))
-    kernel = Kernel("k", [Buffer("x", shape, False), Buffer("y", Shape("f32", (128,), (0,)), True)],
-                    (1,), (128,), [], body, tid, bid)
-    assert register_model(_spec(kernel)) > 255
-
-
 def test_a_dead_let_takes_no_register():
     """A guarded store of a scalar to a constant address: the let of the guarded element is
     never read, LLVM deletes it, and ptxas's minimum remains."""

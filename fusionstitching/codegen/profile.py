@@ -69,7 +69,7 @@ import math
 import numpy as np
 
 import costmodel
-from costmodel.latency import MAX_REGISTERS_PER_THREAD, REGISTER_OVERHEAD, op_costs
+from costmodel.latency import op_costs
 from costmodel.occupancy import ARCH_LIMITS
 from costmodel.instructions import (GENERIC_CLASS, OVERLAPPED_LOAD, add_instructions,
                                     op_instructions, overlapped)
@@ -911,7 +911,7 @@ def _registers_and_load_window(spec: KernelSpec) -> tuple[int, float]:
     body = expand_block_reduce(spec.kernel)
     hoisted = _Lifetimes(spec.kernel)
     hoisted.walk(body)
-    regs = max(hoisted.live_counts(), default=0) + REGISTER_OVERHEAD
+    regs = costmodel.estimate_registers(hoisted.live_counts())
     keeps_occupancy = occupancy_registers(math.prod(spec.kernel.block),
                                           spec.kernel.min_blocks_per_sm)
     if regs <= keeps_occupancy:
@@ -921,18 +921,12 @@ def _registers_and_load_window(spec: KernelSpec) -> tuple[int, float]:
     # hoisting are 32 in ptxas; one-warp blocks go up to 64 with the loads hoisted).
     in_place = _Lifetimes(spec.kernel, hoist_loads=False)
     in_place.walk(body)
-    in_place_regs = max(in_place.live_counts(), default=0) + REGISTER_OVERHEAD
-    if in_place_regs > MAX_REGISTERS_PER_THREAD:
-        # More than a thread can hold even with loads where they are used: ptxas spills
-        # (BERT train JAX's 8-phase kernel over 4 blocks: 312 here, 255 and 328 B of spill
-        # stores in ptxas; the largest that did not spill was 186 here, 134 in ptxas).
-        return in_place_regs, 0.0
+    in_place_regs = costmodel.estimate_registers(in_place.live_counts())
     return max(keeps_occupancy, in_place_regs), keeps_occupancy - in_place_regs
 
 
 def register_model(spec: KernelSpec) -> int:
-    """Registers per thread ptxas is modeled to allocate (see the module docstring); above
-    MAX_REGISTERS_PER_THREAD when it would spill."""
+    """Registers per thread ptxas is modeled to allocate (see the module docstring)."""
     return _registers_and_load_window(spec)[0]
 
 

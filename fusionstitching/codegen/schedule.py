@@ -89,7 +89,6 @@ import numpy as np
 
 from costmodel import KernelProfile, kernel_latency_us, load_device
 from costmodel.devices import Device
-from costmodel.latency import MAX_REGISTERS_PER_THREAD
 
 from ..hlo.evaluator import _Window as Window
 from ..hlo.evaluator import parse_literal
@@ -1840,11 +1839,6 @@ def schedule_pattern(pattern: Pattern, name: str, device: dict | Device | None =
         profile = kernel_profile(SimpleNamespace(
             kernel=kernel, grid=kernel.grid, block=kernel.block, smem_bytes=kernel.smem_bytes,
             read_bytes=read, write_bytes=written))
-        if profile.regs_per_thread > MAX_REGISTERS_PER_THREAD:
-            refusals.append((sched.why, f"~{profile.regs_per_thread} registers live even with "
-                                        f"every load where it is used: ptxas would spill (a "
-                                        f"thread holds {MAX_REGISTERS_PER_THREAD})"))
-            continue
         try:
             modeled = kernel_latency_us(profile, dev).total_us
         except ValueError as e:  # cannot launch (occupancy 0)
