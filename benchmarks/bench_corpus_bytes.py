@@ -4,7 +4,8 @@ differ (issue 7: within 15% summed over models).
     python benchmarks/bench_corpus_bytes.py [--jobs 1] [--timeout 900] [--out FILE]
 
 Modules: every workload of tests/data/hlo/manifest.json for XLA:GPU H100 (default plan).
-Each runs in its own process: ``pipeline.stitch_module(Options(ptxas=False))`` gives the
+Each runs in its own process: ``pipeline.stitch_module(Options())``, as the pipeline runs by
+default (with ptxas, which the explorer asks about patterns at the register model's cap), gives the
 Report's ``fs.bytes`` (the stitched plan) and ``compulsory_bytes`` (one kernel per connected
 memory-intensive region; both counted by ``graph.traffic``). One kernel per region is not
 always possible: two of its kernels with an opaque kernel (GEMM, convolution) on a path
@@ -51,7 +52,7 @@ from fusionstitching.graph.traffic import (acyclic_lower_bound_bytes, memory_int
 from fusionstitching.hlo.parser import parse_file
 from fusionstitching.pipeline import Options, stitch_module
 module = parse_file(sys.argv[1])
-result = stitch_module(module, Options(ptxas=False))
+result = stitch_module(module, Options())
 graph, report = result.graph, result.report
 pattern_of = {n: k.pattern.nodes for k in result.kernels for n in k.pattern.nodes}
 fallback_of = {n: f"{f.stage}: {f.reason}" for f in report.fallbacks for n in f.nodes}

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import costmodel
+from costmodel.latency import MAX_REGISTERS_PER_THREAD
 
 from . import codegen
 from .codegen.profile import modeled_kernel_us
@@ -114,6 +115,14 @@ def plan_module(graph: OpGraph, options: Options, device,
         slower = _slower_than_xla(graph, spec, device, options.target, xla_kernel_us)
         if slower:
             return False, slower
+        if options.ptxas and spec.regs_model >= MAX_REGISTERS_PER_THREAD and \
+                codegen.find_ptxas():
+            # At the register model's cap it cannot tell whether ptxas spills: ask ptxas
+            # (the chosen schedule only: trying the others here made planning minutes longer).
+            spills = codegen.compile_nvptx(spec, device.sm_arch).spills
+            if spills:
+                return False, f"ptxas ({device.sm_arch}) spills the pattern's fastest " \
+                              f"schedule: {spills} B of spill stores"
         built[frozenset(nodes)] = spec
         return True, f"ok: {spec.why}; {', '.join(spec.schemes)}"
 
@@ -173,9 +182,12 @@ def _build_kernel(graph, pattern, name, options, device, times, fallbacks, probe
     if options.ptxas:
         t0 = time.perf_counter()
         try:
-            kernel.nvptx = codegen.compile_nvptx(spec, arch=device.sm_arch)
-            if kernel.nvptx.spills:
-                kernel = _without_spills(graph, kernel, options, device)
+            nv = codegen.compile_nvptx(spec, arch=device.sm_arch)
+            if nv.spills:
+                spec, nv = _fewest_spills(graph, spec, nv, options, device)
+                host = host and codegen.compile_host(spec)
+                kernel = StitchedKernel(pattern, spec, host=host)
+            kernel.nvptx = nv
         except Exception as exc:
             fallbacks.append(Fallback("ptxas", list(pattern.nodes), _reason(exc)))
             return None
@@ -187,28 +199,24 @@ def _build_kernel(graph, pattern, name, options, device, times, fallbacks, probe
 MAX_SPILL_RETRIES = 8  # each is a code generation and a ptxas run
 
 
-def _without_spills(graph: OpGraph, kernel: StitchedKernel, options: Options, device
-                    ) -> StitchedKernel:
-    """The pattern's next-fastest schedules (modeled) while ptxas spills the chosen one: the
-    register model only estimates what ptxas allocates (BERT train TF's unrolled 4-phase
-    kernel over 4 blocks: 179 registers modeled with loads in place, 255 and 20 B of spill
-    stores in ptxas). The pattern, and so the plan's bytes, stay; the kernel keeps spilling
-    only when no other schedule builds or every retry spills (then the one spilling least)."""
+def _fewest_spills(graph: OpGraph, spec: codegen.KernelSpec, nv: codegen.NvptxKernel,
+                   options: Options, device) -> tuple[codegen.KernelSpec, codegen.NvptxKernel]:
+    """The pattern's next-fastest schedules (modeled) while ptxas spills: the register model
+    only estimates what ptxas allocates (BERT train TF's unrolled 4-phase kernel over 4
+    blocks: 179 registers modeled with loads in place, 255 and 20 B of spill stores in
+    ptxas). The first that does not spill, else the one spilling least."""
     excluded: dict[str, str] = {}
-    best = kernel
-    while kernel.nvptx.spills and len(excluded) < MAX_SPILL_RETRIES:
-        excluded[kernel.spec.why] = f"ptxas ({device.sm_arch}): {kernel.nvptx.spills} B of " \
-                                    f"spill stores"
+    best = spec, nv
+    while nv.spills and len(excluded) < MAX_SPILL_RETRIES:
+        excluded[spec.why] = f"ptxas ({device.sm_arch}): {nv.spills} B of spill stores"
         try:
-            spec = codegen.generate(graph.module, kernel.pattern.nodes, kernel.spec.name,
+            spec = codegen.generate(graph.module, spec.nodes, spec.name,
                                     {"name": options.target}, excluded)
         except codegen.CodegenError:
             break
-        host = codegen.compile_host(spec) if kernel.host is not None else None
-        kernel = StitchedKernel(kernel.pattern, spec, codegen.compile_nvptx(spec, device.sm_arch),
-                                host)
-        if kernel.nvptx.spills < best.nvptx.spills:
-            best = kernel
+        nv = codegen.compile_nvptx(spec, device.sm_arch)
+        if nv.spills < best[1].spills:
+            best = spec, nv
     return best
 
 

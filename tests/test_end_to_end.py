@@ -71,8 +71,11 @@ def test_every_corpus_kernel_assembles_without_spills(arch):
                                   "transformer_train_small_tf_cpu.hlo.gz"])
 def test_packed_optimizer_kernels_assemble_without_spills(name):
     """Their packed Adam kernels (256-thread blocks, ~40 registers) spilled where ptxas's
-    .maxntid bound capped them at 32 registers (replay of the corpus on the H100 target)."""
-    result = stitch_module(parse_file(DATA / name), Options(ptxas=False))
+    .maxntid bound capped them at 32 registers (replay of the corpus on the H100 target).
+    Planned with ptxas, as the pipeline runs by default: a pattern at the register model's
+    cap is asked of ptxas (BERT train JAX's 29-kernel phased pattern spills 1.4-2.2 KB in
+    every schedule and stays XLA's)."""
+    result = stitch_module(parse_file(DATA / name), Options())
     for arch in ("sm_80", "sm_90"):
         for kernel in result.kernels:
             nv = codegen.compile_nvptx(kernel.spec, arch=arch)
