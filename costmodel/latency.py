@@ -91,6 +91,18 @@ def op_costs(sm_arch: str) -> dict[str, OpCost]:
     return costs
 
 
+# The latencies that rank dependency chains (which one is longest) in both views of a kernel,
+# the stitched IR (codegen/profile.py) and XLA's fused computations (graph/profile.py); the
+# device's own costs then price the instructions. The default target's: sm_80's rank alike.
+CHAIN_ARCH = "sm_90"
+
+
+def chain_latency(instructions: Mapping[str, float]) -> float:
+    """Cycles a chain of these instructions (by op class) waits at CHAIN_ARCH's latencies."""
+    costs = op_costs(CHAIN_ARCH)
+    return sum(n * costs[op].latency for op, n in instructions.items())
+
+
 def warp_cycles(instructions: Mapping[str, float], costs: Mapping[str, OpCost],
                 warps_per_scheduler: int) -> float:
     """L_warp: cycles for each warp of a wave to run its instructions."""

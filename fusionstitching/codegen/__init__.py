@@ -70,7 +70,7 @@ def generate(module: Module, nodes: list[str], name: str, device: dict | None = 
     chooses among the enumerated schedules. ``excluded``: schedules (``Schedule.why``) not to
     choose, with the reason (ptxas spilled them)."""
     pattern = flatten(module, nodes)
-    scheduled = schedule_pattern(pattern, name, device, excluded or {})
+    scheduled = schedule_pattern(pattern, name, device, excluded)
     kernel = scheduled.kernel
     spec = KernelSpec(
         name=name, nodes=list(nodes), inputs=pattern.inputs, outputs=pattern.outputs,

@@ -69,7 +69,7 @@ import math
 import numpy as np
 
 import costmodel
-from costmodel.latency import op_costs
+from costmodel.latency import chain_latency
 from costmodel.occupancy import ARCH_LIMITS
 from costmodel.instructions import (GENERIC_CLASS, OVERLAPPED_LOAD, add_instructions,
                                     op_instructions, overlapped)
@@ -118,16 +118,6 @@ def trip_count(loop: Loop) -> int:
 
 # -- instructions ----------------------------------------------------------------------------
 
-# Latencies that rank a block's dependency chains (which one is longest); the device's own
-# costs then price the instructions (the default target's: sm_80's rank them the same).
-CHAIN_ARCH = "sm_90"
-
-
-def _chain_cycles(instructions) -> float:
-    costs = op_costs(CHAIN_ARCH)
-    return sum(n * costs[op].latency for op, n in instructions.items())
-
-
 def _compute_dtype(s: Compute) -> str:
     # compare and select produce pred / take pred; the arithmetic happens in the data type.
     return s.args[-1].dtype if s.args else s.dst.dtype
@@ -142,8 +132,8 @@ class _Block:
     loads were waited for when those blocks ended.
 
     The other instructions by dependency chain: ``chain`` holds, for each value computed in
-    the block, the longest chain of instructions ending at it (its cycles at CHAIN_COSTS'
-    latencies and its instructions by class); loaded values and values from earlier blocks
+    the block, the longest chain of instructions ending at it (its cycles, ``chain_latency``,
+    and its instructions by class); loaded values and values from earlier blocks
     start chains. The block's longest chain waits each instruction's latency, and every other
     instruction issues while the chain waits (``_InstructionCounter.flush``)."""
 
@@ -175,7 +165,7 @@ class _Block:
         cycles, counts = self.longest(operands)
         counts = dict(counts)
         add_instructions(counts, instructions, repeat)
-        self.chain[dst] = (cycles + repeat * _chain_cycles(instructions), counts)
+        self.chain[dst] = (cycles + repeat * chain_latency(instructions), counts)
         add_instructions(self.issued, instructions, copies)
 
 
@@ -872,7 +862,8 @@ def unrolled_trips(loop: Loop, kernel: Kernel) -> int | None:
     exactly ``UNROLL_FACTOR`` trips for every start LLVM can prove (``_known_range``) becomes
     straight-line code; longer loops are unrolled in groups (counted as loops here), shorter
     ones not at all; loops that store were seen unrolled only partially, which leaves their
-    values short-lived, so they count as loops."""
+    values short-lived, so they count as loops. LLVM also keeps an 8-trip loop with a large
+    body a loop (UNROLL_FACTOR), which this does not see: such a loop is priced as unrolled."""
     if not loop.accumulates and not _reads_var(loop.body, loop.var):
         return 1
     bounds = _trip_bounds(loop, kernel)

@@ -1790,6 +1790,7 @@ def schedule_pattern(pattern: Pattern, name: str, device: dict | Device | None =
     from .profile import kernel_profile  # profile.py imports KernelSpec from this package
 
     dev = resolve_device(device)
+    excluded = excluded or {}
     read = sum(s.byte_size for _, s in pattern.inputs)
     written = sum(s.byte_size for _, s in pattern.outputs)
     built, refusals, candidates = [], [], []
@@ -1814,7 +1815,7 @@ def schedule_pattern(pattern: Pattern, name: str, device: dict | Device | None =
             yield from enumerate_phased_schedules(pattern, dev)
 
     for sched in schedules():
-        if sched.why in (excluded or {}):
+        if sched.why in excluded:
             refusals.append((sched.why, excluded[sched.why]))
             continue
         if strided and sched.kind in ("warp", "block"):

@@ -31,7 +31,7 @@ import math
 
 import costmodel
 from costmodel.instructions import OVERLAPPED_LOAD, add_instructions, op_instructions, overlapped
-from costmodel.latency import op_costs
+from costmodel.latency import chain_latency
 
 from ..hlo.ir import Instruction, Shape
 from .opgraph import OpGraph
@@ -103,27 +103,22 @@ def add_loads(counts: dict[str, float], loads_per_level: dict[int, list[float]])
         add_instructions(counts, {"ld_global": groups, OVERLAPPED_LOAD: loads - groups})
 
 
-# Latencies that rank an element's dependency chains, as codegen/profile.py CHAIN_ARCH ranks
-# the stitched kernels' (the same table, so both plans' chains are chosen alike).
-CHAIN_ARCH = "sm_90"
-
-
 def _op_instructions(inst: Instruction) -> dict[str, int]:
     return dict(op_instructions(inst.opcode, _leaves(inst.shape)[0].dtype))
 
 
 def critical_chain(instructions: list[Instruction]) -> set[str]:
-    """The elementwise ops on an element's longest dependency chain (by latency). A reduce
+    """The elementwise ops on an element's longest dependency chain (``chain_latency``, as
+    the stitched kernels' chains are ranked). A reduce
     ends the chains into it (its combination loop is priced as a chain of its own) and starts
     a new one, which its users' chains continue."""
-    costs = op_costs(CHAIN_ARCH)
     chain: dict[str, tuple[float, tuple[str, ...]]] = {}
     for inst in instructions:
         before = max((chain[o] for o in inst.operands if o in chain), key=lambda c: c[0],
                      default=(0.0, ()))
         if inst.opcode in ("reduce", "reduce-window"):
             before = (0.0, ())
-        cycles = sum(n * costs[k].latency for k, n in _op_instructions(inst).items())
+        cycles = chain_latency(_op_instructions(inst))
         chain[inst.name] = (before[0] + cycles, before[1] + (inst.name,)) if cycles else before
     return set(max(chain.values(), key=lambda c: c[0], default=(0.0, ()))[1])
 

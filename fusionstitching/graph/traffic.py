@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .opgraph import Node, OpGraph
+from .opgraph import Node, OpClass, OpGraph
 
 Value = tuple[str, int | None]  # (producing node, tuple index or None)
 
@@ -93,8 +93,7 @@ def opaque_depth(graph: OpGraph) -> dict[str, int]:
     kernel per region and depth is a plan without cycles through opaque kernels."""
     depth: dict[str, int] = {}
     for name, node in graph.nodes.items():  # topological order
-        depth[name] = max((depth[p] + int(graph.nodes[p].is_kernel and
-                                          not graph.nodes[p].memory_intensive)
+        depth[name] = max((depth[p] + int(graph.nodes[p].op_class == OpClass.OPAQUE)
                            for p in node.operands), default=0)
     return depth
 
@@ -123,7 +122,7 @@ def acyclic_lower_bound_bytes(graph: OpGraph) -> int:
         reach = through = 0
         for user in dict.fromkeys(nodes[name].users):
             reach |= bit[user] | below[user]
-            if nodes[user].is_kernel and not nodes[user].memory_intensive:  # opaque
+            if nodes[user].op_class == OpClass.OPAQUE:
                 through |= bit[user] | below[user]
             else:
                 through |= after_opaque[user]
