@@ -387,6 +387,7 @@ class TfCompiled:
         import jax
 
         from fusionstitching.hlo.parser import parse_module
+        from fusionstitching.hlo.xla_runner import optimized_hlo_text
         from fusionstitching.jit import original_jax_jit
         from fusionstitching.runtime.build import build_stitched
 
@@ -401,7 +402,7 @@ class TfCompiled:
                 lowered = original_jax_jit()(run, keep_unused=True).lower(*in_avals)
                 reference = lowered.compile()  # TF's module compiled by XLA:CPU (jaxlib)
                 if self.dump_prefix:
-                    self._dump(hlo_text, reference.as_text())
+                    self._dump(hlo_text, optimized_hlo_text(reference))
             except Unsupported as exc:
                 self._unsupported("signature", str(exc))
                 return

@@ -6,7 +6,7 @@ what the pattern reads from and writes to global memory:
 * inputs: entry values read by the pattern and computed outside it (parameters, other
   kernels' results, get-tuple-element of a multi-output fusion outside the pattern); each
   becomes a `parameter` op whose parameter_number is its position in `inputs`. Entry-level
-  constants are inlined as `constant` ops instead.
+  constants are inlined as `constant` ops instead, except elided ones (``{...}``): inputs.
 * outputs: pattern values used outside the pattern or part of the entry ROOT. Outputs are
   always arrays. A multi-output fusion's results leave the pattern through its
   get-tuple-element users (the output is named after that get-tuple-element); if the tuple
@@ -137,8 +137,14 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
         if name in elements:
             raise CodegenError(f"tuple {name} used other than by get-tuple-element")
         inst = by_name[name]
+        if inst.opcode == "get-tuple-element" and by_name[inst.operands[0]].opcode == "tuple":
+            # Read the tuple's element itself: through the tuple the kernel would wait for
+            # the tuple's other elements, which may be its own outputs (a cycle).
+            element = by_name[inst.operands[0]].operands[int(inst.attrs["index"])]
+            value[name] = entry_operand(element)
+            return value[name]
         refuse_dynamic(inst)
-        if inst.opcode == "constant":
+        if inst.opcode == "constant" and not inst.literal_elided:
             ops.append(FlatOp(name, "constant", inst.shape, [], literal=inst.literal))
         elif inst.shape.is_tuple:
             raise CodegenError(f"input {name} is a tuple; read its elements through "
@@ -190,6 +196,9 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
                 local[inst.name] = parts[local[inst.operands[0]]][int(inst.attrs["index"])]
             elif inst.opcode in _NO_OPS:
                 raise CodegenError(f"{inst.opcode} {inst.name} inside fusion {fusion.name}")
+            elif inst.literal_elided:  # an entry-level one is read as an input instead
+                raise CodegenError(f"constant {inst.name} inside fusion {fusion.name} is "
+                                   f"elided ('{{...}}'): its values are not in the module")
             else:
                 local[inst.name] = add_op(inst, f"{fusion.name}/{inst.name}",
                                           [local[o] for o in inst.operands])
@@ -278,13 +287,21 @@ def _fold_partial_reductions(ops: list[FlatOp]) -> None:
     With the same associative combiner and an init value that is its identity, that is the
     same reduction of x in another order, and stitching it as one row reduction is what a GPU
     kernel does anyway (the reduce's own init is combined in by the schedule).
+
+    XLA:GPU's tree reduction splits a long row instead: reduce(reduce(bitcast x to [.., n1,
+    n2, ..]) over n2) over n1 (a vocabulary row of 32000 as 128 x 250); folded the same way.
     """
     by_name = {op.name: op for op in ops}
     for op in ops:
         # XLA:CPU may tile more than once (reduce-window of a reduce-window): fold each level.
-        while op.opcode == "reduce" and op.combiner is None and \
-                _folds_into(op, by_name.get(op.operands[0]), by_name):
-            op.operands = [by_name[op.operands[0]].operands[0], op.operands[1]]
+        while op.opcode == "reduce" and op.combiner is None:
+            inner = by_name.get(op.operands[0])
+            if _folds_into(op, inner, by_name):
+                op.operands = [inner.operands[0], op.operands[1]]
+            elif _splits_row_of(op, inner, by_name):
+                op.operands = [by_name[inner.operands[0]].operands[0], op.operands[1]]
+            else:
+                break
 
 
 def _transpose_before_reductions(ops: list[FlatOp], outputs: set[str]) -> None:
@@ -366,6 +383,29 @@ def _folds_into(op: FlatOp, inner: FlatOp | None, by_name: dict[str, FlatOp]) ->
         for d, (size, pad) in enumerate(zip(window["size"], window["pad"]))) and all(
         inner.shape.dims[d] * window["size"][d] == source.shape.dims[d] + window["pad"][d]
         for d in range(source.shape.rank))
+
+
+def _splits_row_of(op: FlatOp, inner: FlatOp | None, by_name: dict[str, FlatOp]) -> bool:
+    """Is ``inner`` a reduction with ``op``'s combiner, starting at its identity, over the
+    minor half n2 of a dimension that a reshape split into (n1, n2), and ``op`` the reduction
+    of ``inner`` over n1?"""
+    if inner is None or inner.opcode != "reduce" or inner.combiner is not None or \
+            inner.reducer != op.reducer or \
+            not _is_identity(by_name[inner.operands[1]], inner.reducer):
+        return False
+    split = by_name[inner.operands[0]]
+    if split.opcode not in ("bitcast", "reshape") or split.operands[0] not in by_name:
+        return False
+    x = by_name[split.operands[0]]
+    if split.opcode == "bitcast" and not all(  # a bitcast between row-major shapes reshapes
+            s.minor_to_major == tuple(range(s.rank - 1, -1, -1)) for s in (split.shape, x.shape)):
+        return False
+    dims, split_dims = x.shape.dims, split.shape.dims
+    k = next((d for d in range(len(dims)) if dims[d] != split_dims[d]), len(dims))
+    return len(split_dims) == len(dims) + 1 and k < len(dims) and \
+        split_dims[:k] == dims[:k] and split_dims[k + 2:] == dims[k + 1:] and \
+        split_dims[k] * split_dims[k + 1] == dims[k] and \
+        tuple(inner.dimensions) == (k + 1,) and tuple(op.dimensions) == (k,)
 
 
 def _is_identity(init: FlatOp, kind: str) -> bool:

@@ -175,6 +175,11 @@ class Instruction:
         return names
 
     @property
+    def literal_elided(self) -> bool:
+        """A constant printed as ``{...}`` (``as_text()`` elides large ones): its values are lost."""
+        return self.opcode == "constant" and "..." in (self.literal or "")
+
+    @property
     def fusion_kind(self) -> str | None:
         return self.attrs.get("kind")
 

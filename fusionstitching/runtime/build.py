@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 from .. import pipeline
+from ..hlo.xla_runner import optimized_hlo_text
 from ..report import Fallback, KernelReport, PlanSummary, Report, Times, Verify
 from . import cache as kernel_cache
 
@@ -58,7 +59,9 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     from . import rewrite
 
     started = time.perf_counter()
-    optimized = xla_compiled.as_text()
+    # Constants in full: ``as_text()`` elides large ones as ``{...}``, and the rewritten
+    # module is compiled from this text (a flax position table was lost that way).
+    optimized = optimized_hlo_text(xla_compiled)
     if dump_prefix:
         _write(dump_prefix + ".xla.hlo.txt", optimized)
     stats = kernel_cache.CacheStats(cache_dir)
