@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from .hlo.ir import HloParseError
@@ -44,7 +45,13 @@ def replay(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             failed = True
             continue
-        result = stitch_module(module, options, parse_seconds=time.perf_counter() - t0)
+        try:
+            result = stitch_module(module, options, parse_seconds=time.perf_counter() - t0)
+        except Exception as exc:  # a defect of ours: this file fails, the others still replay
+            print(f"error: {path}: internal error ({type(exc).__name__}: {exc}); please "
+                  f"report it with the file\n{_innermost_frame(exc)}", file=sys.stderr)
+            failed = True
+            continue
         print(f"{path}:")
         print(format_summary(result.report))
         reports.append(result.report)
@@ -53,6 +60,11 @@ def replay(args: argparse.Namespace) -> int:
         write_json(reports, args.json)
         print(f"wrote {len(reports)} reports to {args.json}")
     return 1 if failed else 0
+
+
+def _innermost_frame(exc: BaseException) -> str:
+    frame = traceback.extract_tb(exc.__traceback__)[-1]
+    return f"  raised at {frame.filename}:{frame.lineno} in {frame.name}"
 
 
 def demo(args: argparse.Namespace) -> int:

@@ -32,6 +32,10 @@ class Verify:
     max_rel_err: float = 0.0
     against: list[str] = field(default_factory=list)  # which references were compared
     not_run: str = ""  # why verification could not run (ran is False)
+    inputs: str = ""  # the random inputs it ran on (pipeline.INPUT_KINDS)
+    finite: float = 1.0  # fraction of the reference's float outputs that are finite
+    vacuous: bool = False  # most outputs not finite on every kind of input: no verdict
+    error: str = ""  # the stitched plan failed to run (ok is False)
 
 
 @dataclass
@@ -123,9 +127,15 @@ def format_summary(report: Report) -> str:
                      f"{'+'.join(k.schemes)}, grid {k.grid} block {k.block}, "
                      f"smem {k.smem_bytes} B, {regs}, spills {k.spills}, {k.bytes:,d} bytes")
     v = report.verify
-    if v.ran:
+    if v.ran and v.error:
+        lines.append(f"  verify: FAILED: the stitched plan did not run: {v.error}")
+    elif v.vacuous:
+        lines.append(f"  verify: vacuous: {1 - v.finite:.0%} of the outputs are not finite on "
+                     f"every kind of random input tried (last: {v.inputs}); no verdict")
+    elif v.ran:
         lines.append(f"  verify: {'OK' if v.ok else 'MISMATCH'} against {', '.join(v.against)} "
-                     f"(max abs err {v.max_abs_err:.3g}, max rel err {v.max_rel_err:.3g})")
+                     f"(max abs err {v.max_abs_err:.3g}, max rel err {v.max_rel_err:.3g}; "
+                     f"{v.inputs} inputs, {v.finite:.1%} of outputs finite)")
     elif v.not_run:
         lines.append(f"  verify: not run: {v.not_run}")
     for fb in report.fallbacks:
