@@ -1,0 +1,311 @@
+"""Failures found on modules nobody here wrote, each as the smallest HLO that shows it.
+
+Elided constants (``as_text()`` prints large ones as ``{...}``), a plan that loops through an
+intermediate tuple, verification that compares NaN with NaN, and a replay that lost every
+file's report to one file's crash.
+"""
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import fusionstitching
+from fusionstitching import codegen
+from fusionstitching.cli import main as cli_main
+from fusionstitching.hlo.elided import elided_constants, fill_elided
+from fusionstitching.hlo.evaluator import parse_literal
+from fusionstitching.hlo.parser import parse_module
+from fusionstitching.hlo.xla_runner import optimized_hlo_text
+from fusionstitching.pipeline import (Options, StitchedKernel, _schedulable, stitch_module,
+                                      stitched_steps)
+
+TABLE = np.sin(np.arange(64 * 128, dtype=np.float32).reshape(64, 128) / 7.0)
+
+
+def layernorm_with_table(x, gamma):
+    """A LayerNorm over x plus a constant table (a position table, as in a flax model)."""
+    y = x + TABLE
+    mean = y.mean(-1, keepdims=True)
+    var = ((y - mean) ** 2).mean(-1, keepdims=True)
+    return (y - mean) * jax.lax.rsqrt(var + 1e-5) * gamma
+
+
+def example_args():
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((64, 128)).astype(np.float32), np.ones(128, np.float32)
+
+
+def jax_texts():
+    """XLA:CPU's module as ``as_text()`` prints it (elided) and with constants in full."""
+    compiled = jax.jit(layernorm_with_table).lower(*example_args()).compile()
+    return compiled.as_text(), optimized_hlo_text(compiled)
+
+
+def patterns(result):
+    return sorted(sorted(p.nodes) for p in result.plan.patterns)
+
+
+def test_an_elided_constant_is_read_as_a_buffer_and_verified_with_filled_values():
+    elided, full = jax_texts()
+    assert "{...}" in elided and "{...}" not in full
+    result = stitch_module(parse_module(elided), Options(verify=True, ptxas=False))
+    report = result.report
+    assert report.verify.ran and report.verify.ok and not report.verify.vacuous, report.verify
+    assert set(report.verify.against) == {"evaluator", "xla"}
+    assert report.fallbacks == [] and report.fs.mem_kernels == 1
+    (kernel,) = result.kernels
+    (constant,) = elided_constants(result.module)
+    assert constant in [name for name, _ in kernel.spec.inputs]
+    # The capture with the constant in full plans alike.
+    full_result = stitch_module(parse_module(full), Options(ptxas=False))
+    assert patterns(full_result) == patterns(result)
+    assert full_result.report.fs.bytes == report.fs.bytes
+
+
+ELIDED_INSIDE_FUSION = """
+HloModule elided_inside
+
+fused_add {
+  p = f32[16,32]{1,0} parameter(0)
+  c = f32[16,32]{1,0} constant({...})
+  ROOT a = f32[16,32]{1,0} add(p, c)
+}
+
+fused_exp {
+  q = f32[16,32]{1,0} parameter(0)
+  ROOT e = f32[16,32]{1,0} exponential(q)
+}
+
+ENTRY main {
+  x = f32[16,32]{1,0} parameter(0)
+  f = f32[16,32]{1,0} fusion(x), kind=kLoop, calls=fused_add
+  ROOT g = f32[16,32]{1,0} fusion(f), kind=kLoop, calls=fused_exp
+}
+"""
+
+
+def test_an_elided_constant_inside_a_fusion_is_left_to_xla_with_a_reason():
+    module = parse_module(ELIDED_INSIDE_FUSION)
+    ok, why = codegen.can_stitch(module, ["f", "g"], {"name": "h100"})
+    assert not ok and "elided" in why
+    result = stitch_module(module, Options(verify=True, ptxas=False))
+    assert result.kernels == [] and result.report.verify.ok
+
+
+def test_filled_constants_read_back_as_the_values_written():
+    module = fill_elided(parse_module(ELIDED_INSIDE_FUSION), seed=3)
+    assert elided_constants(module) == []
+    (constant,) = [i for c in module.computations for i in c.instructions
+                   if i.opcode == "constant"]
+    values = parse_literal(constant.literal, constant.shape)
+    assert values.shape == (16, 32) and np.all(np.abs(values) <= 1) and values.std() > 0.1
+    again = fill_elided(parse_module(ELIDED_INSIDE_FUSION), seed=3)
+    assert str(again) == str(module)
+
+
+def test_the_runtime_stitches_a_function_with_a_large_constant():
+    x, gamma = example_args()
+    step = fusionstitching.jit(layernorm_with_table, keep="stitched", verify=True)
+    for _ in range(3):
+        out = step(x, gamma)
+    (report,) = step.reports()
+    assert report.fallbacks == [] and report.runtime["kept"] == "stitched", report.runtime
+    np.testing.assert_allclose(out, jax.jit(layernorm_with_table)(x, gamma), rtol=1e-5,
+                               atol=1e-5)
+
+
+# A stitched kernel holding `f` and `c`, where `c` reads f's output through an intermediate
+# tuple: read through the tuple, the kernel would wait for its own outputs (from XLA:GPU's
+# training step of a keras-hub transformer).
+TUPLE_LOOP = """
+HloModule tuple_loop
+
+fused_f {
+  p = f32[64,256]{1,0} parameter(0)
+  e = f32[64,256]{1,0} exponential(p)
+  n = f32[64,256]{1,0} negate(p)
+  ROOT t = (f32[64,256]{1,0}, f32[64,256]{1,0}) tuple(e, n)
+}
+
+fused_g {
+  q = f32[64,256]{1,0} parameter(0)
+  ROOT s = f32[64,256]{1,0} sine(q)
+}
+
+ENTRY main {
+  x = f32[64,256]{1,0} parameter(0)
+  f = (f32[64,256]{1,0}, f32[64,256]{1,0}) fusion(x), kind=kLoop, calls=fused_f
+  g0 = f32[64,256]{1,0} get-tuple-element(f), index=0
+  g1 = f32[64,256]{1,0} get-tuple-element(f), index=1
+  t = (f32[64,256]{1,0}, f32[64,256]{1,0}) tuple(g0, g1)
+  tg = f32[64,256]{1,0} get-tuple-element(t), index=0
+  c = f32[64,256]{1,0} fusion(tg), kind=kLoop, calls=fused_g
+  ROOT r = (f32[64,256]{1,0}, f32[64,256]{1,0}) tuple(c, g1)
+}
+"""
+
+
+def test_a_kernel_reads_an_intermediate_tuples_element_itself():
+    result = stitch_module(parse_module(TUPLE_LOOP), Options(verify=True, ptxas=False))
+    assert patterns(result) == [["c", "f"]]
+    (kernel,) = result.kernels
+    assert [name for name, _ in kernel.spec.inputs] == ["x"]
+    assert result.report.verify.ok and result.report.fallbacks == []
+
+
+# `a` and `c` in one kernel with `b` outside between them: no schedule runs it.
+CYCLE = """
+HloModule cycle
+
+ENTRY main {
+  x = f32[32,32]{1,0} parameter(0)
+  a = f32[32,32]{1,0} exponential(x)
+  b = f32[32,32]{1,0} sine(a)
+  c = f32[32,32]{1,0} add(a, b)
+  ROOT r = (f32[32,32]{1,0}, f32[32,32]{1,0}) tuple(c, b)
+}
+"""
+
+
+def test_a_kernel_in_a_cycle_is_left_to_xla_before_it_runs():
+    module = parse_module(CYCLE)
+    spec = codegen.generate(module, ["a", "c"], "cyclic", {"name": "h100"})
+    kernel = StitchedKernel(pattern=dataclasses.make_dataclass("P", ["nodes"])(["a", "c"]),
+                            spec=spec)
+    steps, stuck = stitched_steps(module, [kernel])
+    assert steps == [] and stuck == [kernel]
+    fallbacks = []
+    assert _schedulable(module, [kernel], fallbacks) == []
+    (fallback,) = fallbacks
+    assert fallback.stage == "schedule" and fallback.nodes == ["a", "c"]
+
+
+def test_most_outputs_not_finite_is_vacuous_not_ok():
+    # log of a negative number: NaN whatever the inputs.
+    module = parse_module("""
+HloModule nan_everywhere
+
+ENTRY main {
+  x = f32[8,16]{1,0} parameter(0)
+  a = f32[8,16]{1,0} abs(x)
+  n = f32[8,16]{1,0} negate(a)
+  ROOT l = f32[8,16]{1,0} log(n)
+}
+""")
+    report = stitch_module(module, Options(verify=True, ptxas=False)).report
+    assert report.verify.ran and report.verify.vacuous and not report.verify.ok
+    assert report.verify.finite < 0.5 and not report.ok
+
+
+def test_a_step_nan_on_normal_inputs_is_checked_on_positive_ones():
+    # A row sum of logs (the log-likelihood of a variance): NaN in every row with a negative.
+    module = parse_module("""
+HloModule log_rows
+
+add {
+  p = f32[] parameter(0)
+  q = f32[] parameter(1)
+  ROOT s = f32[] add(p, q)
+}
+
+fused_log_sum {
+  x = f32[8,64]{1,0} parameter(0)
+  l = f32[8,64]{1,0} log(x)
+  zero = f32[] constant(0)
+  ROOT r = f32[8]{0} reduce(l, zero), dimensions={1}, to_apply=add
+}
+
+ENTRY main {
+  x = f32[8,64]{1,0} parameter(0)
+  ROOT f = f32[8]{0} fusion(x), kind=kInput, calls=fused_log_sum
+}
+""")
+    report = stitch_module(module, Options(verify=True, ptxas=False)).report
+    assert report.verify.ok and not report.verify.vacuous
+    assert report.verify.inputs == "positive" and report.verify.finite == 1.0
+
+
+def test_one_files_internal_error_does_not_lose_the_others_reports(tmp_path, monkeypatch,
+                                                                  capsys):
+    good, bad = tmp_path / "a_good.hlo", tmp_path / "b_bad.hlo"
+    good.write_text(TUPLE_LOOP)
+    bad.write_text(CYCLE)
+    real = fusionstitching.pipeline.stitch_module
+
+    def crashes_on_cycle(module, *args, **kwargs):
+        if module.name == "cycle":
+            raise RuntimeError("a defect")
+        return real(module, *args, **kwargs)
+
+    monkeypatch.setattr(fusionstitching.pipeline, "stitch_module", crashes_on_cycle)
+    out_json = tmp_path / "reports.json"
+    status = cli_main(["replay", str(good), str(bad), "--no-ptxas", "--json", str(out_json)])
+    assert status == 1
+    assert "b_bad.hlo: internal error (RuntimeError: a defect)" in capsys.readouterr().err
+    assert [r["module"] for r in json.loads(out_json.read_text())] == ["tuple_loop"]
+
+
+@pytest.mark.parametrize("dtype", ["pred", "s32", "bf16", "f16", "c64"])
+def test_filled_literals_of_other_element_types_parse(dtype):
+    text = f"""
+HloModule typed
+
+ENTRY main {{
+  ROOT c = {dtype}[2]{{0}} constant({{...}})
+}}
+"""
+    module = fill_elided(parse_module(text))
+    (constant,) = module.entry.instructions
+    values = parse_literal(constant.literal, constant.shape)
+    assert values.shape == (2,) and values.dtype == constant.shape.numpy_dtype
+
+
+# XLA:GPU's tree reduction of a long row: [8,4096] reduced as [8,16,256] over 256, then 16
+# (a vocabulary row of 32000 becomes 128 x 250 in a cross-entropy step).
+SPLIT_ROW = """
+HloModule split_row
+
+max {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+
+fused_partial {
+  p = f32[8,4096]{1,0} parameter(0)
+  s = f32[8,16,256]{2,1,0} bitcast(p)
+  ninf = f32[] constant(-inf)
+  ROOT r = f32[8,16]{1,0} reduce(s, ninf), dimensions={2}, to_apply=max
+}
+
+fused_rows {
+  q = f32[8,16]{1,0} parameter(0)
+  ninf = f32[] constant(-inf)
+  ROOT r = f32[8]{0} reduce(q, ninf), dimensions={1}, to_apply=max
+}
+
+fused_sub {
+  x = f32[8,4096]{1,0} parameter(0)
+  m = f32[8]{0} parameter(1)
+  b = f32[8,4096]{1,0} broadcast(m), dimensions={0}
+  ROOT d = f32[8,4096]{1,0} subtract(x, b)
+}
+
+ENTRY main {
+  x = f32[8,4096]{1,0} parameter(0)
+  partial = f32[8,16]{1,0} fusion(x), kind=kInput, calls=fused_partial
+  rows = f32[8]{0} fusion(partial), kind=kInput, calls=fused_rows
+  ROOT d = f32[8,4096]{1,0} fusion(x, rows), kind=kLoop, calls=fused_sub
+}
+"""
+
+
+def test_a_row_split_by_xlas_tree_reduction_is_one_row_reduction():
+    module = parse_module(SPLIT_ROW)
+    ok, why = codegen.can_stitch(module, ["partial", "rows", "d"], {"name": "h100"})
+    assert ok and "[8]x[4096]" in why, why
+    result = stitch_module(module, Options(verify=True, ptxas=False))
+    assert result.report.verify.ok and result.report.fs.mem_kernels == 1
+    assert result.report.fs.bytes == result.report.compulsory_bytes
