@@ -47,8 +47,9 @@ class RuntimeOptions:
 
 
 def jit(fn=None, *, static_argnums=None, static_argnames=None, donate_argnums=None,
-        donate_argnames=None, async_compile: bool = False, verify: bool = False,
-        keep: str = "fastest", cache_dir=_DEFAULT, dump_to: str | None = None, **opts):
+        donate_argnames=None, inline: bool = False, async_compile: bool = False,
+        verify: bool = False, keep: str = "fastest", cache_dir=_DEFAULT,
+        dump_to: str | None = None, **opts):
     """Like ``jax.jit(fn, static_argnums=..., static_argnames=...)``, with stitching.
 
     ``opts`` are ``pipeline.Options`` fields (target, explorer, ptxas). PTX is not assembled
@@ -57,19 +58,22 @@ def jit(fn=None, *, static_argnums=None, static_argnames=None, donate_argnums=No
 
     ``donate_argnums`` / ``donate_argnames`` donate as with ``jax.jit``: XLA's executable and
     the stitched one (whose module keeps XLA's input/output aliasing) reuse the donated
-    buffers, which are deleted after the call. Used as a decorator without ``fn``, returns one.
+    buffers, which are deleted after the call. ``inline=True``, as with ``jax.jit``, inlines
+    ``fn`` into an enclosing trace (which is then stitched as a whole); a call outside any
+    trace runs ``fn``'s own stitched executable. Used as a decorator without ``fn``, returns one.
     """
     if fn is None:
         return functools.partial(jit, static_argnums=static_argnums,
                                  static_argnames=static_argnames, donate_argnums=donate_argnums,
-                                 donate_argnames=donate_argnames, async_compile=async_compile,
+                                 donate_argnames=donate_argnames, inline=inline,
+                                 async_compile=async_compile,
                                  verify=verify, keep=keep, cache_dir=cache_dir, dump_to=dump_to,
                                  **opts)
     opts.setdefault("ptxas", False)
     runtime = RuntimeOptions(async_compile, verify, keep,
                              default_dir() if cache_dir is _DEFAULT else cache_dir, dump_to)
     return StitchedFunction(fn, pipeline.Options(**opts), runtime, static_argnums,
-                            static_argnames, donate_argnums, donate_argnames)
+                            static_argnames, donate_argnums, donate_argnames, inline)
 
 
 def original_jax_jit():
@@ -82,7 +86,7 @@ def original_jax_jit():
 class StitchedFunction:
     def __init__(self, fn, options: pipeline.Options, runtime: RuntimeOptions,
                  static_argnums=None, static_argnames=None, donate_argnums=None,
-                 donate_argnames=None):
+                 donate_argnames=None, inline: bool = False):
         from jax._src.api_util import fun_signature, infer_argnums_and_argnames
 
         _exclude_self_from_metadata()
@@ -102,7 +106,8 @@ class StitchedFunction:
         # keep_unused: the rewritten module's parameters must be exactly the flattened inputs.
         self._jax_jit = original_jax_jit()(fn, static_argnums=nums, static_argnames=names,
                                            donate_argnums=donate_argnums,
-                                           donate_argnames=donate_argnames, keep_unused=True)
+                                           donate_argnames=donate_argnames, keep_unused=True,
+                                           inline=inline)
         self._compiled: dict = {}  # input signature -> Compiled
         self._lock = threading.Lock()
 

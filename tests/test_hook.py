@@ -296,5 +296,62 @@ def test_hooked_jit_with_default_options_and_donation(hooked):
     assert_same(stitched(donated), hooked(layernorm)(x))
     assert donated.is_deleted()
     stitched_reports(stitched)
-    left = jax.jit(layernorm, inline=True)  # not jax.jit's default: jax.jit's own function
-    assert not hasattr(left, "reports")
+
+
+def test_hooked_jit_none_shardings_as_keras_passes_them(hooked, caplog):
+    """Keras 3's train/test/predict steps: ``jax.jit(step, donate_argnums=0,
+    out_shardings=None)``; Flax's nnx.jit: a pytree of None. jax.jit reads None as
+    unspecified, so these are stitched, with no warning."""
+    import jax
+    import jax.numpy as jnp
+
+    def step(state, x):
+        return layernorm(x) * state, (state + 1.0, None)
+
+    x = rows()
+    with caplog.at_level("INFO", logger="fusionstitching"):
+        keras_style = jax.jit(layernorm, donate_argnums=0, out_shardings=None)
+        nnx_style = jax.jit(step, in_shardings=None, out_shardings=(None, (None, None)),
+                            keep_unused=True, compiler_options={})
+    assert not [r for r in caplog.records if "left to jax.jit" in r.getMessage()]
+    donated = jnp.asarray(x)
+    assert_same(keras_style(donated), hooked(layernorm)(x))
+    assert donated.is_deleted()
+    assert_same(nnx_style(2.0, x), hooked(step)(2.0, x))
+    stitched_reports(keras_style), stitched_reports(nnx_style)
+
+
+def test_hooked_jit_inline_is_stitched_and_inlined_in_a_trace(hooked):
+    import jax
+
+    x = rows()
+    inlined = jax.jit(layernorm, inline=True)
+    assert_same(inlined(x), hooked(layernorm)(x))
+    stitched_reports(inlined)
+    jaxpr = str(jax.make_jaxpr(lambda v: inlined(v) + 1.0)(x))
+    assert "jit[" not in jaxpr and "rsqrt" in jaxpr  # inlined into the caller, as jax.jit does
+    assert "jit[" in str(jax.make_jaxpr(lambda v: jax.jit(layernorm)(v) + 1.0)(x))
+
+
+def test_hooked_jit_unsupported_option_left_to_jax_with_one_warning(hooked, caplog):
+    import jax
+
+    x = rows()
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    with caplog.at_level("INFO", logger="fusionstitching"):
+        left = jax.jit(layernorm, out_shardings=sharding, donate_argnums=0)
+        again = jax.jit(lambda v: layernorm(v, 2.0), out_shardings=sharding)  # said already
+        other = jax.jit(layernorm, compiler_options={"xla_embed_ir_in_executable": True})
+    for fn in (left, again, other):  # jax.jit's own functions
+        assert not hasattr(fn, "reports") and not hasattr(fn, "fusionstitching_original")
+    assert_same(left(x), hooked(layernorm)(x))
+    assert left(x).sharding == sharding
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2, warnings  # one per option, not one per function
+    assert "layernorm" in warnings[0] and "jax.jit(out_shardings=...) is not supported" in (
+        warnings[0]) and "donate_argnums" not in warnings[0]
+    assert "jax.jit(compiler_options=...) is not supported" in warnings[1]
+    infos = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
+    assert len(infos) == 1 and "<lambda>" in infos[0] and "out_shardings" in infos[0]
+    with pytest.raises(TypeError, match="static_argnum"):  # a typo: jax.jit's own error
+        jax.jit(layernorm, static_argnum=1)

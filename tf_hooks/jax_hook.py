@@ -3,9 +3,9 @@
 The hook waits for the script to import jax (a one-shot import hook on ``sys.meta_path``),
 then replaces the module attribute ``jax.jit``. Code that calls ``jax.jit(...)`` or uses
 ``@jax.jit`` / ``functools.partial(jax.jit, static_argnums=...)`` gets a stitched function;
-jax's own internals keep calling ``jax._src.api.jit`` and are not affected. Calls with
-options fusionstitching does not support (shardings, device, backend, inline, compiler
-options...) set to anything but jax.jit's defaults get the original ``jax.jit``.
+jax's own internals keep calling ``jax._src.api.jit`` and are not affected. An option given
+its default (``None`` shardings included, as Keras and Flax pass them) is no option; a call
+with an UNSUPPORTED one gets the original ``jax.jit`` and one warning per option naming it.
 """
 from __future__ import annotations
 
@@ -21,7 +21,18 @@ log = logging.getLogger("fusionstitching")
 
 # jax.jit keywords fusionstitching.jit takes (keep_unused: it always keeps them).
 SUPPORTED = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames",
-             "keep_unused")
+             "keep_unused", "inline")
+# The others, given anything but jax.jit's default: why the function is left to jax.jit.
+# A keyword in neither (a newer jax's) is left to jax.jit too, as not known here.
+UNSUPPORTED = {
+    "in_shardings": "the stitched executable is built for jax's default placement only",
+    "out_shardings": "the stitched executable is built for jax's default placement only",
+    "device": "the stitched executable is built for jax's default device only",
+    "backend": "the stitched executable is built for jax's default backend only",
+    "compiler_options": "they would reach XLA's compile, not the stitched module's",
+}
+# jax.jit reads None (or a pytree of None) as unspecified for these.
+_SHARDINGS = ("in_shardings", "out_shardings")
 
 
 def install(flags: flag_parsing.Flags) -> None:
@@ -31,19 +42,22 @@ def install(flags: flag_parsing.Flags) -> None:
         return
     original = jax.jit
     defaults = {name: parameter.default
-                for name, parameter in inspect.signature(original).parameters.items()}
+                for name, parameter in inspect.signature(original).parameters.items()
+                if parameter.kind is not parameter.POSITIONAL_ONLY}
+    warned: set[str] = set()  # options already warned about: once each, not once per function
 
     @functools.wraps(original)
     def jit(fun=None, /, **kwargs):
         if fun is None:  # @jax.jit(static_argnums=...) style
             return functools.partial(jit, **kwargs)
-        # jax.jit(f, device=None, inline=False) is plain jax.jit(f): not a reason to leave it
+        if any(k not in defaults for k in kwargs):  # a typo: jax.jit's own TypeError
+            return original(fun, **kwargs)
+        # jax.jit(f, device=None, out_shardings=None) is plain jax.jit(f): not a reason to leave it
         kwargs = {k: v for k, v in kwargs.items()
-                  if k in SUPPORTED or not _is_default(v, defaults.get(k, inspect.Parameter.empty))}
+                  if k in SUPPORTED or not _is_default(k, v, defaults[k])}
         unsupported = sorted(k for k in kwargs if k not in SUPPORTED)
         if unsupported:
-            log.info("fusionstitching: %s uses jax.jit(%s): left to jax.jit",
-                     getattr(fun, "__name__", fun), ", ".join(unsupported))
+            _left_to_jax(fun, unsupported, warned)
             return original(fun, **kwargs)
         import fusionstitching
 
@@ -56,10 +70,30 @@ def install(flags: flag_parsing.Flags) -> None:
     jax.jit = jit
 
 
-def _is_default(value, default) -> bool:
+def _left_to_jax(fun, options: list[str], warned: set[str]) -> None:
+    name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", repr(fun))
+    new = [k for k in options if k not in warned]
+    warned.update(new)
+    # A job whose functions silently run unstitched reports nothing: say so, once per option.
+    (log.warning if new else log.info)(
+        "fusionstitching: %s is left to jax.jit, not stitched: %s%s", name, "; ".join(
+            f"jax.jit({k}=...) is not supported ({UNSUPPORTED.get(k, 'not known here')})"
+            for k in options),
+        " (warned once per option)" if new else "")
+
+
+def _is_default(name: str, value, default) -> bool:
     if value is default:
         return True
     try:
+        if name in _SHARDINGS:  # None, or a pytree of None, as Keras and Flax pass them
+            import jax
+
+            leaves = jax.tree_util.tree_leaves(value, is_leaf=lambda leaf: leaf is None)
+            return bool(leaves) and all(leaf is None or type(leaf) is type(default)
+                                        for leaf in leaves)
+        if name == "compiler_options":
+            return value == {}  # jax.jit reads None and {} alike
         return default in (None, False) and value == default and type(value) is type(default)
     except Exception:  # e.g. an array compared with None: not a default
         return False

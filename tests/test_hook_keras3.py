@@ -1,0 +1,88 @@
+"""FUSIONSTITCHING=1 on a model nobody here wrote: Keras 3 on the JAX backend, whose trainer
+jits its train/test/predict steps with ``jax.jit(step, donate_argnums=0, out_shardings=None)``."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from benchmarks.bench_training_loop import REPO
+from benchmarks.bench_training_loop import WITH_REPOSITORY_HOOK as WITH_PTH
+
+# Dense, BatchNormalization (non-trainable state), Dropout (the seed generator's state), Adam:
+# 4 train steps, then 4 test and 4 predict steps; a fixed seed, so every run is the same job.
+SCRIPT = textwrap.dedent("""
+    import os
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ["KERAS_BACKEND"] = "jax"
+    import numpy as np
+    import keras
+    import jax
+    print("jax.jit replaced:", hasattr(jax.jit, "fusionstitching_original"))
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 16)).astype("float32")
+    y = rng.standard_normal((64, 4)).astype("float32")
+    model = keras.Sequential([
+        keras.Input((16,)), keras.layers.Dense(32, activation="gelu"),
+        keras.layers.BatchNormalization(), keras.layers.Dropout(0.25),
+        keras.layers.LayerNormalization(), keras.layers.Dense(4)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", metrics=["mae"])
+    history = model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    print("loss:", history.history["loss"][-1])
+    print("evaluate:", *model.evaluate(x, y, batch_size=16, verbose=0))
+    print("predict:", float(np.abs(model.predict(x, batch_size=16, verbose=0)).sum()))
+""")
+STEPS = {"jit_train_step", "jit_test_step", "jit_predict_step"}
+
+
+def start(tmp_path, env: dict) -> subprocess.Popen:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FUSIONSTITCHING")}
+    full_env.update(env, PYTHONPATH=REPO, KERAS_HOME=str(tmp_path / "keras"),
+                    TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.Popen([sys.executable, *WITH_PTH, str(tmp_path / "train.py")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=full_env)
+
+
+def numbers(stdout: str) -> dict:
+    return {line.split(":")[0]: [float(v) for v in line.split(":")[1].split()]
+            for line in stdout.splitlines() if line.split(":")[0] in ("loss", "evaluate",
+                                                                      "predict")}
+
+
+@pytest.mark.slow  # ~60 s: two Keras start-ups, 3 step functions' kernels on 2 shared cores
+def test_keras3_fit_evaluate_predict_are_stitched(tmp_path):
+    pytest.importorskip("keras", minversion="3")
+    (tmp_path / "train.py").write_text(SCRIPT)
+    report_path = tmp_path / "reports.json"
+    # Both runs at once: the plain one (XLA's executables only) is the reference.
+    plain = start(tmp_path, {})
+    hooked = start(tmp_path, {
+        "FUSIONSTITCHING": "1",
+        "FUSIONSTITCHING_FLAGS": f"--keep=stitched --verify --report={report_path} "
+                                 f"--cache_dir={tmp_path / 'cache'}"})
+    plain_out, plain_err = plain.communicate(timeout=600)
+    out, err = hooked.communicate(timeout=600)
+    assert plain.returncode == 0, plain_err[-3000:]
+    assert hooked.returncode == 0, err[-3000:]
+    assert "jax.jit replaced: True" in out and "jax.jit replaced: False" in plain_out
+    assert "left to jax.jit" not in err  # no step function escaped the hook
+
+    reports = json.loads(report_path.read_text())
+    assert {r["module"] for r in reports} == STEPS, [r["module"] for r in reports]
+    for r in reports:
+        assert not r["fallbacks"], (r["module"], r["fallbacks"])
+        assert r["fs"]["patterns"] >= 1 and r["fs"]["mem_kernels"] < r["xla"]["mem_kernels"]
+        assert r["verify"]["ran"] and r["verify"]["ok"], (r["module"], r["verify"])
+        assert r["runtime"]["kept"] == "stitched" and r["runtime"]["calls"] == 4, r["runtime"]
+
+    # The stitched steps train the same model: loss, metrics and predictions as XLA's.
+    got, want = numbers(out), numbers(plain_out)
+    assert set(got) == {"loss", "evaluate", "predict"} and got.keys() == want.keys()
+    for key in want:
+        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
