@@ -13,6 +13,13 @@ in their ``backend_config`` rather than in HLO ops:
   ``feature_group_count`` as on an HLO convolution; ``cudnn_conv_backend_config`` gives
   ``conv_result_scale``, ``side_input_scale`` and ``activation_mode``. Result
   ``(output, scratch)``.
+- cuDNN convolution gradients, ``custom-call``s to ``__cudnn$convBackwardInput`` (operands
+  ``(d_output, filter)``, result the input's gradient) and ``__cudnn$convBackwardFilter``
+  (operands ``(input, d_output)``, result the filter's gradient). Their ``window``,
+  ``dim_labels`` (``input_filter->output``) and ``feature_group_count`` are those of the
+  forward convolution they differentiate (XLA's conv_rewriter turns the transposed
+  convolutions of a gradient back into that forward description); ``conv_result_scale``
+  scales the result. Result ``(gradient, scratch)``.
 - Triton GEMM fusions (``kind=kCustom`` with fusion kind ``__triton_gemm`` or
   ``__triton_nested_gemm_fusion``): plain HLO, a dot with its fused producers and consumers,
   so evaluating the fused computation is their meaning.
@@ -29,11 +36,13 @@ import math
 
 import numpy as np
 
-from .evaluator import UnsupportedOp, _convolution, evaluate_computation
+from .evaluator import (UnsupportedOp, _accumulation_dtype, _convolution, _pad_array, _Window,
+                        evaluate_computation)
 from .ir import Instruction, Module, Shape
 
 GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul")
 CONV_TARGETS = ("__cudnn$convForward", "__cudnn$convBiasActivationForward")
+BACKWARD_CONV_TARGETS = ("__cudnn$convBackwardInput", "__cudnn$convBackwardFilter")
 TRITON_GEMM_KINDS = ("__triton_gemm", "__triton_nested_gemm_fusion")
 
 
@@ -49,8 +58,10 @@ def evaluate_custom_call(module: Module, inst: Instruction, operands: list):
         return _gemm(inst, operands)
     if target in CONV_TARGETS:
         return _cudnn_convolution(inst, operands)
+    if target in BACKWARD_CONV_TARGETS:
+        return _cudnn_convolution_gradient(inst, operands)
     raise UnsupportedOp(f"custom-call to {target!r} (%{inst.name}): not a cuBLAS GEMM or cuDNN "
-                        "forward convolution this evaluator knows")
+                        "convolution this evaluator knows")
 
 
 # ------------------------------------------------------------------------------------ cuBLAS
@@ -160,6 +171,109 @@ def _cudnn_convolution(inst: Instruction, operands: list):
         else:
             raise UnsupportedOp(f"%{inst.name}: cuDNN activation {mode}")
     return _with_scratch([_cast(result, out_shape)], shapes)
+
+
+def _cudnn_convolution_gradient(inst: Instruction, operands: list):
+    """``__cudnn$convBackwardInput`` / ``__cudnn$convBackwardFilter``: the adjoint of the
+    forward convolution that the call's window, dim_labels and feature_group_count describe.
+
+    Computed in the canonical layouts of ``evaluator._convolution`` (input [N, C, spatial...],
+    filter [O, I, spatial...]) with the same tap loop, transposed: the forward convolution adds
+    ``patch(offset) . w[offset]`` into the output for every kernel tap; its filter gradient at a
+    tap is ``patch(offset)^T . dy``, its input gradient scatters ``dy . w[offset]`` back to the
+    patch's positions in the padded input, and the padding (and any base dilation) is then
+    undone, positions that padding cut away getting zero. The result shape is the call's own
+    (the forward input or filter shape): input positions that no window reaches (a stride that
+    does not divide the padded size) get zero, as in the gradient.
+    """
+    config = (inst.attr_json() or {}).get("cudnn_conv_backend_config", {})
+    if config.get("activation_mode", "kNone") != "kNone":
+        raise UnsupportedOp(f"%{inst.name}: cuDNN {inst.custom_call_target} with activation "
+                            f"{config['activation_mode']}")
+    if int(inst.attrs.get("batch_group_count", "1")) != 1:
+        raise UnsupportedOp(f"%{inst.name}: cuDNN convolution with batch_group_count")
+    shapes = list(inst.shape.tuple_shapes) if inst.shape.is_tuple else [inst.shape]
+    out_shape = shapes[0]
+    input_labels, rest = inst.attrs["dim_labels"].split("_", 1)
+    filter_labels, output_labels = rest.split("->")
+    spatial = "".join(str(i) for i in range(len(input_labels) - 2))
+    groups = int(inst.attrs.get("feature_group_count", "1"))
+    window = _Window.parse(inst.attrs.get("window"), len(spatial))
+    acc = _accumulation_dtype(out_shape.numpy_dtype)
+
+    def canonical(array, labels, order):
+        return np.transpose(array, [labels.index(c) for c in order]).astype(acc)
+
+    def canonical_dims(labels, order):
+        return [out_shape.dims[labels.index(c)] for c in order]
+
+    reversed_axes = [2 + i for i, r in enumerate(window.reversal) if r]
+    if inst.custom_call_target == "__cudnn$convBackwardInput":
+        dy = canonical(operands[0], output_labels, "bf" + spatial)
+        w = np.flip(canonical(operands[1], filter_labels, "oi" + spatial), reversed_axes)
+        result = _input_gradient(dy, w, canonical_dims(input_labels, "bf" + spatial),
+                                 window, groups)
+        order, labels = "bf" + spatial, input_labels
+    else:
+        x = canonical(operands[0], input_labels, "bf" + spatial)
+        dy = canonical(operands[1], output_labels, "bf" + spatial)
+        result = _filter_gradient(x, dy, canonical_dims(filter_labels, "oi" + spatial),
+                                  window, groups)
+        result = np.flip(result, reversed_axes)
+        order, labels = "oi" + spatial, filter_labels
+    result = result * float(config.get("conv_result_scale", 1))
+    result = np.transpose(result, [order.index(c) for c in labels])
+    return _with_scratch([_cast(result, out_shape)], shapes)
+
+
+def _padded_positions(window: _Window, sizes) -> list[np.ndarray]:
+    """Per spatial dim: for each position of the padded (base-dilated) input, the input
+    element placed there, or -1 for padding."""
+    return [_pad_array(np.arange(n), -1, [(lo, hi, d - 1)])
+            for n, (lo, hi), d in zip(sizes, window.padding, window.base_dilation)]
+
+
+def _filter_gradient(x, dy, filter_dims, window: _Window, groups: int) -> np.ndarray:
+    """d(sum(dy * conv(x, w)))/dw, canonical layouts; filter_dims = [O, I, spatial...]."""
+    out_features, in_per_group, *kernel = filter_dims
+    if list(window.size) != kernel:
+        raise UnsupportedOp(f"window size {window.size} does not match filter {kernel}")
+    x = window.pad(x, np.zeros((), x.dtype), leading=2)
+    batch, out_sizes = x.shape[0], list(dy.shape[2:])
+    x = x.reshape(batch, groups, in_per_group, *x.shape[2:])
+    dy = dy.reshape(batch, groups, out_features // groups, -1)  # output positions flattened
+    grad = np.zeros((groups, out_features // groups, in_per_group, *kernel), x.dtype)
+    for offset in window.offsets():
+        patch = x[(slice(None),) * 3 + window.slices(offset, out_sizes)]
+        grad[(Ellipsis,) + offset] = np.einsum("ngip,ngop->goi",
+                                               patch.reshape(*patch.shape[:3], -1), dy)
+    return grad.reshape(out_features, in_per_group, *kernel)
+
+
+def _input_gradient(dy, w, input_dims, window: _Window, groups: int) -> np.ndarray:
+    """d(sum(dy * conv(x, w)))/dx, canonical layouts; input_dims = [N, C, spatial...]."""
+    batch, features, *sizes = input_dims
+    out_features, in_per_group = w.shape[:2]
+    if features != groups * in_per_group or list(window.size) != list(w.shape[2:]):
+        raise UnsupportedOp(f"filter {list(w.shape)} does not fit input {input_dims} with "
+                            f"{groups} feature groups and window size {window.size}")
+    positions = _padded_positions(window, sizes)
+    out_sizes = list(dy.shape[2:])
+    w = w.reshape(groups, out_features // groups, in_per_group, *w.shape[2:])
+    dy = dy.reshape(batch, groups, out_features // groups, *out_sizes)
+    padded = np.zeros((batch, groups, in_per_group, *(len(p) for p in positions)), dy.dtype)
+    for offset in window.offsets():  # each tap's window positions are distinct: no collisions
+        padded[(slice(None),) * 3 + window.slices(offset, out_sizes)] += np.einsum(
+            "ngo...,goi->ngi...", dy, w[(Ellipsis,) + offset])
+    grad = padded.reshape(batch, features, *padded.shape[3:])
+    for axis, (source, n) in enumerate(zip(positions, sizes), start=2):  # undo pad and dilation
+        kept = np.nonzero(source >= 0)[0]
+        unpadded = np.zeros(grad.shape[:axis] + (n,) + grad.shape[axis + 1:], grad.dtype)
+        index = [slice(None)] * grad.ndim
+        index[axis] = source[kept]
+        unpadded[tuple(index)] = np.take(grad, kept, axis=axis)
+        grad = unpadded
+    return grad
 
 
 # ------------------------------------------------------------------------------------ outputs
