@@ -11,9 +11,13 @@ import jax
 import numpy as np
 import pytest
 
+import costmodel
 import fusionstitching
 from fusionstitching import codegen
 from fusionstitching.cli import main as cli_main
+from fusionstitching.graph import build_graph
+from fusionstitching.graph.profile import xla_kernel_profile
+from fusionstitching.graph.traffic import pattern_traffic
 from fusionstitching.hlo.elided import elided_constants, fill_elided
 from fusionstitching.hlo.evaluator import parse_literal
 from fusionstitching.hlo.parser import parse_module
@@ -309,3 +313,33 @@ def test_a_row_split_by_xlas_tree_reduction_is_one_row_reduction():
     result = stitch_module(module, Options(verify=True, ptxas=False))
     assert result.report.verify.ok and result.report.fs.mem_kernels == 1
     assert result.report.fs.bytes == result.report.compulsory_bytes
+
+
+# The log-probability of each label: a gather out of an expression over [8, 1000] logits.
+# XLA's fused emitter computes the expression and reads the logits at 8 elements, not 8000.
+GATHERED_LABELS = """
+HloModule gathered_labels
+
+fused_pick {
+  logits = f32[8,1000]{1,0} parameter(0)
+  e = f32[8,1000]{1,0} exponential(logits)
+  idx = s32[8,2]{1,0} parameter(1)
+  ROOT g = f32[8]{0} gather(e, idx), offset_dims={}, collapsed_slice_dims={0,1}, start_index_map={0,1}, index_vector_dim=1, slice_sizes={1,1}
+}
+
+ENTRY main {
+  x = f32[8,1000]{1,0} parameter(0)
+  i = s32[8,2]{1,0} parameter(1)
+  ROOT pick = f32[8]{0} fusion(x, i), kind=kLoop, calls=fused_pick
+}
+"""
+
+
+def test_a_gathers_operand_is_read_and_computed_only_where_gathered():
+    graph = build_graph(parse_module(GATHERED_LABELS))
+    assert graph.nodes["pick"].partial_reads == {"x": 8}
+    assert pattern_traffic(graph, ["pick"]) == (8 * 4 + 8 * 2 * 4, 8 * 4)
+    profile = xla_kernel_profile(graph, "pick", costmodel.load_device("h100"))
+    exps = sum(n for k, n in profile.instructions.items() if k.startswith("sfu"))
+    assert 0 < exps <= 8, profile.instructions  # one exponential per gathered element
+    assert profile.bytes_read == 8 * 4 + 8 * 2 * 4

@@ -27,7 +27,7 @@ import itertools
 from collections.abc import Callable, Iterable
 
 from ..graph import OpClass, OpGraph, classify_instruction
-from ..graph.traffic import Value, resolve, value_bytes
+from ..graph.traffic import Value, read_bytes, resolve, value_bytes
 
 # Per-element instructions of one op by class (cpi.json "classes"), for the latency model.
 # expf is FMUL + EX2 (cpi.json); index-only ops (broadcast, reshape, iota) cost integer work.
@@ -270,6 +270,16 @@ class GraphIndex(KernelDag):
                 self.produced[v[0]].append(v)
         self.bytes = {v: value_bytes(graph, v)
                       for v in set(self.value_users) | self.outputs}
+        # Values some kernel reads only in part (a gather's operand): bytes read per user.
+        self.read_by: dict[Value, dict[str, int]] = {}
+        for name in self.kernels:
+            for op in nodes[name].partial_reads:
+                self.read_by.setdefault(resolve(graph, op), {})
+        for v, per_user in self.read_by.items():
+            for u in self.value_users[v]:
+                per_user[u] = min(self.bytes[v], sum(
+                    read_bytes(graph, nodes[u], op, self.bytes[v])
+                    for op in nodes[u].operands if resolve(graph, op) == v))
         # The same facts flat, for ``traffic``'s inner loops: per value (producer, bytes,
         # users, returned?, via shared?); per kernel the values it reads or writes.
         self._values = {v: (v[0], size, tuple(self.value_users.get(v, ())), v in self.outputs,
@@ -320,6 +330,11 @@ class GraphIndex(KernelDag):
         reads, writes, register, shared = base_traffic
         for value in {v for n in (inside - base if base else inside) for v in touches[n]}:
             producer, size, users, returned, via_shared = values[value]
+            read_by = self.read_by.get(value)
+            if producer not in inside and read_by is not None:  # read in part: recounted
+                reads += self._read(read_by, size, [u for u in users if u in inside]) - \
+                    self._read(read_by, size, [u for u in users if u in base])
+                continue
             if producer not in inside:  # read once, unless ``base`` already reads it
                 for u in users:
                     if u in base:
@@ -341,7 +356,8 @@ class GraphIndex(KernelDag):
                 else:
                     register -= kept
             elif internal_before:  # ``base`` read it from the added kernel that makes it
-                reads -= size
+                reads -= size if read_by is None else \
+                    self._read(read_by, size, [u for u in users if u in base])
             written, kept = _written_and_kept(size, len(users), returned, internal)
             writes += written
             if via_shared:
@@ -349,6 +365,11 @@ class GraphIndex(KernelDag):
             else:
                 register += kept
         return reads, writes, register, shared
+
+    @staticmethod
+    def _read(read_by: dict[str, int], size: int, users: list[str]) -> int:
+        """Bytes of a value that ``users`` together read (at most all of it)."""
+        return min(size, sum(read_by[u] for u in users))
 
 
 def _written_and_kept(size: int, users: int, returned: bool, internal: int) -> tuple[int, int]:

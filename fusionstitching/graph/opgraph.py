@@ -13,6 +13,7 @@ import enum
 from dataclasses import dataclass, field
 
 from ..hlo.ir import Computation, Instruction, Module, Shape
+from .demand import demanded_elements, elements
 
 
 class OpClass(enum.IntEnum):
@@ -80,6 +81,8 @@ class Node:
     users: list[str] = field(default_factory=list)
     fusion_kind: str | None = None
     tuple_index: int | None = None  # get-tuple-element's index
+    # Operands the kernel reads only in part (the operand of a gather): elements read.
+    partial_reads: dict[str, int] = field(default_factory=dict)
 
     @property
     def is_kernel(self) -> bool:
@@ -133,6 +136,9 @@ def build_graph(module: Module, computation: Computation | None = None) -> OpGra
             fusion_kind=inst.fusion_kind,
             tuple_index=(int(inst.attrs["index"]) if inst.opcode == "get-tuple-element"
                          else None))
+    for inst in comp.instructions:
+        if nodes[inst.name].is_kernel:
+            nodes[inst.name].partial_reads = _partial_reads(module, inst, nodes)
     edges = []
     for node in nodes.values():
         for op in node.operands:
@@ -141,3 +147,20 @@ def build_graph(module: Module, computation: Computation | None = None) -> OpGra
     root = comp.root
     outputs = list(dict.fromkeys(root.operands)) if root.opcode == "tuple" else [root.name]
     return OpGraph(module, comp, nodes, edges, outputs)
+
+
+def _partial_reads(module: Module, inst: Instruction, nodes: dict[str, Node]) -> dict[str, int]:
+    """The operands ``inst``'s kernel reads only in part, and the elements it reads of each."""
+    if inst.opcode == "fusion":
+        fused = module.computation(inst.called_computations[0]).instructions
+        demand = demanded_elements(fused)
+        read: dict[str, int] = {}
+        for param in fused:
+            if param.opcode == "parameter":
+                operand = inst.operands[param.parameter_number]
+                read[operand] = read.get(operand, 0) + demand.get(param.name, 0)
+    elif inst.opcode in ("gather", "dynamic-slice"):
+        read = demanded_elements([inst], {o: nodes[o].shape for o in inst.operands})
+    else:
+        return {}
+    return {o: n for o, n in read.items() if o in nodes and n < elements(nodes[o].shape)}

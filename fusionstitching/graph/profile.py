@@ -9,7 +9,8 @@ an unfused op) without its code, from the graph alone:
   reduces a row with at least a warp), which loops over its share of the row and then
   combines the lanes with a 5-step shuffle butterfly;
 * instructions per thread: each fused op's instructions (costmodel/instructions.py, the table
-  the stitched kernels are counted with) times its elements per thread, one global load per
+  the stitched kernels are counted with) times the elements it computes per thread (all, but
+  a gather's operand only at the gathered elements: graph/demand.py), one global load per
   element of each parameter and one global store per output element. As in the stitched
   kernels (codegen/profile.py ``_Block``), only the ops of an element's longest dependency
   chain (``critical_chain``) wait their latency, once per unrolled group of elements; the
@@ -34,6 +35,7 @@ from costmodel.instructions import OVERLAPPED_LOAD, add_instructions, op_instruc
 from costmodel.latency import chain_latency
 
 from ..hlo.ir import Instruction, Shape
+from .demand import demanded_elements
 from .opgraph import OpGraph
 from .traffic import pattern_traffic
 
@@ -141,20 +143,22 @@ def xla_kernel_profile(graph: OpGraph, node_name: str,
     threads = max(_elements(r.shape) for r in reduces) * WARP if reduces else outputs
     counts: dict[str, float] = {}
     names = {i.name: i for i in instructions}
+    # What each op computes: a gather's operand only at the gathered elements.
+    demand = demanded_elements(instructions, {o: graph.nodes[o].shape for o in node.operands})
     levels = load_levels(instructions)
     critical = critical_chain(instructions)
     loads: dict[int, list[float]] = {}
 
-    def load(level: int, shape: Shape) -> None:
+    def load(level: int, read: int) -> None:
         # every thread reads at least one element (a broadcast operand is read per thread)
-        n = max(1.0, _elements(shape) / threads)
+        n = max(1.0, read / threads)
         entry = loads.setdefault(level, [0.0, 0.0])
         entry[0] += n
         entry[1] = max(entry[1], n)
 
     for inst in instructions:
         if inst.opcode == "parameter":
-            load(levels[inst.name], inst.shape)
+            load(levels[inst.name], demand[inst.name])
         elif inst.opcode in ("reduce", "reduce-window"):
             operand = names.get(inst.operands[0])  # absent for an unfused reduce
             reduced = _elements((operand or graph.nodes[inst.operands[0]]).shape)
@@ -164,7 +168,7 @@ def xla_kernel_profile(graph: OpGraph, node_name: str,
             add_instructions(counts, {"shfl": SHUFFLE_STEPS})  # then across the warp
             add_instructions(counts, combine, SHUFFLE_STEPS)
         else:
-            per_thread = _elements(inst.shape) / threads
+            per_thread = demand[inst.name] / threads
             # The chain waits once per unrolled group of this thread's elements.
             waits = min(per_thread, math.ceil(per_thread / XLA_UNROLL)) \
                 if inst.name in critical else 0.0
@@ -175,7 +179,7 @@ def xla_kernel_profile(graph: OpGraph, node_name: str,
                                  per_thread - waits)
     if node.opcode != "fusion":  # an unfused op reads its operands from global memory
         for operand in node.operands:
-            load(levels.get(operand, 1), graph.nodes[operand].shape)
+            load(levels.get(operand, 1), demand[operand])
     add_loads(counts, loads)
     add_instructions(counts, {"st_global": 1}, outputs / threads * len(_leaves(node.shape)))
     add_instructions(counts, {"int": 2})  # the element index from blockIdx and threadIdx

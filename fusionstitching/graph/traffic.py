@@ -2,12 +2,14 @@
 
 A value is identified by the kernel node that produces it and, for multi-output fusions, the
 tuple index its get-tuple-element selects; bitcasts are views and add nothing. Scalar
-constants are immediates in any kernel and cost no traffic.
+constants are immediates in any kernel and cost no traffic. A kernel that reads a value only
+in part (the operand of a gather: graph/demand.py) reads those bytes.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .demand import elements
 from .opgraph import Node, OpClass, OpGraph
 
 Value = tuple[str, int | None]  # (producing node, tuple index or None)
@@ -45,15 +47,30 @@ def pattern_traffic(graph: OpGraph, pattern: Iterable[str]) -> tuple[int, int]:
     that is used by a kernel outside or returned by the computation.
     """
     inside = set(pattern)
-    reads = {v for name in inside for v in _consumed_values(graph, graph.nodes[name])
-             if v[0] not in inside}
+    reads: dict[Value, int] = {}
+    for name in inside:
+        node = graph.nodes[name]
+        for operand in node.operands:
+            value = resolve(graph, operand)
+            if value[0] not in inside:
+                size = value_bytes(graph, value)
+                reads[value] = min(size, reads.get(value, 0) + read_bytes(graph, node, operand,
+                                                                          size))
     used_outside: set[Value] = {resolve(graph, o) for o in graph.outputs}
     for node in graph.kernel_nodes():
         if node.name not in inside:
             used_outside.update(_consumed_values(graph, node))
     writes = {v for v in used_outside if v[0] in inside}
-    return (sum(value_bytes(graph, v) for v in reads),
-            sum(value_bytes(graph, v) for v in writes))
+    return (sum(reads.values()), sum(value_bytes(graph, v) for v in writes))
+
+
+def read_bytes(graph: OpGraph, node: Node, operand: str, size: int) -> int:
+    """Bytes of ``operand`` (a view of a value of ``size`` bytes) that ``node`` reads: all,
+    unless it reads it in part (``Node.partial_reads``: the operand of a gather)."""
+    part = node.partial_reads.get(operand)
+    if part is None:
+        return size
+    return -(-size * part // max(1, elements(graph.nodes[operand].shape)))
 
 
 def connected_components(items: Iterable[str], links: Iterable[tuple[str, str]]
