@@ -22,8 +22,9 @@ from fusionstitching.hlo.elided import elided_constants, fill_elided
 from fusionstitching.hlo.evaluator import parse_literal
 from fusionstitching.hlo.parser import parse_module
 from fusionstitching.hlo.xla_runner import optimized_hlo_text
-from fusionstitching.pipeline import (Options, StitchedKernel, _schedulable, stitch_module,
-                                      stitched_steps)
+from fusionstitching.pipeline import (Options, StitchedKernel, _schedulable, compare,
+                                      stitch_module, stitched_steps)
+from fusionstitching.runtime.executor import Executor
 
 TABLE = np.sin(np.arange(64 * 128, dtype=np.float32).reshape(64, 128) / 7.0)
 
@@ -343,3 +344,19 @@ def test_a_gathers_operand_is_read_and_computed_only_where_gathered():
     exps = sum(n for k, n in profile.instructions.items() if k.startswith("sfu"))
     assert 0 < exps <= 8, profile.instructions  # one exponential per gathered element
     assert profile.bytes_read == 8 * 4 + 8 * 2 * 4
+
+
+def cancelling(x, c):
+    """(x + c) - c with c = 1e4: XLA's f32 result is off by up to ~5e-4, far past 1e-5."""
+    return (x + c) - c
+
+
+def test_the_runtime_check_accepts_what_is_as_close_to_f64_as_xlas_own_f32():
+    x = np.random.default_rng(1).standard_normal(4096).astype(np.float32)
+    c = np.full(4096, 1e4, np.float32)
+    executor = Executor(jax.jit(cancelling).lower(x, c).compile(), "cancelling", verify=True)
+    xla = np.asarray(executor.xla(x, c))
+    assert not compare(xla, x)[0]  # the exact answer fails the fixed tolerance
+    inputs = ((x, c), {})
+    assert executor._within_f64_drift(inputs, [xla], [x])
+    assert not executor._within_f64_drift(inputs, [xla], [x + 0.01])

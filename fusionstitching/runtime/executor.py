@@ -50,6 +50,8 @@ import time
 from dataclasses import dataclass, field
 
 from .. import pipeline
+from ..hlo.xla_runner import (drift_problems, optimized_hlo_text, run_hlo_with_xla,
+                               widened_to_f64)
 from ..report import Fallback, Verify
 from .build import BuildError, Built, reason
 
@@ -224,9 +226,13 @@ class Executor:
             leaves = lambda tree: jax.tree_util.tree_leaves(jax.device_get(tree))
             ok, max_abs, max_rel = pipeline.compare(leaves(expected), leaves(got), self.rtol,
                                                     self.atol)
+            against = [f"{self.reference} (inputs of call {self.info.trial_call})"]
+            if not ok and self._within_f64_drift(inputs, leaves(expected), leaves(got)):
+                ok = True  # as close to the exact result as the reference's own f32 is
+                against.append("XLA in f64 (the reference's own f32 drift)")
             self.checked = Verify(ran=True, ok=ok, max_abs_err=max_abs, max_rel_err=max_rel,
-                                  against=[f"{self.reference} (inputs of call "
-                                           f"{self.info.trial_call})"])
+                                  against=against, finite=pipeline.finite_fraction(
+                                      leaves(expected)))
             if not ok:
                 self.fail("verify", [], f"outputs differ from {self.reference.upper()}'s on "
                                         f"the inputs of call "
@@ -245,6 +251,25 @@ class Executor:
             self.info.state = "timing"  # confirm on real calls
         else:
             self._settle(kept, self.info.why)
+
+    def _within_f64_drift(self, inputs, expected: list, got: list) -> bool:
+        """A whole training step amplifies f32 rounding past any fixed tolerance (a Keras
+        image model's step: max abs err 0.028, max rel 6e25 at a near-zero element): is the
+        stitched result as close to the module's exact (f64) result as the reference's own
+        f32 result is? As ``pipeline.verify`` decides on random inputs. False when the
+        module cannot run in f64 here."""
+        import jax
+        import numpy as np
+
+        try:
+            args, kwargs = self._fresh(inputs)
+            flat = [np.asarray(a) for a in jax.tree_util.tree_leaves((args, kwargs))]
+            exact = run_hlo_with_xla(widened_to_f64(optimized_hlo_text(self.xla)), [
+                a.astype(np.float64) if a.dtype == np.float32 else a for a in flat])
+        except Exception as exc:  # the fixed tolerance's verdict stands
+            log.info("fusionstitching: %s: no f64 reference: %s", self.name, reason(exc))
+            return False
+        return not drift_problems(got, expected, list(exact))
 
     def _timed_call(self, args, kwargs):
         """One confirmation sample: this call runs one executable, timed; the executable with
