@@ -508,8 +508,8 @@ def _verify_on(result: StitchResult, seed: int, kind: str) -> Verify:
     try:
         references["xla"] = run_hlo_with_xla(text, args)
     except Exception as exc:  # noted, not fatal: the evaluator still checks
-        result.report.fallbacks.append(Fallback("verify", [], f"XLA could not run the module "
-                                                              f"as a reference: {_reason(exc)}"))
+        _note_once(result, Fallback("verify", [], f"XLA could not run the module as a "
+                                                  f"reference: {_reason(exc)}"))
     outcome = Verify(ran=True, ok=True, against=sorted(references), inputs=kind,
                      finite=finite_fraction(references.get("xla", references["evaluator"])))
     try:
@@ -530,12 +530,18 @@ def _verify_on(result: StitchResult, seed: int, kind: str) -> Verify:
             exact = run_hlo_with_xla(widened_to_f64(text), [
                 a.astype(np.float64) if a.dtype == np.float32 else a for a in args])
         except Exception as exc:  # the 1e-5 verdict stands
-            result.report.fallbacks.append(Fallback(
+            _note_once(result, Fallback(
                 "verify", [], f"XLA could not run the module in f64: {_reason(exc)}"))
         else:
             outcome.ok = not drift_problems(_leaves(stitched), _leaves(references["xla"]),
                                             _leaves(exact))
     return outcome
+
+
+def _note_once(result: StitchResult, note: Fallback) -> None:
+    """A verification note, once however many kinds of inputs were tried."""
+    if note not in result.report.fallbacks:
+        result.report.fallbacks.append(note)
 
 
 def emit(result: StitchResult, directory: str) -> None:

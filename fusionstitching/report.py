@@ -139,7 +139,10 @@ def format_summary(report: Report) -> str:
     elif v.not_run:
         lines.append(f"  verify: not run: {v.not_run}")
     for fb in report.fallbacks:
-        lines.append(f"  left to XLA [{fb.stage}] {fb.nodes}: {fb.reason}")
+        if fb.stage == "verify" and not fb.nodes:  # about the check, not a kernel
+            lines.append(f"  verify note: {fb.reason}")
+        else:
+            lines.append(f"  left to XLA [{fb.stage}] {fb.nodes}: {fb.reason}")
     if report.left_to_xla:
         count = sum(len(group.nodes) for group in report.left_to_xla)
         lines.append(f"  memory-intensive XLA kernels not stitched: {count}, by reason")
