@@ -19,7 +19,6 @@ them).
 from __future__ import annotations
 
 import functools
-import gzip
 import itertools
 import json
 import os
@@ -43,6 +42,7 @@ from jax._src import source_info_util  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from benchmarks.hlo_files import write_hlo  # noqa: E402
 from benchmarks.models import library, micro, zoo  # noqa: E402
 from fusionstitching import capture  # noqa: E402
 
@@ -195,15 +195,9 @@ def all_entries():
 
 
 def write_module(name: str, text: str) -> str:
-    """Write one module; one larger than COMPRESS_ABOVE is gzipped (``NAME.gz``, no time stamp,
-    so a rerun gives the same bytes): the training steps are most of the corpus's size. Returns
-    the file name written."""
-    data = text.encode("utf-8")
-    if len(data) <= COMPRESS_ABOVE:
-        (HLO_DIR / name).write_bytes(data)
-        return name
-    (HLO_DIR / f"{name}.gz").write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
-    return f"{name}.gz"
+    """Write one module (gzipped over COMPRESS_ABOVE: the training steps are most of the
+    corpus's size); returns the file name written."""
+    return write_hlo(HLO_DIR, name, text, COMPRESS_ABOVE)
 
 
 def write_hlo_corpus() -> dict:
