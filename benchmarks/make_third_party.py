@@ -69,6 +69,9 @@ PARTS = {
 
 
 # =========================================================================== capture helpers
+# JAX, TF and fusionstitching are imported inside these helpers, not at the top: the parent
+# process only starts children, and each child must set KERAS_BACKEND and JAX_PLATFORMS
+# (PARTS) before any of them is first imported.
 
 def _capture():
     from fusionstitching import capture
