@@ -137,7 +137,8 @@ def plan_module(graph: OpGraph, options: Options, device,
             raise ValueError(f"no stitched kernel was built for {nodes}")
         return spec.profile  # as modeled_kernel_us prices it
 
-    return explore(graph, can_stitch, options.explorer, device, profile_of)
+    return explore(graph, can_stitch, options.explorer, device, profile_of,
+                   lambda nodes: codegen.other_space_nodes(graph.module, nodes))
 
 
 def _slower_than_xla(graph: OpGraph, spec, device, target: str,

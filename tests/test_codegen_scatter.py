@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from fusionstitching.codegen import can_stitch, compile_host, generate
+from fusionstitching.codegen.kernel_ir import Loop
 from fusionstitching.graph import build_graph
 from fusionstitching.graph.traffic import pattern_traffic
 from fusionstitching.hlo.parser import parse_file, parse_module
@@ -37,6 +38,17 @@ COMBINERS = ADD + """%add_s32 (a: s32[], b: s32[]) -> s32[] {
 # The test inputs (`_inputs`, seed 0) draw s32 parameters from -3..17: with 40 indices into
 # 8 rows, rows repeat (duplicates are summed in order) and many windows fall outside the
 # table (skipped); `test_indices_repeat_and_fall_outside` checks that they do.
+ONE_HOT = """
+  %labels = s32[{rows}]{{0}} parameter(0)
+  %l = s32[{rows},1,1]{{2,1,0}} bitcast(%labels)
+  %iota = s32[{rows},1,1]{{2,1,0}} iota(), iota_dimension=0
+  %cat = s32[{rows},1,2]{{2,1,0}} concatenate(%iota, %l), dimensions={{2}}
+  %idx = s32[{rows},2]{{1,0}} bitcast(%cat)
+  %zero = f32[] constant(0)
+  %z = f32[{table}]{{1,0}} broadcast(%zero), dimensions={{}}
+  %g = f32[{rows},1,1]{{2,1,0}} parameter(1)
+  ROOT %sc = f32[{table}]{{1,0}} scatter(%z, %idx, %g), update_window_dims={{1,2}}, inserted_window_dims={{}}, scatter_dims_to_operand_dims={{{to_operand}}}, index_vector_dim=1, to_apply=%add"""
+
 SNIPPETS = {
     # XLA:GPU's form in the corpus (bert/dien/transformer train): update_window_dims={1,2},
     # indices [N,1], the updates computed by a producer in the same kernel, the table's
@@ -83,6 +95,14 @@ SNIPPETS = {
   %idx = s32[5,0]{1,0} parameter(1)
   %u = f32[5,4,3]{2,1,0} parameter(2)
   ROOT %sc = f32[4,3]{1,0} scatter(%op, %idx, %u), update_window_dims={1,2}, inserted_window_dims={}, scatter_dims_to_operand_dims={}, index_vector_dim=1, to_apply=%add""",
+    # take_along_axis transposed (a cross-entropy's one-hot gradient, as XLA:GPU fuses it):
+    # indices concatenate(iota, labels), so window b can only land on row b.
+    "one_hot_rows": ONE_HOT.format(rows=40, to_operand="0,1", table="40,16"),
+    # The same with the label picking the row and the iota the column.
+    "one_hot_columns": ONE_HOT.format(rows=40, to_operand="1,0", table="16,40"),
+    # An iota over fewer windows than the table has rows: rows 40..47 get no window, and
+    # every element still scans the windows.
+    "one_hot_short": ONE_HOT.format(rows=40, to_operand="0,1", table="48,16"),
 }
 
 
@@ -102,6 +122,18 @@ def test_scatter_pattern_is_one_kernel_equal_to_xla_bit_for_bit(name):
     m, nodes, spec = snippet(name)
     assert spec.nodes == nodes and spec.modeled_us > 0
     check_against_xla(m, spec, rtol=0, atol=0)
+
+
+def _loops(body: list) -> int:
+    return sum(isinstance(s, Loop) + _loops(getattr(s, "body", [])) for s in body)
+
+
+def test_an_iota_indexed_scatter_reads_only_the_window_of_its_own_row():
+    """One window per element instead of a scan of all 40 (a loop, beyond 32 windows), where
+    the iota covers every row of the table; the numbers are checked above."""
+    for name in ("one_hot_rows", "one_hot_columns"):
+        assert _loops(snippet(name)[2].kernel.body) == 0, name
+    assert _loops(snippet("one_hot_short")[2].kernel.body) == 1
 
 
 def test_indices_repeat_and_fall_outside():

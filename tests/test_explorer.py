@@ -262,8 +262,8 @@ def test_remote_fusion_packs_nothing_into_a_cycle_with_another_kernel():
 def test_a_beam_takes_no_candidate_that_forms_a_cycle_with_its_patterns():
     """INTERLOCKED: {c, d} and {a, b} each reach the other; {a, c} and {b, d} one way only."""
     explorer = Explorer(build_graph(parse_module(INTERLOCKED)), accept_all, H100)
-    assert explorer._cycle_with(frozenset({"c", "d"}), [frozenset({"a", "b"})])
-    assert not explorer._cycle_with(frozenset({"a", "c"}), [frozenset({"b", "d"})])
+    assert explorer.cycle_with(frozenset({"c", "d"}), [frozenset({"a", "b"})])
+    assert not explorer.cycle_with(frozenset({"a", "c"}), [frozenset({"b", "d"})])
 
 def test_the_plans_mix_where_each_is_fastest():
     """Two regions, two plans each fusing one of them: mixed, both are fused, faster than

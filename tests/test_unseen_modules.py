@@ -6,6 +6,7 @@ file's report to one file's crash.
 """
 import dataclasses
 import json
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -20,7 +21,7 @@ from fusionstitching.graph.profile import xla_kernel_profile
 from fusionstitching.graph.traffic import pattern_traffic
 from fusionstitching.hlo.elided import elided_constants, fill_elided
 from fusionstitching.hlo.evaluator import parse_literal
-from fusionstitching.hlo.parser import parse_module
+from fusionstitching.hlo.parser import parse_file, parse_module
 from fusionstitching.hlo.xla_runner import optimized_hlo_text
 from fusionstitching.pipeline import (Options, StitchedKernel, _schedulable, compare,
                                       stitch_module, stitched_steps)
@@ -360,3 +361,66 @@ def test_the_runtime_check_accepts_what_is_as_close_to_f64_as_xlas_own_f32():
     inputs = ((x, c), {})
     assert executor._within_f64_drift(inputs, [xla], [x])
     assert not executor._within_f64_drift(inputs, [xla], [x + 0.01])
+
+
+# A vocabulary cross-entropy's training step (log_softmax, take_along_axis, mean; value and
+# gradient) as XLA:GPU (H100) compiles it at [64, 32000], scaled to [8, 4096]: the rows'
+# max and sum as tree reductions, the loss summed over rows, the one-hot gradient as a scatter.
+VOCAB_CROSS_ENTROPY = Path(__file__).parent / "data" / "hlo" / "unseen" / \
+    "vocab_cross_entropy_8x4096_h100.hlo"
+
+
+def test_a_vocabulary_cross_entropy_step_reads_the_logits_once():
+    """Before: 11 kernels of XLA's moving 4.5x the compulsory bytes (the stitched plan 2x):
+    every candidate through the rows' reductions also took the loss (a sum over rows, another
+    reduction space) and was refused, and the backward kernel could not take the forward
+    reductions it reads (they are its producers' siblings). Now the explorer keeps the part
+    without the loss, the neighbour merge joins forward and backward, and one kernel reads
+    the logits and writes the gradient."""
+    result = stitch_module(parse_file(VOCAB_CROSS_ENTROPY), Options(verify=True, ptxas=False))
+    report = result.report
+    assert report.verify.ok and not report.verify.vacuous and report.verify.finite == 1.0
+    assert report.fs.mem_kernels == 3 and report.xla.mem_kernels == 11
+    assert report.fs.bytes <= 1.2 * report.compulsory_bytes
+    (kernel,) = result.kernels
+    assert {"input_reduce_fusion.2", "input_scatter_fusion", "loop_add_fusion"} <= \
+        set(kernel.spec.nodes)
+    reasons = [d.reason for d in result.plan.decisions if d.ok]
+    assert any(r.startswith("buildable without the reductions in other spaces") for r in reasons)
+    assert any(note.startswith("neighbour merge: 4 -> 3 kernels") for note in result.plan.notes)
+
+
+# take_along_axis of log-probabilities: the gather's row index is an iota, so row b's pick
+# reads row b's maximum, which the thread group of row b computed (XLA:CPU's form of the
+# cross-entropy above puts this gather in its own kernel, reading x - max written out).
+PICK_AFTER_ROW_MAX = """
+HloModule pick_after_row_max
+
+max {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+
+ENTRY main {
+  x = f32[8,1000]{1,0} parameter(0)
+  labels = s32[8]{0} parameter(1)
+  ninf = f32[] constant(-inf)
+  m = f32[8]{0} reduce(x, ninf), dimensions={1}, to_apply=max
+  mb = f32[8,1000]{1,0} broadcast(m), dimensions={0}
+  d = f32[8,1000]{1,0} subtract(x, mb)
+  rows = s32[8,1]{1,0} iota(), iota_dimension=0
+  l = s32[8,1]{1,0} bitcast(labels)
+  idx = s32[8,2]{1,0} concatenate(rows, l), dimensions={1}
+  ROOT g = f32[8]{0} gather(d, idx), offset_dims={}, collapsed_slice_dims={0,1}, start_index_map={0,1}, index_vector_dim=1, slice_sizes={1,1}
+}
+"""
+
+
+def test_a_gather_at_an_iota_row_reads_its_own_rows_reduction():
+    module = parse_module(PICK_AFTER_ROW_MAX)
+    ok, why = codegen.can_stitch(module, ["m", "mb", "d", "rows", "l", "idx", "g"],
+                                 {"name": "h100"})
+    assert ok and "[8]x[1000]" in why, why
+    result = stitch_module(module, Options(verify=True, ptxas=False))
+    assert result.report.verify.ok and result.report.fs.mem_kernels == 1

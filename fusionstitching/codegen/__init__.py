@@ -17,10 +17,11 @@ from .flatten import CodegenError, flatten
 from .host import HostKernel, Traffic, compile_host, count_traffic
 from .kernel_ir import Kernel, global_traffic
 from .nvptx import NvptxKernel, compile_nvptx, find_ptxas
-from .schedule import build_kernel, host_schedule, schedule_pattern
+from .schedule import build_kernel, host_schedule, outside_main_space, schedule_pattern
 
 __all__ = ["CodegenError", "HostKernel", "KernelSpec", "NvptxKernel", "Traffic", "can_stitch",
-           "compile_host", "compile_nvptx", "count_traffic", "find_ptxas", "generate"]
+           "compile_host", "compile_nvptx", "count_traffic", "find_ptxas", "generate",
+           "other_space_nodes"]
 
 
 @dataclass
@@ -95,3 +96,12 @@ def can_stitch(module: Module, nodes: list[str], device: dict | None = None
     except CodegenError as e:
         return False, str(e)
     return True, f"ok: {spec.why}; {', '.join(spec.schemes)}"
+
+
+def other_space_nodes(module: Module, nodes: list[str]) -> list[str]:
+    """The nodes whose reductions lie outside the main reduction space of the pattern
+    ``nodes`` (schedule.outside_main_space); none when it does not flatten."""
+    try:
+        return outside_main_space(flatten(module, nodes))
+    except CodegenError:
+        return []

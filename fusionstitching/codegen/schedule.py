@@ -94,6 +94,7 @@ from ..hlo.evaluator import _Window as Window
 from ..hlo.evaluator import parse_literal
 from ..hlo.ir import Shape
 from .flatten import CodegenError, FlatOp, Pattern
+from .index_maps import known_index, slice_starts_strides
 from .kernel_ir import strides as _element_strides
 from .kernel_ir import (DTYPE_BYTES, WARP, Accumulate, Barrier, BlockReduce, Buffer, Compute,
                         Const, ConstArray, ConstLoad, DynamicIndex, GlobalLoad, GlobalStore, If,
@@ -188,6 +189,22 @@ def reduction_space(pattern: Pattern) -> Space:
         return Space(1, 0)
     groups, reduced = spaces.pop()
     return Space(groups, reduced)
+
+
+def outside_main_space(pattern: Pattern) -> list[str]:
+    """Entry nodes holding reductions outside the pattern's main reduction space (the one
+    with the most operand elements): a pattern refused for reductions over different spaces
+    may build without them (a loss summed over rows beside the rows' own reductions)."""
+    by_space: dict[Space, list[str]] = {}
+    for op in pattern.ops:
+        if op.opcode == "reduce":
+            by_space.setdefault(_space_of(pattern, op), []).append(op.name)
+    if len(by_space) < 2:
+        return []
+    main = max(by_space, key=lambda s: (s.groups * s.reduced, s.groups))
+    # a FlatOp inside a fusion is named "<fusion>/<name>"
+    return sorted({name.split("/")[0] for space, names in by_space.items() if space != main
+                   for name in names})
 
 
 def _result_shape(op: FlatOp) -> Shape:
@@ -342,11 +359,6 @@ def _scalar(op: FlatOp) -> float | int | bool:
     value = parse_literal(op.literal or "", op.shape).reshape(-1)[0]
     return bool(value) if op.shape.dtype == "pred" else (
         int(value) if op.shape.dtype in INTS else float(value))
-
-
-def _slice_starts_strides(op: FlatOp) -> list[tuple[int, int]]:
-    ranges = re.findall(r"\[(-?\d+):(-?\d+)(?::(\d+))?\]", op.attrs.get("slice", ""))
-    return [(int(a), int(s or 1)) for a, _, s in ranges]
 
 
 def _padding(op: FlatOp) -> list[tuple[int, int, int]]:
@@ -535,7 +547,7 @@ class _Emitter:
             case "slice":
                 return self.value(op.operands[0], tuple(
                     add(scale(i, stride), start)
-                    for i, (start, stride) in zip(index, _slice_starts_strides(op))))
+                    for i, (start, stride) in zip(index, slice_starts_strides(op))))
             case "reverse":
                 dims = set(op.dimensions)
                 return self.value(op.operands[0], tuple(
@@ -716,6 +728,12 @@ class _Emitter:
         for k, d in enumerate(start_map):
             at = batch[:vector_dim] + [ix(k)] + batch[vector_dim:] \
                 if vector_dim < indices.rank else batch
+            known = known_index(self.ops, op.operands[1], tuple(at))
+            if known is not None and 0 <= value_range(known)[0] and \
+                    value_range(known)[1] <= source.dims[d] - sizes[d]:
+                # an iota's row (take_along_axis): the element's own row, in this thread group
+                operand_index[d] = known
+                continue
             start = self.to_s32(self.value(op.operands[1], tuple(at)))
             operand_index[d] = self.dynamic(start, source.dims[d] - sizes[d] + 1)
         windowed = [d for d in range(source.rank) if d not in collapsed]
@@ -745,30 +763,43 @@ class _Emitter:
         vector_dim = int(op.attrs["index_vector_dim"])
         scatter_dims = [d for d in range(updates.rank) if d not in window_dims]
         extents = tuple(updates.dims[d] for d in scatter_dims)
-        windows = math.prod(extents)
-        if windows > MAX_SCATTER_WINDOWS:
-            raise CodegenError(f"scatter {op.name}: {windows} update windows; every output "
-                               f"element would scan them all (at most {MAX_SCATTER_WINDOWS})")
         windowed = [d for d in range(operand.rank) if d not in _int_list(op, "inserted_window_dims")]
         size = [1] * operand.rank
         for d, u in zip(windowed, window_dims):
             size[d] = updates.dims[u]
+        # Operand dim -> scatter dim whose window coordinate *is* the start there (an iota in
+        # the indices): only the window at index[d] on that scatter dim can land.
+        fixed = self.iota_starts(op, to_operand, vector_dim, extents, size, operand)
+        free = [s for s in range(len(extents)) if s not in fixed.values()]
+        windows = math.prod(extents[s] for s in free)
+        if windows > MAX_SCATTER_WINDOWS:
+            raise CodegenError(f"scatter {op.name}: {windows} update windows; every output "
+                               f"element would scan them all (at most {MAX_SCATTER_WINDOWS})")
         init = self.value(op.operands[0], index)
         # Elements no window covers combine with the combiner's identity; -0.0 for a float
         # sum, since x + -0.0 is x for every x (+0.0 would turn an operand's -0.0 into +0.0).
         neutral = self.const(-0.0 if (op.reducer, dtype) == ("add", "f32") else
                              identity(op.reducer, dtype), dtype)
+        free_shape = row_major(Shape("s32", tuple(extents[s] for s in free), ()))
 
         def window_value(window: Ix) -> tuple[Value, int]:
             """The element of update window ``window`` landing on ``index``, else neutral."""
-            batch = list(delinearize(window, row_major(Shape("s32", extents, ()))))
+            batch: list[Ix] = [ix(0)] * len(extents)
+            for s, coordinate in zip(free, delinearize(window, free_shape)):
+                batch[s] = coordinate
+            for d, s in fixed.items():
+                batch[s] = index[d]
             starts: list[tuple[Value, int] | None] = [None] * operand.rank
             for k, d in enumerate(to_operand):
+                if d in fixed:
+                    continue
                 at = batch[:vector_dim] + [ix(k)] + batch[vector_dim:] \
                     if vector_dim < indices.rank else batch
                 starts[d] = self.value(op.operands[1], tuple(at))
             valid, offset = [], [ix(0)] * operand.rank
             for d, (i, n, start) in enumerate(zip(index, operand.dims, starts)):
+                if d in fixed:  # start == index[d] by construction; size 1, so it fits
+                    continue
                 if start is None and size[d] == n:  # the window spans the dimension
                     offset[d] = i
                     continue
@@ -797,6 +828,26 @@ class _Emitter:
         # instead of once per element.
         return self.combine_in_order(op.reducer, dtype, init, windows, window_value,
                                      self.index_depth(*index), UNROLLED_SCATTER_WINDOWS)
+
+    def iota_starts(self, op: FlatOp, to_operand: tuple[int, ...], vector_dim: int,
+                    extents: tuple[int, ...], size: list[int], operand: Shape) -> dict[int, int]:
+        """Operand dims whose start index is, for every window, the window's own coordinate
+        on one scatter dim (``indices = concatenate(iota, labels)``), mapped to that scatter
+        dim. Taken only for windows of size 1 there and a scatter dim that covers every row
+        (each row then receives exactly the one window at its own coordinate)."""
+        coordinates = [Var(f"window{s}", n) for s, n in enumerate(extents)]
+        indices_rank = self.ops[op.operands[1]].shape.rank
+        fixed: dict[int, int] = {}
+        for k, d in enumerate(to_operand):
+            batch = [ix(v) for v in coordinates]
+            at = batch[:vector_dim] + [ix(k)] + batch[vector_dim:] \
+                if vector_dim < indices_rank else batch
+            start = known_index(self.ops, op.operands[1], tuple(at))
+            for s, v in enumerate(coordinates):
+                if start == ix(v) and size[d] == 1 and operand.dims[d] <= extents[s] \
+                        and s not in fixed.values():
+                    fixed[d] = s
+        return fixed
 
     def combine_in_order(self, kind: str, dtype: str, init: tuple[Value, int], count: int,
                          term, depth: int, unrolled: int) -> tuple[Value, int]:

@@ -47,7 +47,8 @@
    profile of the kernel the code generator built for a pattern (the one its capability query
    accepted) and of XLA's kernel for one node, which is how its Report prices both plans, so
    the plan chosen is never slower in the Report than XLA's or the baseline's. Without it the
-   explorer's own estimate (explorer/profile.py) prices them.
+   explorer's own estimate (explorer/profile.py) prices them. The chosen plan's kernels
+   joined by an edge are then merged in pairs where that is faster (neighbours.py).
 
 Every candidate considered gets a Decision with its reason, so ``explain`` can say why two
 kernels were or were not stitched.
@@ -68,17 +69,19 @@ from costmodel import KernelProfile, kernel_latency_us
 from ..graph import OpGraph
 from ..graph.traffic import connected_components
 from .baseline import connected_region_plan
+from .candidates import TOP_K, Candidate, CandidatePatterns
 from .index import GraphIndex
+from .neighbours import merge_neighbours
 from .plan import Decision, FusionPlan, Pattern
 from .profile import PatternModel, packed_profile
 
 CanStitch = Callable[[list[str]], tuple[bool, str]]
 ProfileOf = Callable[[list[str]], KernelProfile]
+# The nodes of a pattern whose reductions lie outside its main reduction space.
+OtherSpace = Callable[[list[str]], list[str]]
 
-TOP_K = 3  # paper 5.2
 BEAM_WIDTH = 3  # paper 5.3
 MAX_PATTERN_KERNELS = 16  # bounds each candidate's cost; on the synthetic bench 16 gave fewer kernels than 8 or 32
-BUILD_TRIES = 2 * TOP_K  # can_stitch queries per vertex beyond the accepted ones
 
 
 @contextmanager
@@ -106,12 +109,6 @@ def _collector_paused():
             gc.enable()
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    nodes: frozenset[str]
-    score: float  # delta-evaluator f, us (modeled)
-
-
 @dataclass
 class _Beam:
     score: float
@@ -129,13 +126,14 @@ class _Beam:
         return out[::-1]
 
 
-class Explorer:
+class Explorer(CandidatePatterns):
     def __init__(self, graph: OpGraph, can_stitch: CanStitch, device, top_k: int = TOP_K,
                  beam_width: int = BEAM_WIDTH, max_pattern: int = MAX_PATTERN_KERNELS,
-                 profile_of: ProfileOf | None = None):
+                 profile_of: ProfileOf | None = None, other_space: OtherSpace | None = None):
         self.graph, self.device = graph, device
         self.top_k, self.beam_width, self.max_pattern = top_k, beam_width, max_pattern
         self.profile_of = profile_of
+        self.other_space = other_space
         self.evaluator = costmodel.delta.delta_evaluator(device)
         self._can_stitch = can_stitch
         self._buildable: dict[frozenset[str], tuple[bool, str]] = {}
@@ -148,7 +146,7 @@ class Explorer:
         self._profiles: dict[frozenset[str], KernelProfile] = {}  # of kernels in plans
         self._latency: dict[frozenset[str], float] = {}
         self._packs: dict[tuple, tuple[bool, float, str]] = {}  # remote fusion's verdicts
-        # The kernels each candidate or pack reaches and is reached from (``_cycle_with``).
+        # The kernels each candidate or pack reaches and is reached from (``cycle_with``).
         self._reach: dict[frozenset[str], tuple[frozenset[str], frozenset[str]]] = {}
         # T_penalty by (bytes read, bytes written, gathered facts): the penalty depends on
         # nothing else, and layers of a model repeat the same kernels (8 in 10 of the
@@ -181,7 +179,7 @@ class Explorer:
             names = self._named[nodes] = tuple(sorted(nodes, key=self.index.order.__getitem__))
         return names
 
-    def _decide(self, nodes: frozenset[str], ok: bool, reason: str) -> None:
+    def decide(self, nodes: frozenset[str], ok: bool, reason: str) -> None:
         self._latest[nodes] = (ok, reason)
         self._history.append((nodes, ok, reason))
 
@@ -190,6 +188,10 @@ class Explorer:
         if result is None:
             result = self._buildable[nodes] = self._can_stitch(list(self._names(nodes)))
         return result
+
+    def refused(self, nodes: frozenset[str]) -> bool:
+        """Whether the code generator was asked about ``nodes`` and refused."""
+        return not self._buildable.get(nodes, (True, ""))[0]
 
     def latency_us(self, nodes: frozenset[str]) -> float:
         """Modeled time of one kernel made of ``nodes`` (latency-evaluator)."""
@@ -226,124 +228,6 @@ class Explorer:
                 grid, block, smem, instructions, traffic[0] + traffic[1])
         return penalty
 
-    # -- 1. candidate patterns --------------------------------------------------------------
-
-    def _top_k(self, joins: list[tuple[frozenset[str], frozenset[str], frozenset[str]]],
-               cache: dict) -> list[Candidate]:
-        """The top-k acyclic candidates among ``joins`` by f, scoring in order of f's bound.
-        A join (s, a, b) is a set s = a | b of two acyclic patterns, a one whose facts are
-        known (a kept candidate or one kernel), so s's facts and cycle check only look at
-        what b adds. ``cache`` holds, per set, [bound, traffic, f or None, a, b, facts or
-        None]. Every set holds the vertex and kernels after it, so ties in the bound are
-        broken by size alone (then by the order of ``joins``: the sort is stable)."""
-        bounded = []
-        listed = set()
-        for s, a, b in joins:
-            if s in listed:
-                continue
-            listed.add(s)
-            entry = cache.get(s)
-            if entry is None:
-                if len(s) > self.max_pattern:
-                    self._decide(s, False, f"more than {self.max_pattern} kernels")
-                    entry = cache[s] = None
-                    continue
-                traffic = self.index.traffic(s, a, self._traffic[a])
-                bound = (self.evaluator.reduced_mem_us(traffic[2], traffic[3])
-                         + (len(s) - 1) * costmodel.LAUNCH_US)
-                entry = cache[s] = [bound, traffic, None, a, b, None]
-            bounded.append((-entry[0], len(s), s))
-        bounded.sort(key=itemgetter(0, 1))
-        kept: list[Candidate] = []
-        for position, (negative_bound, _, s) in enumerate(bounded):
-            if len(kept) == self.top_k and -negative_bound <= kept[-1].score:
-                for _, _, rest in bounded[position:]:
-                    if rest not in self._latest:
-                        self._decide(rest, False, f"not in the top {self.top_k}: f <= "
-                                     f"{cache[rest][0]:.3f} us (bound) <= {kept[-1].score:.3f}")
-                break
-            entry = cache[s]
-            score = entry[2]
-            if score is None:
-                score = entry[2] = self._score(s, entry)
-            if score == float("-inf"):
-                continue
-            if len(kept) == self.top_k and score <= kept[-1].score:
-                self._decide(s, False, f"not in the top {self.top_k}: f = {score:.3f} us")
-                continue
-            kept.append(Candidate(s, score))
-            self._traffic[s], self._facts[s] = entry[1], entry[5]  # later joins start here
-            kept.sort(key=lambda c: -c.score)
-            self._decide(s, True, f"candidate: f = {score:+.3f} us (delta-evaluator)")
-            if len(kept) > self.top_k:
-                dropped = kept.pop()
-                self._decide(dropped.nodes, False,
-                             f"not in the top {self.top_k}: f = {dropped.score:.3f} us")
-        return kept
-
-    def _score(self, s: frozenset[str], entry: list) -> float:
-        """f of one candidate (see the module docstring), -inf when it is cyclic."""
-        bound, traffic, _, a, b, _ = entry
-        if self.index.joins_cycle(a, b, s):
-            self._decide(s, False, "cycle: a path leaves the pattern and re-enters it "
-                                   "through an outside kernel")
-            return float("-inf")
-        facts = entry[5] = self.model.gather(s, a, self._facts[a])
-        # fsum: exact, so the score does not depend on the set's iteration order (string
-        # hashing differs per process) and plans are the same on every run.
-        alone_penalty = math.fsum(map(self._alone.__getitem__, s))
-        # the bound is T_reduced_mem + T_reduced_calls
-        return bound - max(0.0, self._penalty_us(traffic, facts) - alone_penalty)
-
-    def pattern_reduction(self, vertex: str) -> list[Candidate]:
-        """PatternReduction(C_vertex): top-k candidates with ``vertex`` as producer; every
-        candidate kept at any level of the divide and conquer is returned (best first)."""
-        consumers = self.index.consumers[vertex]
-        cache: dict = {}
-        pool: dict[frozenset[str], Candidate] = {}
-        alone = frozenset((vertex,))
-
-        def reduce(group: list[str]) -> list[Candidate]:
-            if len(group) == 1:
-                c = frozenset(group)
-                joins = [(c | alone, c, alone)] + [(cand.nodes | alone, cand.nodes, alone)
-                                                   for cand in self.growth.get(group[0], ())]
-            else:
-                half = len(group) // 2
-                left, right = reduce(group[:half]), reduce(group[half:])
-                # already in ``cache``: each joined with itself
-                joins = [(x.nodes, x.nodes, x.nodes) for x in left + right]
-                for x in left:
-                    for y in right:
-                        a, b = (x.nodes, y.nodes) if len(x.nodes) >= len(y.nodes) \
-                            else (y.nodes, x.nodes)
-                        joins.append((a | b, a, b))
-            kept = self._top_k(joins, cache)
-            pool.update((c.nodes, c) for c in kept)
-            return kept
-
-        self.growth[vertex] = reduce(consumers) if consumers else []
-        return sorted(pool.values(), key=lambda c: -c.score)
-
-    def buildable_candidates(self, pool: list[Candidate]) -> list[Candidate]:
-        """The best ``top_k`` of ``pool`` with f > 0 that the code generator can build."""
-        ready: list[Candidate] = []
-        tries = 0
-        for cand in pool:
-            if len(ready) == self.top_k or tries >= self.top_k + BUILD_TRIES:
-                break
-            if cand.score <= 0:
-                self._decide(cand.nodes, False, f"no gain: f = {cand.score:+.3f} us <= 0")
-                continue
-            tries += 1
-            ok, reason = self.can_stitch(cand.nodes)
-            if ok:
-                ready.append(cand)
-                self._decide(cand.nodes, True, f"buildable, f = {cand.score:+.3f} us: {reason}")
-            else:
-                self._decide(cand.nodes, False, f"code generator: {reason}")
-        return ready
-
     # -- 2. beam search ---------------------------------------------------------------------
 
     def beam_search(self) -> list[list[Candidate]]:
@@ -364,7 +248,7 @@ class Explorer:
                     continue  # the beam already covers the vertex
                 taken = set(live)
                 for cand, positions in zip(options, placed):
-                    if taken.isdisjoint(positions) and not self._cycle_with(
+                    if taken.isdisjoint(positions) and not self.cycle_with(
                             cand.nodes, (c.nodes for c in beam.patterns())):
                         new = _Beam(beam.score + cand.score, tuple(sorted(live + positions)),
                                     (cand, beam.chosen))
@@ -372,7 +256,7 @@ class Explorer:
             beams = sorted(grown.values(), key=lambda b: -b.score)[:self.beam_width]
         return [b.patterns() for b in beams]
 
-    def _cycle_with(self, nodes: frozenset[str], others) -> bool:
+    def cycle_with(self, nodes: frozenset[str], others) -> bool:
         """Whether a pattern or pack (acyclic alone) and one of the plan's ``others`` kernels
         each reach the other: the plan would have to split one of them again (``_acyclic``),
         at a cost the scores do not see (on Transformer train TF, 5 of every beam's patterns;
@@ -408,19 +292,19 @@ class Explorer:
                 packed_us = kernel_latency_us(packed_profile(
                     [self._profile(u) for u in parts]), self.device).total_us
                 ok, reason, packed_us = self._pack_check(union, packed_us, current_us + unit_us)
-                self._decide(union, ok, reason)
+                self.decide(union, ok, reason)
                 verdict = self._packs[parts] = (ok, packed_us, reason)
             ok, packed_us, reason = verdict
             if ok:
                 union = frozenset().union(*parts)
                 others = [u for u in units if len(u) > 1 and not u <= union] + \
                          [frozenset().union(*pack) for pack in packs]
-                if self._cycle_with(union, others):
+                if self.cycle_with(union, others):
                     ok = False
-                    self._decide(union, False, "remote fusion: a cycle with another kernel "
+                    self.decide(union, False, "remote fusion: a cycle with another kernel "
                                                "of the plan")
                 elif not self._latest[union][0]:  # refused for a cycle in another plan
-                    self._decide(union, True, reason)
+                    self.decide(union, True, reason)
             if ok:
                 current.append(unit)
                 current_us = packed_us
@@ -469,7 +353,7 @@ class Explorer:
 
     def _explore(self) -> FusionPlan:
         for vertex in reversed(self.index.participants):
-            self.ready[vertex] = self.buildable_candidates(self.pattern_reduction(vertex))
+            self.ready[vertex] = self.buildable_candidates(vertex, self.pattern_reduction(vertex))
             # Producers also grow from what the code generator can build: when every top-k
             # candidate holds an op it refuses, growing only from those would never yield
             # a buildable pattern through this vertex.
@@ -507,11 +391,30 @@ class Explorer:
             plans.append(mixed)
         us, nbytes, _, label, patterns = min(
             (p for p in plans if p[1] <= xla_bytes), key=itemgetter(0, 1, 2))
-        decisions = self._all_decisions()
-        if "connected-region plan" in label:
-            decisions += greedy.decisions
         notes.append(f"chose {label}: {us:.3f} us, {nbytes} bytes (modeled)")
+        patterns = self._merged(patterns, us, notes)
+        decisions = self._all_decisions() + (greedy.decisions if "connected-region plan"
+                                             in label else [])
         return FusionPlan("beam", patterns, decisions, notes)
+
+    def _merged(self, patterns: list[Pattern], chosen_us: float, notes: list[str]
+                ) -> list[Pattern]:
+        """The chosen plan after the neighbour merge (neighbours.py), when it is faster."""
+        units = self._units([frozenset(p.nodes) for p in patterns])
+        kernels, parts = merge_neighbours(self, units)
+        if len(kernels) == len(units):
+            return patterns
+        kernels, split = self._acyclic(kernels, parts)
+        us, nbytes = self.plan_cost(kernels)
+        if us >= chosen_us:
+            return patterns
+        notes.append(f"neighbour merge: {len(units)} -> {len(kernels)} kernels, {nbytes} "
+                     f"bytes, {us:.3f} us (modeled){split}")
+        reasons = {frozenset(p.nodes): p.reason for p in patterns}
+        plan = [Pattern(list(self._names(k)), reasons.get(k) or self._latest[k][1])
+                for k in kernels if len(k) > 1]
+        plan.sort(key=lambda p: self.index.order[p.nodes[0]])
+        return plan
 
     def _mixed_plan(self, plans: list[tuple], notes: list[str]) -> tuple | None:
         """The plans mixed group by group. A group is a set of kernels that the plans' kernels
@@ -588,7 +491,7 @@ class Explorer:
         (``KernelDag.split_cycles``), and a note of what was split."""
         def buildable(nodes: frozenset[str]) -> bool:
             ok, reason = self.can_stitch(nodes)
-            self._decide(nodes, ok, "part of a kernel split where the plan's kernels formed a "
+            self.decide(nodes, ok, "part of a kernel split where the plan's kernels formed a "
                          f"cycle: {reason}" if ok else f"code generator: {reason}")
             return ok
 
