@@ -41,8 +41,10 @@ def run(script: str, tmp_path, *args: str, flags: str | None = None, out: str = 
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     report = tmp_path / f"{out}.report.json"
     output = tmp_path / f"{out}.{'npy' if 'bert' in script else 'npz'}"
+    # KERAS_BACKEND: the Keras scripts are TF scripts (jit_compile=True), whatever the
+    # environment running the tests asks for
     env.update(PYTHONPATH=os.pathsep.join([str(site), REPO]), OUT=str(output),
-               TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu")
+               TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu", KERAS_BACKEND="tensorflow")
     if flags is not None:
         env.update(FUSIONSTITCHING="1", FUSIONSTITCHING_FLAGS=f"{flags} --report={report} "
                                                               f"--cache_dir={tmp_path / 'cache'}")
@@ -248,8 +250,11 @@ def test_bert_like_encoder_inference_equals_tf(tmp_path):
 @pytest.mark.slow  # ~2-3 min: the encoder's train step has ~18 stitched patterns to build
 @pytest.mark.parametrize("steps", ["3", "20"])
 def test_keras_encoder_fit_same_losses_and_weights(tmp_path, steps):
+    """Keras 3 ``fit`` on the TF backend (issue 24's Keras/TF script): every step's loss and
+    the trained weights as plain TF's, the train step stitched and verified."""
+    pytest.importorskip("keras", minversion="3")
     expected, got, stderr, plain_out, hooked_out, reports = compare_runs(
-        "keras_encoder.py", tmp_path, steps, "--keep=stitched")
+        "keras_encoder.py", tmp_path, steps, "--keep=stitched --verify")
     assert len(got["losses"]) == int(steps)
     np.testing.assert_allclose(got["losses"], expected["losses"], rtol=1e-5)
     plain, hooked = np.load(plain_out), np.load(hooked_out)
