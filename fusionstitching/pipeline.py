@@ -454,7 +454,8 @@ def compare(expected, actual, rtol: float = 1e-5, atol: float = 1e-5) -> tuple[b
             # or inf in the tolerance term would fail every comparison, even of equal arrays).
             exact = (e64 == a64) | (np.isnan(e64) & np.isnan(a64))
             finite = np.isfinite(e64) & np.isfinite(a64)
-            diff = np.abs(np.subtract(e64, a64, out=np.zeros_like(e64), where=finite))
+            # A NaN or infinity against a number is infinitely far (it reported 0 before).
+            diff = np.abs(np.subtract(e64, a64, out=np.where(exact, 0.0, np.inf), where=finite))
             scale = np.where(finite, np.abs(e64), 0.0)
             if diff.size:
                 max_abs = max(max_abs, float(diff.max()))
@@ -479,16 +480,31 @@ def verify(result: StitchResult, seed: int = 0) -> Verify:
     """Run XLA's plan and the stitched plan on the same random inputs and compare.
 
     Elided constants get the same seeded values in both plans and in XLA's text. Inputs of
-    each of INPUT_KINDS in turn until most outputs are finite, else the check is vacuous."""
+    each of INPUT_KINDS in turn until every output is finite (a mismatch on mostly finite
+    outputs is a verdict at once); else the kind with the most finite outputs, and the check
+    is vacuous when that is under half (an RMSprop step on normal inputs: the square root of
+    a negative second moment made half of every update NaN, which compares nothing). Inputs
+    on which rounding decides the outputs (the evaluator, too, is outside XLA's f32 distance
+    from its f64 result) give no verdict either: the next kind is tried, vacuous if none is
+    left."""
     if elided_constants(result.module):
         result = dataclasses.replace(result, module=fill_elided(result.module, seed))
-    outcome = Verify()
+    best = chaotic = None
     for kind in INPUT_KINDS:
         outcome = _verify_on(result, seed, kind)
-        if not outcome.ran or outcome.error or outcome.finite >= VACUOUS_BELOW:
+        if outcome.vacuous:  # rounding decides these outputs
+            chaotic = chaotic or outcome
+            continue
+        if not outcome.ran or outcome.error or outcome.finite == 1.0 or (
+                not outcome.ok and outcome.finite >= VACUOUS_BELOW):
             return outcome
-    outcome.ok, outcome.vacuous = False, True
-    return outcome
+        if best is None or outcome.finite > best.finite:
+            best = outcome
+    if best is None:
+        return chaotic
+    if best.finite < VACUOUS_BELOW:
+        best.ok, best.vacuous = False, True
+    return best
 
 
 def _verify_on(result: StitchResult, seed: int, kind: str) -> Verify:
@@ -511,8 +527,11 @@ def _verify_on(result: StitchResult, seed: int, kind: str) -> Verify:
     except Exception as exc:  # noted, not fatal: the evaluator still checks
         _note_once(result, Fallback("verify", [], f"XLA could not run the module as a "
                                                   f"reference: {_reason(exc)}"))
+    # Every reference must be mostly finite: XLA:CPU's YNNPACK fusions drop the NaN of a
+    # maximum that HLO (and the evaluator) propagates, so on a NaN-laden input one reference
+    # can be all NaN and the other finite, and such inputs compare nothing.
     outcome = Verify(ran=True, ok=True, against=sorted(references), inputs=kind,
-                     finite=finite_fraction(references.get("xla", references["evaluator"])))
+                     finite=min(map(finite_fraction, references.values())))
     try:
         stitched = execute_stitched(result, args)
     except Exception as exc:  # a defect of ours, reported as a failed check, never a crash
@@ -534,8 +553,16 @@ def _verify_on(result: StitchResult, seed: int, kind: str) -> Verify:
             _note_once(result, Fallback(
                 "verify", [], f"XLA could not run the module in f64: {_reason(exc)}"))
         else:
-            outcome.ok = not drift_problems(_leaves(stitched), _leaves(references["xla"]),
-                                            _leaves(exact))
+            xla, exact = _leaves(references["xla"]), _leaves(exact)
+            outcome.ok = not drift_problems(_leaves(stitched), xla, exact)
+            if not outcome.ok and drift_problems(_leaves(references["evaluator"]), xla, exact):
+                # The evaluator (f64 accumulation, no stitched kernel) misses the yardstick
+                # too: on these inputs rounding decides the step (a Keras MobileNetV3 step on
+                # normal inputs: XLA's own f32 15% off its f64 result), no verdict.
+                outcome.ok, outcome.vacuous = False, True
+                _note_once(result, Fallback("verify", [], f"on {kind} inputs the evaluator is "
+                                                          f"outside XLA's f32 distance from "
+                                                          f"its f64 result too: no verdict"))
     return outcome
 
 

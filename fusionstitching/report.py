@@ -34,7 +34,8 @@ class Verify:
     not_run: str = ""  # why verification could not run (ran is False)
     inputs: str = ""  # the random inputs it ran on (pipeline.INPUT_KINDS)
     finite: float = 1.0  # fraction of the reference's float outputs that are finite
-    vacuous: bool = False  # most outputs not finite on every kind of input: no verdict
+    vacuous: bool = False  # most outputs not finite, or rounding decides them (the evaluator
+    # outside XLA's f32 distance too), on every kind of input: no verdict
     error: str = ""  # the stitched plan failed to run (ok is False)
 
 
@@ -129,6 +130,10 @@ def format_summary(report: Report) -> str:
     v = report.verify
     if v.ran and v.error:
         lines.append(f"  verify: FAILED: the stitched plan did not run: {v.error}")
+    elif v.vacuous and v.finite >= 0.5:
+        lines.append(f"  verify: vacuous: rounding decides the outputs on every kind of random "
+                     f"input tried (last: {v.inputs}; the evaluator is outside XLA's f32 "
+                     f"distance too); no verdict")
     elif v.vacuous:
         lines.append(f"  verify: vacuous: {1 - v.finite:.0%} of the outputs are not finite on "
                      f"every kind of random input tried (last: {v.inputs}); no verdict")

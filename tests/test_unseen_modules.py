@@ -20,11 +20,12 @@ from fusionstitching.graph import build_graph
 from fusionstitching.graph.profile import xla_kernel_profile
 from fusionstitching.graph.traffic import pattern_traffic
 from fusionstitching.hlo.elided import elided_constants, fill_elided
-from fusionstitching.hlo.evaluator import parse_literal
+from fusionstitching.hlo.evaluator import evaluate, parse_literal
 from fusionstitching.hlo.parser import parse_file, parse_module
-from fusionstitching.hlo.xla_runner import optimized_hlo_text
+from fusionstitching.hlo.xla_runner import (drift_problems, optimized_hlo_text, run_hlo_with_xla,
+                                             widened_to_f64)
 from fusionstitching.pipeline import (Options, StitchedKernel, _schedulable, compare,
-                                      stitch_module, stitched_steps)
+                                      random_inputs, stitch_module, stitched_steps)
 from fusionstitching.runtime.executor import Executor
 
 TABLE = np.sin(np.arange(64 * 128, dtype=np.float32).reshape(64, 128) / 7.0)
@@ -424,3 +425,167 @@ def test_a_gather_at_an_iota_row_reads_its_own_rows_reduction():
     assert ok and "[8]x[1000]" in why, why
     result = stitch_module(module, Options(verify=True, ptxas=False))
     assert result.report.verify.ok and result.report.fs.mem_kernels == 1
+
+
+# -- fusionstitching replay --verify over the third-party tier -------------------------------
+
+def relu_sum_of_rsqrt(x):
+    return jax.numpy.sum(jax.numpy.maximum(jax.lax.rsqrt(x), 0.0), axis=(1, 2))
+
+
+def test_a_reference_mostly_nan_moves_the_check_to_other_inputs():
+    """flax ResNet inference (XLA:CPU): on normal inputs the running variances are negative,
+    rsqrt is NaN, and XLA:CPU's YNNPACK fusion of ReLU + mean drops the NaN that HLO's maximum
+    (and the evaluator) propagates: XLA's output finite, the evaluator's and the stitched
+    plan's all NaN. The check counted only XLA's finite outputs and took NaN as within XLA's
+    f32 distance: "OK, max abs err 0"."""
+    x = np.ones((4, 8, 8, 16), np.float32)
+    text = optimized_hlo_text(jax.jit(relu_sum_of_rsqrt).lower(x).compile())
+    module = parse_module(text)
+    args = random_inputs(module, 0, "normal")
+    xla, ours = run_hlo_with_xla(text, args), [evaluate(module, args)]
+    assert np.isfinite(xla[0]).all() and np.isnan(ours[0]).all()
+    assert not compare(xla, ours)[0] and compare(xla, ours)[1] == np.inf
+    assert drift_problems(ours, xla, xla)  # a NaN is never as close as XLA's own number
+    report = stitch_module(module, Options(verify=True, ptxas=False)).report
+    assert report.verify.ok and report.verify.inputs == "positive", report.verify
+    assert report.verify.finite == 1.0 and report.verify.against == ["evaluator", "xla"]
+
+
+def test_a_step_partly_nan_on_normal_inputs_is_checked_where_all_are_finite():
+    """flax LSTM's RMSprop step: on normal inputs the square root of a negative second moment
+    made half of every update NaN; the check took those inputs (most outputs finite) and
+    compared NaN with NaN for the other half."""
+    module = parse_module("""
+HloModule rmsprop_like
+
+ENTRY main {
+  nu = f32[64]{0} parameter(0)
+  g = f32[64]{0} parameter(1)
+  s = f32[64]{0} sqrt(nu)
+  u = f32[64]{0} divide(g, s)
+  ROOT t = (f32[64]{0}, f32[64]{0}, f32[64]{0}) tuple(u, g, nu)
+}
+""")
+    report = stitch_module(module, Options(verify=True, ptxas=False)).report
+    assert report.verify.ok and report.verify.inputs == "positive", report.verify
+    assert report.verify.finite == 1.0
+
+
+def cudnn_module(target: str, lhs, rhs, result, window: str, groups: int = 1,
+                 extra: tuple = (), config: str = "") -> str:
+    """One XLA:GPU cuDNN convolution custom call (NHWC input, OHWI filter, as XLA:GPU's
+    layout assignment writes them) and its result."""
+    def shape(dims):
+        return f"f32[{','.join(map(str, dims))}]{{{','.join(map(str, reversed(range(len(dims)))))}}}"
+
+    params = [shape(lhs), shape(rhs)] + [shape(e) for e in extra]
+    names = [f"p{i}" for i in range(len(params))]
+    config = config or '"activation_mode":"kNone","conv_result_scale":1,"side_input_scale":0'
+    group = f", feature_group_count={groups}" if groups != 1 else ""
+    lines = "\n".join(f"  {n} = {s} parameter({i})" for i, (n, s) in enumerate(zip(names,
+                                                                                     params)))
+    return f"""
+HloModule cudnn
+
+ENTRY main {{
+{lines}
+  c = ({shape(result)}, u8[0]{{0}}) custom-call({', '.join(names)}), window={window}, dim_labels=b01f_o01i->b01f{group}, custom_call_target="__cudnn${target}", backend_config={{"cudnn_conv_backend_config":{{{config}}}}}
+  ROOT r = {shape(result)} get-tuple-element(c), index=0
+}}
+"""
+
+
+def jax_conv(x, w, stride, pad, groups):
+    return jax.lax.conv_general_dilated(x, w, (stride, stride), [pad, pad],
+                                        dimension_numbers=("NHWC", "OHWI", "NHWC"),
+                                        feature_group_count=groups)
+
+
+@pytest.mark.parametrize("size,kernel,stride,pad,groups", [
+    (8, 3, 1, (1, 1), 1),   # ResNet's 3x3
+    (9, 3, 2, (0, 0), 1),   # a row and column no window reaches (input gradient: zeros)
+    (8, 1, 2, (0, 0), 1),   # a 1x1 projection with stride: the filter gradient pads by -1
+    (8, 5, 2, (1, 1), 4),   # MobileNet's depthwise convolutions (filter gradient)
+])
+def test_cudnn_convolutions_run_on_xla_cpu(size, kernel, stride, pad, groups):
+    """XLA:GPU's cuDNN calls (flax ResNet, MLP-Mixer and ViT, Keras ConvNeXt and MobileNet):
+    XLA:CPU has no cuDNN, so those modules were checked against the evaluator alone. Each
+    call is now the HLO convolution it stands for, and XLA:CPU's results are JAX's own
+    convolution and gradients on this CPU."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, size, size, 4)).astype(np.float32)
+    w = rng.standard_normal((8, kernel, kernel, 4 // groups)).astype(np.float32)
+    y, vjp = jax.vjp(lambda x, w: jax_conv(x, w, stride, pad, groups), x, w)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    dx, dw = vjp(dy)
+    window = (f"{{size={kernel}x{kernel} stride={stride}x{stride} "
+              f"pad={pad[0]}_{pad[1]}x{pad[0]}_{pad[1]}}}")
+    cases = [("convForward", x, w, y), ("convBackwardFilter", x, dy, dw)]
+    if groups == 1:
+        cases.append(("convBackwardInput", dy, w, dx))
+    for target, a, b, want in cases:
+        text = cudnn_module(target, a.shape, b.shape, want.shape, window, groups)
+        (got,) = run_hlo_with_xla(text, [a, b])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=target)
+        np.testing.assert_allclose(evaluate(parse_module(text), [a, b]), want, rtol=1e-5,
+                                   atol=1e-4, err_msg=target)
+
+
+def test_a_cudnn_bias_activation_with_side_input_runs_on_xla_cpu():
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((2, 8, 8, 4)), rng.standard_normal((8, 3, 3, 4))
+    bias, side = rng.standard_normal(8), rng.standard_normal((2, 8, 8, 8))
+    x, w, bias, side = (a.astype(np.float32) for a in (x, w, bias, side))
+    want = jax.nn.relu(2 * jax_conv(x, w, 1, (1, 1), 1) + bias + 0.5 * side)
+    text = cudnn_module("convBiasActivationForward", x.shape, w.shape, want.shape,
+                        "{size=3x3 pad=1_1x1_1}", extra=((8,), side.shape),
+                        config='"activation_mode":"kRelu","conv_result_scale":2,'
+                               '"side_input_scale":0.5')
+    (got,) = run_hlo_with_xla(text, [x, w, bias, side])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    report = stitch_module(parse_module(text), Options(verify=True, ptxas=False)).report
+    assert report.verify.ok and report.verify.against == ["evaluator", "xla"]
+
+
+def test_top_k_is_evaluated_as_xla_cpu_runs_it():
+    """keras-hub Mixtral's router (XLA:CPU): lax.top_k is a ``TopK`` custom call, which the
+    evaluator did not know, so the module was "not run". Ties go to the lower index; NaN is
+    the largest, -NaN the smallest, -0 below +0, as in XLA:CPU's runtime."""
+    x = np.random.default_rng(0).standard_normal((6, 10)).astype(np.float32)
+    x[0, 3] = x[0, 7] = 5.0
+    x[1, 2], x[3, 1], x[4, 5] = np.nan, np.inf, -np.nan
+    x[2, :] = 0.0
+    x[2, 4] = -0.0
+    compiled = jax.jit(lambda x: jax.lax.top_k(x, 3)).lower(x).compile()
+    text = optimized_hlo_text(compiled)
+    assert 'custom_call_target="TopK"' in text
+    for got, want in zip(evaluate(parse_module(text), [x]), compiled(x)):
+        np.testing.assert_array_equal(got, np.asarray(want))
+    report = stitch_module(parse_module(text), Options(verify=True, ptxas=False)).report
+    assert report.verify.ran and report.verify.ok, report.verify
+
+
+def test_a_total_order_comparator_runs_in_f64():
+    """XLA's float sort comparator bitcasts f32 to s32 (keras-hub Mixtral's router on H100):
+    widened to f64, the bitcast changed the element size and the f64 yardstick could not
+    run, so a step that drifted by rounding was a MISMATCH."""
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    compiled = jax.jit(lambda x: jax.numpy.argsort(x, axis=-1, descending=True)).lower(
+        x).compile()
+    text = optimized_hlo_text(compiled)
+    assert "s32[] bitcast(" in text
+    (order,) = run_hlo_with_xla(widened_to_f64(text), [x.astype(np.float64)])
+    np.testing.assert_array_equal(order, np.asarray(compiled(x)))
+
+
+def test_top_k_runs_in_f64():
+    """XLA:CPU's TopK takes f32 only (keras-hub Mixtral's router on CPU: "TopK expects F32
+    data type for input" in the f64 module); there it runs on the operand rounded to f32."""
+    x = np.random.default_rng(0).standard_normal((6, 10)).astype(np.float32)
+    compiled = jax.jit(lambda x: jax.lax.top_k(2 * x, 3)).lower(x).compile()
+    values, indices = run_hlo_with_xla(widened_to_f64(optimized_hlo_text(compiled)),
+                                       [x.astype(np.float64)])
+    assert values.dtype == np.float64
+    np.testing.assert_array_equal(indices, np.asarray(compiled(x)[1]))
+    np.testing.assert_array_equal(values, np.asarray(compiled(x)[0]))

@@ -986,7 +986,27 @@ def _sort(ev, inst, operands):
     return _pack([np.moveaxis(np.take_along_axis(k, order, axis=-1), -1, axis) for k in keys])
 
 
+def _top_k(ev, inst, operands):
+    """XLA's ``TopK`` custom call (lax.top_k on XLA:CPU): the k first elements along the last
+    dimension in the order of its comparator (largest first) and their indices, ties in index
+    order (XLA:CPU's runtime sorts by the float total order, stabilized by index)."""
+    (x,) = operands
+    values_shape, index_shape = inst.shape.tuple_shapes
+    k = values_shape.dims[-1]
+    index = np.broadcast_to(np.arange(x.shape[-1], dtype=index_shape.numpy_dtype), x.shape)
+    called = inst.attrs.get("called_computations", "").strip("{} ").lstrip("%")
+    if called:
+        order = _sort_order(ev, ev.computations[called], [x, index])
+    else:
+        key = _total_order_key(_widen(x))
+        order = np.argsort(-key.astype(np.int64), axis=-1, kind="stable")
+    order = order[..., :k]
+    return np.take_along_axis(x, order, -1), np.take_along_axis(index, order, -1)
+
+
 def _custom_call(ev, inst, operands):
+    if inst.custom_call_target == "TopK":
+        return _top_k(ev, inst, operands)
     # XLA:GPU's library calls (cuBLAS GEMMs, cuDNN convolutions) per their backend_config;
     # gpu_library raises UnsupportedOp for any other target.
     from .gpu_library import evaluate_custom_call  # local: gpu_library imports this module

@@ -18,8 +18,11 @@ computations), the module is compiled the way the runtime compiles rewritten mod
 fusions inlined, layouts dropped, bitcasts written as the logical ops they stand for
 (``runtime.rewrite.normalize_for_xla``).
 
+cuDNN convolutions of XLA:GPU modules (forward, bias + activation, input and filter
+gradients) are first written as the HLO convolutions they stand for (``cudnn_calls_as_hlo``).
+
 What it cannot run:
-  * ``custom-call``s to backend libraries (cuBLAS/cuDNN gemms and convolutions, Triton kernels,
+  * other ``custom-call``s to backend libraries (cuBLAS gemms; Triton kernels and
     ``__ynn_fusion`` bodies are fine since they are plain fusions) -- XLA:CPU has no such targets;
   * collectives and multi-device programs (one CPU device only);
   * non-default entry layouts are not honoured: arguments and results are logical
@@ -59,6 +62,8 @@ def run_hlo_with_xla(text: str, args: list) -> list[np.ndarray]:
             module.as_serialized_hlo_module_proto())
         return backend.compile_and_load(stablehlo, device, xla_client.CompileOptions())
 
+    if "__cudnn$" in text:
+        text = cudnn_calls_as_hlo(text)
     try:
         executable = compile_text(fusions_to_calls(text))
     except jax.errors.JaxRuntimeError:
@@ -77,12 +82,202 @@ def run_hlo_with_xla(text: str, args: list) -> list[np.ndarray]:
     return [np.asarray(out) for out in executable.execute(buffers)]
 
 
+# -- cuDNN convolutions as HLO ----------------------------------------------------------------
+# XLA:CPU has no cuDNN: each ``__cudnn$conv*`` custom call of an XLA:GPU module is written as
+# the HLO convolution it stands for (gpu_library describes the calls), so that XLA itself, and
+# not our evaluator, runs it. Gradients are the transposed convolutions JAX's own transpose
+# rules build (jax._src.lax.convolution: _conv_general_dilated_transpose_lhs / _rhs).
+
+_CUDNN_FORWARD = ("__cudnn$convForward", "__cudnn$convBiasActivationForward")
+_CUDNN_GRADIENT = ("__cudnn$convBackwardInput", "__cudnn$convBackwardFilter")
+
+
+def cudnn_calls_as_hlo(text: str) -> str:
+    """The module with every cuDNN convolution custom call replaced by HLO ops (a tuple of the
+    result and the zero-filled scratch buffer, as the call returns)."""
+    from .parser import parse_module
+    from .printer import print_module
+
+    module = parse_module(text)
+    for comp in module.computations:
+        lowered, shapes = [], {i.name: i.shape for i in comp.instructions}
+        for inst in comp.instructions:
+            if inst.opcode == "custom-call" and inst.custom_call_target in (
+                    _CUDNN_FORWARD + _CUDNN_GRADIENT):
+                lowered += _cudnn_as_hlo(inst, shapes)
+            else:
+                lowered.append(inst)
+        comp.instructions[:] = lowered
+    return print_module(module)
+
+
+def _dilate(sizes, dilation):
+    return [0 if n == 0 else 1 + d * (n - 1) for n, d in zip(sizes, dilation)]
+
+
+def _window_text(size, stride, pad, lhs_dilate, rhs_dilate) -> str:
+    def join(values):
+        return "x".join(map(str, values))
+
+    parts = [f"size={join(size)}"]
+    if any(v != 1 for v in stride):
+        parts.append(f"stride={join(stride)}")
+    if any(p != (0, 0) for p in pad):
+        parts.append("pad=" + "x".join(f"{lo}_{hi}" for lo, hi in pad))
+    if any(v != 1 for v in lhs_dilate):
+        parts.append(f"lhs_dilate={join(lhs_dilate)}")
+    if any(v != 1 for v in rhs_dilate):
+        parts.append(f"rhs_dilate={join(rhs_dilate)}")
+    return "{" + " ".join(parts) + "}"
+
+
+def _swap(labels: str, a: str, b: str) -> str:
+    return labels.translate(str.maketrans({a: b, b: a}))
+
+
+def _cudnn_as_hlo(inst, shapes: dict) -> list:
+    """The instructions that replace one cuDNN call (``shapes``: its computation's shapes by
+    name); the last is a tuple named as the call."""
+    from .evaluator import UnsupportedOp, _Window
+    from .ir import Instruction, Shape
+
+    config = (inst.attr_json() or {}).get("cudnn_conv_backend_config", {})
+    out_shape, scratch_shape = inst.shape.tuple_shapes
+    dtype = out_shape.dtype
+    input_labels, rest = inst.attrs["dim_labels"].split("_", 1)
+    filter_labels, output_labels = rest.split("->")
+    rank = len(input_labels) - 2
+    window = _Window.parse(inst.attrs.get("window"), rank)
+    if any(window.reversal):
+        raise UnsupportedOp(f"%{inst.name}: cuDNN convolution with a reversed window")
+    groups = int(inst.attrs.get("feature_group_count", "1"))
+    name, target = inst.name, inst.custom_call_target
+    new: list = []
+
+    def add(suffix, shape, opcode, operands, attrs=None, literal=None):
+        new.append(Instruction(f"{name}.{suffix}", shape, opcode, list(operands),
+                               dict(attrs or {}), literal=literal))
+        return new[-1].name
+
+    def scalar(suffix, value, element=dtype):
+        return add(suffix, Shape(element), "constant", [], literal=repr(value) if isinstance(
+            value, float) else str(value))
+
+    def full(suffix, value, shape=out_shape):
+        return add(suffix, shape, "broadcast", [scalar(suffix + ".s", value, shape.dtype)],
+                   {"dimensions": "{}"})
+
+    def binary(suffix, opcode, a, b):
+        return add(suffix, out_shape, opcode, [a, b])
+
+    def spatial(labels, dims):
+        return [dims[labels.index(str(i))] for i in range(rank)]
+
+    def operand_dims(i):
+        return shapes[inst.operands[i]].dims
+
+    lhs, rhs = inst.operands[:2]
+    if target in _CUDNN_FORWARD:
+        attrs = {"window": inst.attrs.get("window", "{}"), "dim_labels": inst.attrs["dim_labels"]}
+        if groups != 1:
+            attrs["feature_group_count"] = str(groups)
+        result = add("conv", out_shape, "convolution", [lhs, rhs], attrs)
+    elif target == "__cudnn$convBackwardInput":  # operands (d_output, filter) -> d_input
+        if groups != 1:
+            raise UnsupportedOp(f"%{name}: cuDNN input gradient with feature groups")
+        kernel = window.size
+        filter_spatial = [filter_labels.index(str(i)) for i in range(rank)]
+        w = add("reversed", Shape(dtype, operand_dims(1)), "reverse", [rhs],
+                {"dimensions": "{" + ",".join(map(str, filter_spatial)) + "}"})
+        in_sizes = spatial(input_labels, out_shape.dims)
+        out_sizes = spatial(output_labels, operand_dims(0))
+        lhs_dilated = _dilate(in_sizes, window.base_dilation)
+        rhs_dilated = _dilate(kernel, window.window_dilation)
+        out_dilated = _dilate(out_sizes, window.stride)
+        before = [r - lo - 1 for r, (lo, _) in zip(rhs_dilated, window.padding)]
+        after = [lh + r - 1 - o - b for lh, r, o, b in
+                 zip(lhs_dilated, rhs_dilated, out_dilated, before)]
+        attrs = {"window": _window_text(kernel, window.base_dilation, list(zip(before, after)),
+                                        window.stride, window.window_dilation),
+                 "dim_labels": f"{output_labels}_{_swap(filter_labels, 'o', 'i')}->"
+                               f"{input_labels}"}
+        result = add("conv", out_shape, "convolution", [lhs, w], attrs)
+    else:  # __cudnn$convBackwardFilter: operands (input, d_output) -> d_filter
+        in_sizes = spatial(input_labels, operand_dims(0))
+        out_sizes = spatial(output_labels, operand_dims(1))
+        lhs_dilated = _dilate(in_sizes, window.base_dilation)
+        rhs_dilated = _dilate(window.size, window.window_dilation)
+        out_dilated = _dilate(out_sizes, window.stride)
+        pad = [(lo, o - lh + r - lo - 1) for (lo, _), o, lh, r in
+               zip(window.padding, out_dilated, lhs_dilated, rhs_dilated)]
+        dy_labels = output_labels.translate(str.maketrans({"b": "i", "f": "o"}))
+        grad_labels = filter_labels.translate(str.maketrans({"i": "b", "o": "f"}))
+        attrs = {"window": _window_text(out_sizes, window.window_dilation, pad,
+                                        window.base_dilation, window.stride),
+                 "dim_labels": f"{_swap(input_labels, 'b', 'f')}_{dy_labels}->{grad_labels}"}
+        if groups != 1:
+            attrs["batch_group_count"] = str(groups)
+        result = add("conv", out_shape, "convolution", [lhs, rhs], attrs)
+    scale = float(config.get("conv_result_scale", 1))
+    if scale != 1:
+        result = binary("scaled", "multiply", result, full("scale", scale))
+    if target == "__cudnn$convBiasActivationForward":
+        feature = output_labels.index("f")
+        bias = add("bias", out_shape, "broadcast", [inst.operands[2]],
+                   {"dimensions": "{" + str(feature) + "}"})
+        result = binary("biased", "add", result, bias)
+        side_scale = float(config.get("side_input_scale", 0))
+        if len(inst.operands) > 3 and side_scale != 0:
+            side = inst.operands[3]
+            if side_scale != 1:
+                side = binary("side", "multiply", side, full("side_scale", side_scale))
+            result = binary("with_side", "add", result, side)
+        result = _activation(config, result, binary, full, add, out_shape, name)
+    scratch = full("scratch", 0, scratch_shape)
+    new.append(Instruction(name, inst.shape, "tuple", [result, scratch], is_root=inst.is_root))
+    return new
+
+
+def _activation(config, x, binary, full, add, shape, name):
+    from .evaluator import UnsupportedOp
+    from .ir import Shape
+
+    mode = config.get("activation_mode", "kNone")
+    if mode == "kNone":
+        return x
+    if mode == "kRelu":
+        return binary("relu", "maximum", x, full("zero", 0.0))
+    if mode == "kRelu6":
+        return add("relu6", shape, "clamp", [full("zero", 0.0), x, full("six", 6.0)])
+    if mode == "kTanh":
+        return add("tanh", shape, "tanh", [x])
+    if mode == "kSigmoid":
+        return add("sigmoid", shape, "logistic", [x])
+    if mode in ("kElu", "kLeakyRelu"):
+        positive = add("positive", Shape("pred", shape.dims, shape.layout), "compare",
+                       [x, full("zero", 0.0)], {"direction": "GT"})
+        other = (add("expm1", shape, "exponential-minus-one", [x]) if mode == "kElu" else
+                 binary("leaky", "multiply", x, full("alpha", float(
+                     config.get("leakyrelu_alpha", 0)))))
+        return add("activated", shape, "select", [positive, x, other])
+    raise UnsupportedOp(f"%{name}: cuDNN activation {mode}")
+
+
 # An instruction whose f32 result reinterprets 32-bit integers (dropout's random bits ->
 # floats in [1, 2): a bitcast-convert, or on XLA:GPU a bitcast from u32): in f64 it must stay a
 # 32-bit reinterpretation, followed by an exact widening.
 _F32_REINTERPRET = re.compile(r"^(\s*)(ROOT )?(%?[\w.\-]+) = (f32\[[^\]]*\](?:\{[^}]*\})?) "
                               r"(bitcast-convert|bitcast)\((%?[\w.\-]+)(.*)$")
 _RESULT_TYPE = re.compile(r"^\s*(?:ROOT )?(%?[\w.\-]+) = (\w+)\[")
+# The other way: 32-bit integers that reinterpret an f32 (a sort's total-order comparator,
+# as in TopK): the widened f64 operand is rounded back to f32 first.
+_INT32_REINTERPRET = re.compile(r"^(\s*)(ROOT )?(%?[\w.\-]+) = ([su]32\[[^\]]*\](?:\{[^}]*\})?) "
+                                r"(bitcast-convert|bitcast)\((%?[\w.\-]+)(.*)$")
+# XLA:CPU's TopK custom call takes f32 only: in f64 it runs on the operand rounded to f32.
+_TOP_K = re.compile(r"^(\s*)(ROOT )?(%?[\w.\-]+) = \((f32\[[^\]]*\](?:\{[^}]*\})?), "
+                    r"([su]32\[[^\]]*\](?:\{[^}]*\})?)\) custom-call\((%?[\w.\-]+)\)(.*"
+                    r'custom_call_target="TopK".*)$')
+_F32_RESULT = re.compile(r"^\s*(?:ROOT )?(%?[\w.\-]+) = (f32\[[^\]]*\](?:\{[^}]*\})?) ")
 
 
 def widened_to_f64(text: str) -> str:
@@ -93,14 +288,30 @@ def widened_to_f64(text: str) -> str:
     rounding alone."""
     integer32 = {m.group(1) for m in map(_RESULT_TYPE.match, text.splitlines())
                  if m and m.group(2) in ("s32", "u32")}
+    float32 = {m.group(1): m.group(2) for m in map(_F32_RESULT.match, text.splitlines()) if m}
     lines = []
     for line in text.splitlines():
         match = _F32_REINTERPRET.match(line)
+        bits = _INT32_REINTERPRET.match(line)
         if match and (match.group(5) == "bitcast-convert" or match.group(6) in integer32):
             indent, root, name, shape, opcode, operand, rest = match.groups()
             lines.append(f"{indent}{name}.bits = {shape} {opcode}({operand}{rest}")
             lines.append(f"{indent}{root or ''}{name} = {shape.replace('f32', 'f64')} "
                          f"convert({name}.bits)")
+        elif (top_k := _TOP_K.match(line)) and top_k.group(6) in float32:
+            indent, root, name, values, indices, operand, rest = top_k.groups()
+            wide = values.replace("f32", "f64")
+            lines += [f"{indent}{name}.f32 = {float32[operand]} convert({operand})",
+                      f"{indent}{name}.top = ({values}, {indices}) custom-call({name}.f32){rest}",
+                      f"{indent}{name}.values = {values} get-tuple-element({name}.top), index=0",
+                      f"{indent}{name}.indices = {indices} get-tuple-element({name}.top), index=1",
+                      f"{indent}{name}.wide = {wide} convert({name}.values)",
+                      f"{indent}{root or ''}{name} = ({wide}, {indices}) tuple({name}.wide, "
+                      f"{name}.indices)"]
+        elif bits and bits.group(6) in float32:
+            indent, root, name, shape, opcode, operand, rest = bits.groups()
+            lines.append(f"{indent}{name}.f32 = {float32[operand]} convert({operand})")
+            lines.append(f"{indent}{root or ''}{name} = {shape} {opcode}({name}.f32{rest}")
         else:
             lines.append(line.replace("f32[", "f64["))
     return "\n".join(lines)
@@ -151,6 +362,10 @@ def drift_problems(actual: list, xla: list, exact: list, rtol: float = 1e-5,
             finite = np.isfinite(x) & np.isfinite(w)
             if not np.array_equal(a[~finite], w[~finite], equal_nan=True):
                 problems.append(f"output {i}: NaN/inf elements differ from XLA's")
+                continue
+            if not np.isfinite(a[finite]).all():  # a NaN has no distance: never within it
+                problems.append(f"output {i}: {int((~np.isfinite(a[finite])).sum())} NaN/inf "
+                                f"elements where XLA's are finite")
                 continue
             ours = np.abs(a[finite] - x[finite]).max(initial=0.0)
             xlas = np.abs(w[finite] - x[finite]).max(initial=0.0)
