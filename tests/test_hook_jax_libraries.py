@@ -166,15 +166,16 @@ def start(tmp_path, script: str, env: dict) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=full_env)
 
 
-def numbers(stdout: str) -> dict:
+def numbers(stdout: str, keys=("losses", "loss", "params")) -> dict:
     return {line.split(":")[0]: [float(v) for v in line.split(":")[1].split()]
-            for line in stdout.splitlines() if line.split(":")[0] in ("losses", "loss",
-                                                                      "params")}
+            for line in stdout.splitlines() if line.split(":")[0] in keys}
 
 
-def plain_and_stitched(tmp_path, source: str) -> tuple[dict, dict, list, str]:
+def plain_and_stitched(tmp_path, source: str, keys=("losses", "loss", "params")
+                       ) -> tuple[dict, dict, list, str]:
     """Run ``source`` plainly and with the hook, both at once; (plain numbers, hooked
-    numbers, the hooked run's Reports, its stderr)."""
+    numbers, the hooked run's Reports, its stderr); the numbers are the printed lines
+    ``key: values`` of ``keys``."""
     script = tmp_path / "train.py"
     script.write_text(source)
     report_path = tmp_path / "reports.json"
@@ -189,7 +190,8 @@ def plain_and_stitched(tmp_path, source: str) -> tuple[dict, dict, list, str]:
     assert hooked.returncode == 0, err[-3000:]
     assert "jax.jit replaced: True" in out and "jax.jit replaced: False" in plain_out
     assert "left to jax.jit" not in err  # no step function escaped the hook
-    return numbers(plain_out), numbers(out), json.loads(report_path.read_text()), err
+    reports = json.loads(report_path.read_text())
+    return numbers(plain_out, keys), numbers(out, keys), reports, err
 
 
 def assert_train_step_ran_stitched(reports: list, calls: int, err: str) -> None:

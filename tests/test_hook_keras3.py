@@ -2,16 +2,11 @@
 jits its train/test/predict steps with ``jax.jit(step, donate_argnums=0, out_shardings=None)``."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from benchmarks.bench_training_loop import REPO
-from benchmarks.bench_training_loop import WITH_REPOSITORY_HOOK as WITH_PTH
+from test_hook_jax_libraries import plain_and_stitched
 
 # Dense, BatchNormalization (non-trainable state), Dropout (the seed generator's state), Adam:
 # 4 train steps, then 4 test and 4 predict steps; a fixed seed, so every run is the same job.
@@ -40,40 +35,11 @@ SCRIPT = textwrap.dedent("""
 STEPS = {"jit_train_step", "jit_test_step", "jit_predict_step"}
 
 
-def start(tmp_path, env: dict) -> subprocess.Popen:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FUSIONSTITCHING")}
-    full_env.update(env, PYTHONPATH=REPO, KERAS_HOME=str(tmp_path / "keras"),
-                    TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.Popen([sys.executable, *WITH_PTH, str(tmp_path / "train.py")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=full_env)
-
-
-def numbers(stdout: str) -> dict:
-    return {line.split(":")[0]: [float(v) for v in line.split(":")[1].split()]
-            for line in stdout.splitlines() if line.split(":")[0] in ("loss", "evaluate",
-                                                                      "predict")}
-
-
 @pytest.mark.slow  # ~60 s: two Keras start-ups, 3 step functions' kernels on 2 shared cores
 def test_keras3_fit_evaluate_predict_are_stitched(tmp_path):
     pytest.importorskip("keras", minversion="3")
-    (tmp_path / "train.py").write_text(SCRIPT)
-    report_path = tmp_path / "reports.json"
-    # Both runs at once: the plain one (XLA's executables only) is the reference.
-    plain = start(tmp_path, {})
-    hooked = start(tmp_path, {
-        "FUSIONSTITCHING": "1",
-        "FUSIONSTITCHING_FLAGS": f"--keep=stitched --verify --report={report_path} "
-                                 f"--cache_dir={tmp_path / 'cache'}"})
-    plain_out, plain_err = plain.communicate(timeout=600)
-    out, err = hooked.communicate(timeout=600)
-    assert plain.returncode == 0, plain_err[-3000:]
-    assert hooked.returncode == 0, err[-3000:]
-    assert "jax.jit replaced: True" in out and "jax.jit replaced: False" in plain_out
-    assert "left to jax.jit" not in err  # no step function escaped the hook
-
-    reports = json.loads(report_path.read_text())
+    want, got, reports, _ = plain_and_stitched(tmp_path, SCRIPT,
+                                               keys=("loss", "evaluate", "predict"))
     assert {r["module"] for r in reports} == STEPS, [r["module"] for r in reports]
     for r in reports:
         assert not r["fallbacks"], (r["module"], r["fallbacks"])
@@ -82,7 +48,6 @@ def test_keras3_fit_evaluate_predict_are_stitched(tmp_path):
         assert r["runtime"]["kept"] == "stitched" and r["runtime"]["calls"] == 4, r["runtime"]
 
     # The stitched steps train the same model: loss, metrics and predictions as XLA's.
-    got, want = numbers(out), numbers(plain_out)
     assert set(got) == {"loss", "evaluate", "predict"} and got.keys() == want.keys()
     for key in want:
         assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
