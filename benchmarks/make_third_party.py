@@ -83,8 +83,6 @@ def jax_texts(fn, args, target: str) -> tuple[str, str]:
     abstract ``args`` on ``target``: one compile, printed both ways."""
     import jax
 
-    from fusionstitching.hlo.xla_runner import optimized_hlo_text
-
     capture = _capture()
     device = jax.devices("cpu")[0] if target == "cpu" else capture._gpu_device(target)
     sharding = jax.sharding.SingleDeviceSharding(device)
@@ -96,7 +94,7 @@ def jax_texts(fn, args, target: str) -> tuple[str, str]:
 
     traced = jax.jit(fn).trace(*jax.tree.map(abstract, args))
     compiled = traced.lower().compile(capture._compiler_options(target, False, None))
-    return compiled.as_text(), optimized_hlo_text(compiled)
+    return compiled.as_text(), capture.optimized_hlo_text(compiled)
 
 
 def tf_texts(fn, specs, target: str) -> tuple[str, str]:
@@ -107,27 +105,11 @@ def tf_texts(fn, specs, target: str) -> tuple[str, str]:
     if target == "cpu":
         elided = fn.experimental_get_compiler_ir(*specs)(stage="optimized_hlo")
         return elided, capture.tf_hlo(fn, *specs)
-    from jax._src import compiler
-    from jax._src.interpreters import mlir
-    from jax._src.lib import xla_client as xc
-    from jax._src.lib.mlir import ir
-
-    from fusionstitching.hlo.xla_runner import hlo_module_text
-
-    hlo = capture.tf_hlo(fn, *specs, stage="hlo")
-    device = capture._gpu_device(target)
-    proto = xc.hlo.hlo_module_from_text(capture._route_around_copies(hlo))
-    stablehlo = xc._xla.mlir.hlo_to_stablehlo(proto.as_serialized_hlo_module_proto())
-    options = compiler.get_compile_options(
-        num_replicas=1, num_partitions=1,
-        env_options_overrides=capture._compiler_options(target, False, None))
-    with mlir.make_ir_context():
-        executable = device.client.compile(
-            ir.Module.parse(stablehlo), executable_devices=xc.DeviceList((device,)),
-            compile_options=options)
-    modules = executable.hlo_modules()
+    modules = capture._compile_hlo_modules(capture.tf_hlo(fn, *specs, stage="hlo"),
+                                           capture._gpu_device(target),
+                                           capture._compiler_options(target, False, None))
     return ("\n\n".join(m.to_string() for m in modules),
-            "\n\n".join(hlo_module_text(m) for m in modules))
+            "\n\n".join(capture.hlo_module_text(m) for m in modules))
 
 
 # =========================================================================== text handling

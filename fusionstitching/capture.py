@@ -183,6 +183,11 @@ def _jit_text(fn, args, device, options, jit_kwargs) -> str:
 
 
 def _compile_hlo_text(hlo_text: str, device, options) -> str:
+    return "\n\n".join(hlo_module_text(m) for m in _compile_hlo_modules(hlo_text, device, options))
+
+
+def _compile_hlo_modules(hlo_text: str, device, options) -> list:
+    """XLA's optimized HloModules of pre-optimization HLO text compiled for ``device``."""
     # jax internals, pinned by setup.py to jax 0.10: the same compile options jax.jit uses
     # (SPMD settings, CUDA data dir for ptxas) and its MLIR context with the needed dialects.
     from jax._src import compiler
@@ -198,7 +203,7 @@ def _compile_hlo_text(hlo_text: str, device, options) -> str:
         executable = device.client.compile(
             ir.Module.parse(stablehlo), executable_devices=xc.DeviceList((device,)),
             compile_options=compile_options)
-    return "\n\n".join(hlo_module_text(module) for module in executable.hlo_modules())
+    return executable.hlo_modules()
 
 
 # `%name = f32[4,8]{1,0} copy(` with an array (not tuple) result shape.
