@@ -295,6 +295,26 @@ def _hf_params(model, input_shape):
     return jax.eval_shape(lambda: model.init_weights(jax.random.PRNGKey(0), input_shape))
 
 
+def _hf_causal_lm_steps(model, tx):
+    """Steps of a HuggingFace Flax causal LM on token ids: next-token cross-entropy."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    params = _hf_params(model, (B, S))
+    ids = jax.ShapeDtypeStruct((B, S), jnp.int32)
+
+    def forward(p, input_ids, attention_mask):
+        return model(input_ids, attention_mask=attention_mask, params=p, train=False).logits
+
+    def loss_fn(p, input_ids, attention_mask):
+        logits = model(input_ids, attention_mask=attention_mask, params=p, train=True,
+                       dropout_rng=jax.random.PRNGKey(0)).logits
+        return optax.softmax_cross_entropy_with_integer_labels(
+            logits[:, :-1], input_ids[:, 1:]).mean()
+    return _hf_steps(loss_fn, forward, tx, params, (ids, ids))
+
+
 def _hf_steps(loss_fn, forward, tx, params, batch):
     """``loss_fn(params, *batch)``; ``forward(params, *batch)``: train step with optax."""
     import jax
@@ -314,25 +334,12 @@ def _hf_steps(loss_fn, forward, tx, params, batch):
           dict(model="FlaxGPT2LMHeadModel", vocab_size=VOCAB, n_positions=64, n_embd=32,
                n_layer=2, n_head=2, n_inner=64, dropout=0.0, batch=B, seq=S))
 def transformers_gpt2():
-    import jax
-    import jax.numpy as jnp
     import optax
 
     model = _hf_model("FlaxGPT2LMHeadModel", "GPT2Config", vocab_size=VOCAB, n_positions=64,
                       n_embd=32, n_layer=2, n_head=2, n_inner=64, resid_pdrop=0.0,
                       embd_pdrop=0.0, attn_pdrop=0.0)
-    params = _hf_params(model, (B, S))
-    ids = jax.ShapeDtypeStruct((B, S), jnp.int32)
-
-    def forward(p, input_ids, attention_mask):
-        return model(input_ids, attention_mask=attention_mask, params=p, train=False).logits
-
-    def loss_fn(p, input_ids, attention_mask):
-        logits = model(input_ids, attention_mask=attention_mask, params=p, train=True,
-                       dropout_rng=jax.random.PRNGKey(0)).logits
-        return optax.softmax_cross_entropy_with_integer_labels(
-            logits[:, :-1], input_ids[:, 1:]).mean()
-    return _hf_steps(loss_fn, forward, optax.adamw(1e-3, weight_decay=0.01), params, (ids, ids))
+    return _hf_causal_lm_steps(model, optax.adamw(1e-3, weight_decay=0.01))
 
 
 @register("transformers", "transformers", "llama", "jax (flax.linen)",
@@ -342,26 +349,13 @@ def transformers_gpt2():
                num_key_value_heads=2, max_position_embeddings=64, batch=B, seq=S,
                rope="sin/cos table from numpy (create_sinusoidal_positions)"))
 def transformers_llama():
-    import jax
-    import jax.numpy as jnp
     import optax
 
     model = _hf_model("FlaxLlamaForCausalLM", "LlamaConfig", vocab_size=VOCAB, hidden_size=32,
                       intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=64)
-    params = _hf_params(model, (B, S))
-    ids = jax.ShapeDtypeStruct((B, S), jnp.int32)
-
-    def forward(p, input_ids, attention_mask):
-        return model(input_ids, attention_mask=attention_mask, params=p, train=False).logits
-
-    def loss_fn(p, input_ids, attention_mask):
-        logits = model(input_ids, attention_mask=attention_mask, params=p, train=True,
-                       dropout_rng=jax.random.PRNGKey(0)).logits
-        return optax.softmax_cross_entropy_with_integer_labels(
-            logits[:, :-1], input_ids[:, 1:]).mean()
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
-    return _hf_steps(loss_fn, forward, tx, params, (ids, ids))
+    return _hf_causal_lm_steps(
+        model, optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3)))
 
 
 @register("transformers", "transformers", "bert", "jax (flax.linen)",
