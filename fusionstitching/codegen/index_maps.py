@@ -13,7 +13,7 @@ import re
 from ..hlo.evaluator import parse_literal
 from ..hlo.ir import Shape
 from .flatten import FlatOp
-from .kernel_ir import Ix, add, delinearize, ix, linearize, row_major, scale, value_range
+from .kernel_ir import Ix, Var, add, delinearize, ix, linearize, row_major, scale, value_range
 
 
 def slice_starts_strides(op: FlatOp) -> list[tuple[int, int]]:
@@ -72,3 +72,24 @@ def _concatenated(ops: dict[str, FlatOp], op: FlatOp, index: tuple[Ix, ...]) -> 
             return known_index(ops, name, local)
         start += size.dims[dim]
     return None
+
+
+def iota_starts(ops: dict[str, FlatOp], op: FlatOp, to_operand: tuple[int, ...], vector_dim: int,
+                extents: tuple[int, ...], size: list[int], operand: Shape) -> dict[int, int]:
+    """A scatter's operand dims whose start index is, for every window, the window's own
+    coordinate on one scatter dim (``indices = concatenate(iota, labels)``), mapped to that
+    scatter dim. Taken only for windows of size 1 there and a scatter dim that covers every
+    row (each row then receives exactly the one window at its own coordinate)."""
+    coordinates = [Var(f"window{s}", n) for s, n in enumerate(extents)]
+    indices_rank = ops[op.operands[1]].shape.rank
+    fixed: dict[int, int] = {}
+    for k, d in enumerate(to_operand):
+        batch = [ix(v) for v in coordinates]
+        at = batch[:vector_dim] + [ix(k)] + batch[vector_dim:] \
+            if vector_dim < indices_rank else batch
+        start = known_index(ops, op.operands[1], tuple(at))
+        for s, v in enumerate(coordinates):
+            if start == ix(v) and size[d] == 1 and operand.dims[d] <= extents[s] \
+                    and s not in fixed.values():
+                fixed[d] = s
+    return fixed

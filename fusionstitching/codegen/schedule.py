@@ -94,7 +94,7 @@ from ..hlo.evaluator import _Window as Window
 from ..hlo.evaluator import parse_literal
 from ..hlo.ir import Shape
 from .flatten import CodegenError, FlatOp, Pattern
-from .index_maps import known_index, slice_starts_strides
+from .index_maps import iota_starts, known_index, slice_starts_strides
 from .kernel_ir import strides as _element_strides
 from .kernel_ir import (DTYPE_BYTES, WARP, Accumulate, Barrier, BlockReduce, Buffer, Compute,
                         Const, ConstArray, ConstLoad, DynamicIndex, GlobalLoad, GlobalStore, If,
@@ -769,7 +769,7 @@ class _Emitter:
             size[d] = updates.dims[u]
         # Operand dim -> scatter dim whose window coordinate *is* the start there (an iota in
         # the indices): only the window at index[d] on that scatter dim can land.
-        fixed = self.iota_starts(op, to_operand, vector_dim, extents, size, operand)
+        fixed = iota_starts(self.ops, op, to_operand, vector_dim, extents, size, operand)
         free = [s for s in range(len(extents)) if s not in fixed.values()]
         windows = math.prod(extents[s] for s in free)
         if windows > MAX_SCATTER_WINDOWS:
@@ -828,26 +828,6 @@ class _Emitter:
         # instead of once per element.
         return self.combine_in_order(op.reducer, dtype, init, windows, window_value,
                                      self.index_depth(*index), UNROLLED_SCATTER_WINDOWS)
-
-    def iota_starts(self, op: FlatOp, to_operand: tuple[int, ...], vector_dim: int,
-                    extents: tuple[int, ...], size: list[int], operand: Shape) -> dict[int, int]:
-        """Operand dims whose start index is, for every window, the window's own coordinate
-        on one scatter dim (``indices = concatenate(iota, labels)``), mapped to that scatter
-        dim. Taken only for windows of size 1 there and a scatter dim that covers every row
-        (each row then receives exactly the one window at its own coordinate)."""
-        coordinates = [Var(f"window{s}", n) for s, n in enumerate(extents)]
-        indices_rank = self.ops[op.operands[1]].shape.rank
-        fixed: dict[int, int] = {}
-        for k, d in enumerate(to_operand):
-            batch = [ix(v) for v in coordinates]
-            at = batch[:vector_dim] + [ix(k)] + batch[vector_dim:] \
-                if vector_dim < indices_rank else batch
-            start = known_index(self.ops, op.operands[1], tuple(at))
-            for s, v in enumerate(coordinates):
-                if start == ix(v) and size[d] == 1 and operand.dims[d] <= extents[s] \
-                        and s not in fixed.values():
-                    fixed[d] = s
-        return fixed
 
     def combine_in_order(self, kind: str, dtype: str, init: tuple[Value, int], count: int,
                          term, depth: int, unrolled: int) -> tuple[Value, int]:
