@@ -53,7 +53,7 @@ OPAQUE_OPCODES = {"dot", "convolution", "custom-call", "while", "conditional", "
 def classify_instruction(inst: Instruction, module: Module) -> OpClass:
     """Op class of one instruction; a fusion gets the heaviest class of its fused ops."""
     op = inst.opcode
-    if op in NOOP_OPCODES:
+    if op in NOOP_OPCODES or elements(inst.shape) == 0:  # an empty array launches nothing
         return OpClass.NOOP
     if op == "fusion":
         fused = module.computation(inst.called_computations[0])
