@@ -475,3 +475,80 @@ def test_gather_form_scatter_is_modeled_faster_than_xla_kernels_it_replaces():
     xla = sum(costmodel.kernel_latency_us(xla_kernel_profile(graph, n, device), device).total_us
               for n in nodes)
     assert modeled_kernel_us(codegen.generate(module, nodes, "k"), device) < xla
+
+
+LAYERNORM_ROWS = """HloModule layernorm_rows
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (x: f32[8,384], bias: f32[384], gamma: f32[384], beta: f32[384]) -> f32[8,384] {
+  %x = f32[8,384]{1,0} parameter(0)
+  %bias = f32[384]{0} parameter(1)
+  %gamma = f32[384]{0} parameter(2)
+  %beta = f32[384]{0} parameter(3)
+  %bb = f32[8,384]{1,0} broadcast(%bias), dimensions={1}
+  %y = f32[8,384]{1,0} add(%x, %bb)
+  %zero = f32[] constant(0)
+  %sum = f32[8]{0} reduce(%y, %zero), dimensions={1}, to_apply=%add
+  %n = f32[] constant(0.0026041667)
+  %nb = f32[8]{0} broadcast(%n), dimensions={}
+  %mean = f32[8]{0} multiply(%sum, %nb)
+  %mb = f32[8,384]{1,0} broadcast(%mean), dimensions={0}
+  %c = f32[8,384]{1,0} subtract(%y, %mb)
+  %c2 = f32[8,384]{1,0} multiply(%c, %c)
+  %ss = f32[8]{0} reduce(%c2, %zero), dimensions={1}, to_apply=%add
+  %var = f32[8]{0} multiply(%ss, %nb)
+  %e = f32[] constant(1e-06)
+  %eb = f32[8]{0} broadcast(%e), dimensions={}
+  %ve = f32[8]{0} add(%var, %eb)
+  %r = f32[8]{0} rsqrt(%ve)
+  %rb = f32[8,384]{1,0} broadcast(%r), dimensions={0}
+  %gb = f32[8,384]{1,0} broadcast(%gamma), dimensions={1}
+  %betab = f32[8,384]{1,0} broadcast(%beta), dimensions={1}
+  %nrm = f32[8,384]{1,0} multiply(%c, %rb)
+  %sc = f32[8,384]{1,0} multiply(%nrm, %gb)
+  ROOT %out = f32[8,384]{1,0} add(%sc, %betab)
+}
+"""
+
+
+@needs_ptxas
+def test_loads_after_a_warp_reduction_are_issued_in_its_latency_not_at_the_blocks_start():
+    """ConvNeXt's LayerNorm rows (one warp per row of 384): ptxas issues gamma's and beta's
+    loads inside the first warp reduction (SASS), not above the row's own loads, so they do
+    not live beside them (model 64 when hoisted to the block's start; ptxas 48)."""
+    module = parse_module(LAYERNORM_ROWS)
+    nodes = [i.name for i in module.entry.instructions
+             if i.opcode not in ("parameter", "constant")]
+    spec = codegen.generate(module, nodes, "layernorm_rows")
+    assert "warp schedule" in spec.why
+    assert _within(register_model(spec), codegen.compile_nvptx(spec, "sm_90").regs)
+
+
+@needs_ptxas
+def test_stores_to_one_buffer_at_constant_distances_share_one_address():
+    """A thread schedule's stages store one thread's 8 results to one buffer, 40 elements
+    apart: the SASS addresses all of them from one register pair ([R2.64+0xa0], ...), so
+    the block's stores hold one address, not 8 (model 32, ptxas 22, when it held 8)."""
+    tid, bid = Var("tid", 64), Var("bid", 1)
+    rows, n = 40, 8
+    shape = Shape("f32", (n, rows), (1, 0))
+    xs = [Value(f"x{k}", "f32") for k in range(n)]
+    body = [GlobalLoad(x, 0, add(tid, rows * k)) for k, x in enumerate(xs)]
+    total = xs[0]
+    for k, x in enumerate(xs[1:]):
+        partial = Value(f"s{k}", "f32")
+        body.append(Compute(partial, "add", [total, x]))
+        total = partial
+    for k, x in enumerate(xs):
+        centered = Value(f"d{k}", "f32")
+        body += [Compute(centered, "subtract", [x, total]),
+                 GlobalStore(1, add(tid, rows * k), centered)]
+    kernel = Kernel("centered_columns", [Buffer("x", shape, False), Buffer("out", shape, True)],
+                    (1,), (64,), [], [If(ix(tid), ix(rows), body, cmp="lt")], tid, bid)
+    spec = _spec(kernel)
+    assert _within(register_model(spec), codegen.compile_nvptx(spec, "sm_90").regs)

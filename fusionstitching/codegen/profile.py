@@ -21,8 +21,11 @@ allocates registers for (observed in its PTX for the corpus kernels, LLVM O3):
 * outside loops, ptxas issues an input's load at the start of its straight-line block (after
   the last branch, loop or barrier) to hide its latency, so the value is live from there to
   its last use (seen in the unrolled warp schedules: loads after the shuffles are hoisted
-  above them), as long as that keeps the occupancy the block size allows (32 registers for
-  blocks of 64 threads or more; 64 for one-warp blocks, of which an SM holds only 32);
+  above them, but a load after the block's first warp reduction only up to that
+  reduction, in whose latency it is issued: ConvNeXt's LayerNorm rows load gamma and beta
+  between the first reduction's shuffles), as long as that keeps the occupancy the block
+  size allows (32 registers for blocks of 64 threads or more; 64 for one-warp blocks, of
+  which an SM holds only 32);
   beyond, ptxas issues loads where they are used and may spill a little to stay there;
 * a buffer's base address is a kernel parameter that ptxas reads from the constant bank where
   it is needed (no register); a loop steps one 64-bit pointer per distinct access whose index
@@ -38,7 +41,9 @@ allocates registers for (observed in its PTX for the corpus kernels, LLVM O3):
   a store's base address is read from the constant bank at the start of its straight-line
   block, as loads are hoisted, so its register pair lives from there (SASS of a packed
   kernel: the 15 output pointers of a block of scalar stores all read before its first
-  store; model 15, ptxas 42 before this rule), while a load's address dies at the load;
+  store; model 15, ptxas 42 before this rule), one per buffer and varying part of the index
+  (stores at constant distances are [reg+imm] from one register pair), while a load's
+  address dies at the load;
 * a multi-instruction op (libdevice, IEEE division and square root) holds temporaries, more
   for the libdevice functions measured to need more (sine, cosine, tan, atan2, power, ...);
 * scalar constants, and elements of constant arrays at a known index (LLVM folds the load
@@ -405,6 +410,7 @@ class _Lifetimes:
         self.iteration: tuple = ()
         self.fresh = itertools.count()
         self.region = 0  # where the current straight-line block begins (loads hoist to it)
+        self.first_reduce = None  # its first warp reduction: later loads hoist only to it
         self.stores_in_block: dict[int, int] = {}  # distinct store addresses per block
 
     # registers
@@ -504,7 +510,9 @@ class _Lifetimes:
             self.use(base)
         self.use_index(offset)
         pattern = tuple(sorted(self.unrolled_terms(offset)))
-        address = ("address", loop and loop.first, buffer, str(offset), pattern)  # in its loop
+        # Stores that differ by a constant share one 64-bit address, [reg+imm] in the SASS.
+        where = str(Ix(offset.terms)) if store else str(offset)
+        address = ("address", loop and loop.first, buffer, where, pattern)  # in its loop
         # A store's base is read at the start of its block (see the module docstring).
         hoisted = loop is None and self.hoist_loads and store and address not in self.start
         if hoisted:
@@ -527,12 +535,15 @@ class _Lifetimes:
     # statements
     def walk(self, body: list) -> None:
         outer_region, self.region = self.region, self.pos + 1
+        outer_reduce, self.first_reduce = self.first_reduce, None
         for s in body:
             self.pos += 1
             self.statement(s)
             if isinstance(s, (Loop, If, Barrier)):
-                self.region = self.pos
-        self.region = outer_region
+                self.region, self.first_reduce = self.pos, None
+            elif isinstance(s, (WarpReduce, BlockReduce)) and self.first_reduce is None:
+                self.first_reduce = self.pos
+        self.region, self.first_reduce = outer_region, outer_reduce
 
     def statement(self, s) -> None:
         match s:
@@ -580,7 +591,8 @@ class _Lifetimes:
                 if self.reuse(s.dst, cse_key):
                     return
                 self.access(s.buffer, s.offset)
-                self.define_reusable(s.dst, cse_key, at=self.region if reusable
+                hoist_to = self.region if self.first_reduce is None else self.first_reduce
+                self.define_reusable(s.dst, cse_key, at=hoist_to if reusable
                                      and not self.rolled and self.hoist_loads else None)
             case GlobalStore():
                 self.access(s.buffer, s.offset, store=True)
