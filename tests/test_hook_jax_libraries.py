@@ -126,6 +126,7 @@ KERAS_HUB_GPT2 = textwrap.dedent("""
     import keras
     import keras_hub
     import jax
+    from benchmarks.tf_scripts.step_losses import StepLosses
     print("jax.jit replaced:", hasattr(jax.jit, "fusionstitching_original"))
     keras.utils.set_random_seed(0)
     vocab, seq, batch, steps = 64, 16, 8, 4
@@ -138,16 +139,6 @@ KERAS_HUB_GPT2 = textwrap.dedent("""
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, vocab, (steps * batch, seq + 1)).astype("int32")
     x = {"token_ids": tokens[:, :-1], "padding_mask": np.ones((steps * batch, seq), "int32")}
-
-
-    class StepLosses(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.losses = []
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.losses.append(float(logs["loss"]))
-
 
     recorder = StepLosses()
     history = lm.fit(x, tokens[:, 1:], batch_size=batch, epochs=1, shuffle=False, verbose=0,

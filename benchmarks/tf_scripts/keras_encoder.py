@@ -14,6 +14,7 @@ import sys
 
 import keras
 import numpy as np
+from step_losses import StepLosses  # beside this script
 
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 batch, seq, vocab, dim, heads = 8, 16, 64, 32, 4
@@ -33,15 +34,6 @@ model = keras.Model(inputs, outputs)
 model.compile(optimizer=keras.optimizers.Adam(1e-3),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
               jit_compile=True)
-
-
-class StepLosses(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.losses = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.losses.append(float(logs["loss"]))
 
 
 recorder = StepLosses()
