@@ -1,14 +1,15 @@
 """Run the GPU kit (benchmarks/gpu_kit.py prepares it) on a machine with an NVIDIA GPU.
 
-    python benchmarks/gpu_check.py [--kit .gpu_kit] [--out DIR] [--budget_s 300] [--only A,B]
+    python benchmarks/gpu_check.py [--stages kernels,modules|profile] [--budget_s 300] [--only A,B]
+    python benchmarks/gpu_check.py --table RESULT.json.gz...
 
-Two measurements against XLA:GPU on the same card, printed and written to DIR/gpu_check.json:
-  kernels: every stitched kernel loaded from its PTX (CuPy; the CUDA driver assembles it), run
-           on random inputs and timed with CUDA events: measured us next to modeled us;
-  modules: XLA's module and the stitched one (launcher custom calls, runtime/gpu.py) compiled
-           by XLA:GPU, run on the same inputs, outputs checked against XLA's f64 result
-           (xla_runner.drift_problems), step times taken in interleaved rounds.
-Without a GPU it says so and exits 0.
+Measured against XLA:GPU on the same card, printed and written to DIR/gpu_check_STAGES.json.gz:
+  kernels: every stitched kernel loaded from its PTX (CuPy), timed with CUDA events;
+  modules: XLA's module and the stitched one (runtime/gpu.py) compiled by XLA:GPU, checked
+           against XLA's f64 result, step times in interleaved rounds;
+  profile: GPU time per step of both, through CUPTI (PyTorch's profiler).
+Without a GPU it says so and exits 0. CuPy and PyTorch are imported only where used: they
+exist on the GPU machine, not in the package's dependencies.
 """
 from __future__ import annotations
 
@@ -24,18 +25,21 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fusionstitching import pipeline  # noqa: E402
 from fusionstitching.hlo.ir import NUMPY_DTYPES  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
 from fusionstitching.hlo.xla_runner import drift_problems, widened_to_f64  # noqa: E402
-from fusionstitching.runtime import gpu  # noqa: E402
+from fusionstitching.runtime import gpu, xla  # noqa: E402
 from fusionstitching.runtime.rewrite import RewriteError  # noqa: E402
 
 ROUNDS = 5  # interleaved timing rounds per executable
@@ -189,9 +193,6 @@ def time_module_kernels(entry: dict) -> tuple[list[dict], list[str]]:
 
 def time_all_kernels(entries: list[dict], result: dict) -> None:
     """Kernel timings of every module, one worker process at a time, restarted after a crash."""
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
-
     context = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(1, mp_context=context)
     try:
@@ -240,12 +241,18 @@ def verdict(actual: list, expected: list, exact: list, finite: float
     return ("no verdict" if chaotic == len(expected) else "f64"), [], chaotic
 
 
+def executions(executable, buffers):
+    """``run(n)``: n asynchronous executions on the device buffers, then a wait for the last."""
+    def run(n: int) -> None:
+        out = None
+        for _ in range(n):
+            out = executable.execute_sharded(buffers)
+        jax.block_until_ready(out.disassemble_into_single_device_arrays())
+    return run
+
+
 def run_module(entry: dict, device, compute_capability: int) -> dict:
     """XLA's and the stitched module on the same inputs: checked, then timed."""
-    import jax
-
-    from fusionstitching.runtime import xla
-
     row = dict(module=entry["name"], kernels=len(entry["kernels"]),
                modeled_xla_us=entry["modeled"]["xla_us"], modeled_fs_us=entry["modeled"]["fs_us"],
                xla_mem_kernels=entry["modeled"]["xla_mem_kernels"],
@@ -279,17 +286,10 @@ def run_module(entry: dict, device, compute_capability: int) -> dict:
         row["problems"] = [f"no f64 reference ({type(exc).__name__})"]
         row["check"] = ("f32 1e-4" if ok else f"MISMATCH f32 (max abs {max_abs:.3g})")
 
-    def runner(executable):
-        def run(n: int) -> None:
-            out = None
-            for _ in range(n):
-                out = executable.execute_sharded(buffers)
-            jax.block_until_ready(out.disassemble_into_single_device_arrays())
-        return run
-
     # XLA's executable twice: how far two timings of the same executable are apart.
-    seconds = interleaved_seconds({"xla": runner(baseline), "fs": runner(stitched),
-                                   "xla_again": runner(baseline)})
+    seconds = interleaved_seconds({"xla": executions(baseline, buffers),
+                                   "fs": executions(stitched, buffers),
+                                   "xla_again": executions(baseline, buffers)})
     row["xla_us"], row["fs_us"] = seconds["xla"] * 1e6, seconds["fs"] * 1e6
     row["speedup"] = seconds["xla"] / seconds["fs"]
     row["noise"] = abs(seconds["xla_again"] / seconds["xla"] - 1)
@@ -298,8 +298,6 @@ def run_module(entry: dict, device, compute_capability: int) -> dict:
 
 def compiled_pair(entry: dict, device, compute_capability: int):
     """(XLA's executable, the stitched one, the module as parsed)."""
-    from fusionstitching.runtime import xla
-
     stitched_text = with_launch_configs(entry["stitched_hlo"], entry["kernels"],
                                         compute_capability)
     if entry["kernels"]:
@@ -312,23 +310,19 @@ def compiled_pair(entry: dict, device, compute_capability: int):
 def gpu_kernel_times(executable, buffers, calls: int = 3) -> dict:
     """GPU activity of ``calls`` executions, from CUPTI through PyTorch's profiler: per
     activity name (kernels, copies) its count and microseconds, per execution."""
-    import jax
     from torch.profiler import ProfilerActivity, profile
 
-    jax.block_until_ready(executable.execute_sharded(buffers)
-                          .disassemble_into_single_device_arrays())
+    run = executions(executable, buffers)
+    run(1)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
-            out = executable.execute_sharded(buffers)
-            jax.block_until_ready(out.disassemble_into_single_device_arrays())
+            run(1)
     return {a.key: dict(count=a.count / calls, us=a.self_device_time_total / calls)
             for a in prof.key_averages() if a.self_device_time_total > 0}
 
 
 def profile_module(entry: dict, device, compute_capability: int) -> dict:
     """XLA's kernels and ours as the GPU ran them inside the two executables."""
-    import jax
-
     baseline, stitched, module = compiled_pair(entry, device, compute_capability)
     with jax.enable_x64(True):
         buffers = jax.device_put(pipeline.random_inputs(module, seed=0), device)
@@ -345,21 +339,12 @@ def profile_module(entry: dict, device, compute_capability: int) -> dict:
 
 def dispatch_floor_us(device) -> float:
     """Step time of a module with one tiny kernel: the host's dispatch cost per call."""
-    import jax
-
-    from fusionstitching.runtime import xla
-
     text = ("HloModule floor\n\nENTRY main {\n  p = f32[4] parameter(0)\n"
             "  ROOT n = f32[4] negate(p)\n}\n")
     executable = xla.compile_hlo(text, device)
     buffers = [jax.device_put(np.zeros(4, np.float32), device)]
 
-    def run(n: int) -> None:
-        out = None
-        for _ in range(n):
-            out = executable.execute_sharded(buffers)
-        jax.block_until_ready(out.disassemble_into_single_device_arrays())
-    return interleaved_seconds({"floor": run})["floor"] * 1e6
+    return interleaved_seconds({"floor": executions(executable, buffers)})["floor"] * 1e6
 
 
 # -- main ---------------------------------------------------------------------------------------
@@ -394,8 +379,6 @@ def table(results: list[dict]) -> str:
 def find_gpu():
     """(jax CUDA device, description) or (None, why not)."""
     try:
-        import jax
-
         devices = jax.devices("gpu")
     except Exception as exc:
         return None, f"{type(exc).__name__}: {exc}"
@@ -417,7 +400,7 @@ def main(argv=None) -> int:
                     help="print the measured table of these result files and exit")
     opts = ap.parse_args(argv)
     if opts.table:
-        print(table([json.loads(p.read_text()) for p in opts.table]))
+        print(table([json.loads(gzip.decompress(p.read_bytes())) for p in opts.table]))
         return 0
     device, about = find_gpu()
     if device is None:
@@ -432,10 +415,10 @@ def main(argv=None) -> int:
     cc = int(float(getattr(device, "compute_capability", "9.0")) * 10)
     stages = opts.stages.split(",")
     result = dict(device=about, kernels=[], modules=[], profiles=[], errors=[])
-    path = opts.out / f"gpu_check_{'_'.join(stages)}.json"
+    path = opts.out / f"gpu_check_{'_'.join(stages)}.json.gz"
 
     def save() -> None:
-        path.write_text(json.dumps(result, indent=1))
+        path.write_bytes(gzip.compress(json.dumps(result).encode()))
 
     if "kernels" in stages:
         if importlib.util.find_spec("cupy") is None:
