@@ -6,6 +6,7 @@ from fusionstitching.graph import OpClass, build_graph
 from fusionstitching.graph.traffic import (acyclic_lower_bound_bytes, memory_intensive_regions,
                                           pattern_traffic, plan_bytes)
 from fusionstitching.hlo.parser import parse_file, parse_module
+from fusionstitching.pipeline import Options, stitch_module
 
 DATA = Path(__file__).parent / "data" / "hlo"
 
@@ -266,3 +267,26 @@ def test_a_kernel_on_a_cycle_is_split_in_two_where_both_halves_build():
     kernels, _ = dag.split_cycles([ab, cd], [[ab], [cd]], lambda nodes: nodes != asked[0])
     assert sorted(map(sorted, kernels)) == [["a", "b"], ["c"], ["c2"], ["d"], ["d2"]]
     assert not kernels_form_a_cycle(dag, kernels)
+
+
+ZERO_SIZED = """HloModule zero_sized
+
+ENTRY %main (p: f32[8]) -> (f32[8], u8[0]) {
+  %p = f32[8]{0} parameter(0)
+  %c = u8[] constant(0)
+  %b = u8[0]{0} broadcast(%c), dimensions={}
+  %n = f32[8]{0} negate(%p)
+  %e = f32[8]{0} exponential(%n)
+  ROOT %t = (f32[8]{0}, u8[0]{0}) tuple(%e, %b)
+}
+"""
+
+
+def test_an_empty_array_launches_nothing_and_does_not_stop_the_plan():
+    # cuDNN's workspace written as HLO is a u8[0]; the explorer divided by its 0 threads.
+    module = parse_module(ZERO_SIZED)
+    graph = build_graph(module)
+    assert graph.nodes["b"].op_class == OpClass.NOOP and not graph.nodes["b"].is_kernel
+    result = stitch_module(module, Options(verify=True))
+    assert [sorted(k.pattern.nodes) for k in result.kernels] == [["e", "n"]]
+    assert result.report.verify.ok and not result.report.verify.vacuous
