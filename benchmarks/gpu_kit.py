@@ -32,8 +32,7 @@ from fusionstitching.hlo.parser import parse_module  # noqa: E402
 from fusionstitching.hlo.printer import print_module  # noqa: E402
 from fusionstitching.hlo.xla_runner import cudnn_calls_as_hlo  # noqa: E402
 from fusionstitching.runtime import gpu  # noqa: E402
-from fusionstitching.codegen import compile_nvptx  # noqa: E402
-from fusionstitching.runtime.rewrite import (RewriteError, normalize_for_xla,  # noqa: E402
+from fusionstitching.runtime.rewrite import (normalize_for_xla,  # noqa: E402
                                              refuse_configured_custom_calls, replace_patterns,
                                              rewrite_module)
 
@@ -112,14 +111,8 @@ def with_convolutions(module, result=None) -> str:
     """The GPU rewrite (runtime/gpu.py) of a module with cuDNN calls, which the runtime
     leaves to XLA (their configuration does not survive the rewrite): here each call is
     written as the HLO convolution it stands for, and XLA:GPU derives its cuDNN call again."""
-    kernels, configs = [], []
-    for k in result.kernels if result else []:
-        try:
-            launch = gpu.launch_for(k.spec, k.nvptx or compile_nvptx(k.spec, "sm_90"))
-        except RewriteError:
-            continue
-        kernels.append(k)
-        configs.append(gpu.backend_config(launch))
+    kernels, launches = gpu.launchable(result) if result else ([], [])
+    configs = [gpu.backend_config(launch) for launch in launches]
     replaced = replace_patterns(module, kernels, [k.spec.name for k in kernels], configs)
     plain = parse_module(cudnn_calls_as_hlo(print_module(replaced)))
     refuse_configured_custom_calls(plain)

@@ -47,7 +47,11 @@ import sys
 import zlib
 from dataclasses import dataclass
 
+import costmodel
+
+from ..codegen import compile_nvptx
 from ..hlo.ir import Module, Shape
+from ..hlo.printer import print_module
 from ..report import Fallback
 from .ffi import TARGET_PREFIX
 from .rewrite import RewriteError, rewrite_module
@@ -216,10 +220,15 @@ def rewrite_for_gpu(module: Module, result, arch: str | None = None) -> str:
     whose PTX was built for another one (or not built) is generated again. A kernel that
     cannot be launched this way is left to XLA, with a warning and a ``gpu-launch`` entry in
     ``result.report.fallbacks``. A module that cannot be rewritten raises RewriteError."""
-    import costmodel
-    from ..codegen import compile_nvptx
-    from ..hlo.printer import print_module
+    kernels, launches = launchable(result, arch)
+    configs = [backend_config(launch) for launch in launches]
+    rewritten = rewrite_module(module, kernels, [launch.target for launch in launches], configs)
+    return print_module(rewritten)
 
+
+def launchable(result, arch: str | None = None) -> tuple[list, list[Launch]]:
+    """The kernels of ``result`` that the launcher can run, with their launches (see
+    ``rewrite_for_gpu``); the others are left to XLA with a ``gpu-launch`` fallback."""
     arch = arch or costmodel.load_device(result.report.target).sm_arch
     kernels, launches = [], []
     for kernel in result.kernels:
@@ -236,9 +245,7 @@ def rewrite_for_gpu(module: Module, result, arch: str | None = None) -> str:
                                                     why))
             continue
         kernels.append(kernel)
-    configs = [backend_config(launch) for launch in launches]
-    rewritten = rewrite_module(module, kernels, [launch.target for launch in launches], configs)
-    return print_module(rewritten)
+    return kernels, launches
 
 
 def compile_for_gpu_deviceless(hlo_text: str, target: str = "h100") -> str:
