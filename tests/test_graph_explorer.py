@@ -290,3 +290,47 @@ def test_an_empty_array_launches_nothing_and_does_not_stop_the_plan():
     result = stitch_module(module, Options(verify=True))
     assert [sorted(k.pattern.nodes) for k in result.kernels] == [["e", "n"]]
     assert result.report.verify.ok and not result.report.verify.vacuous
+
+
+COUNTED_LOOP = """HloModule counted_loop
+
+%cond (c: (s32[], f32[64])) -> pred[] {
+  %c = (s32[], f32[64]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%c), index=0
+  %n = s32[] constant(8)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (b: (s32[], f32[64])) -> (s32[], f32[64]) {
+  %b = (s32[], f32[64]{0}) parameter(0)
+  %j = s32[] get-tuple-element(%b), index=0
+  %one = s32[] constant(1)
+  %next = s32[] add(%j, %one)
+  %v = f32[64]{0} get-tuple-element(%b), index=1
+  %w = f32[64]{0} negate(%v)
+  ROOT %r = (s32[], f32[64]{0}) tuple(%next, %w)
+}
+
+ENTRY %main (x: f32[64]) -> (s32[], f32[64]) {
+  %x = f32[64]{0} parameter(0)
+  %zero = s32[] constant(0)
+  %first = s32[] copy(%zero)
+  %start = s32[] copy(%first)
+  %e = f32[64]{0} exponential(%x)
+  %m = f32[64]{0} multiply(%e, %x)
+  %t = (s32[], f32[64]{0}) tuple(%start, %m)
+  ROOT %loop = (s32[], f32[64]{0}) while(%t), condition=%cond, body=%body
+}
+"""
+
+
+def test_a_loops_counter_start_stays_xlas():
+    # XLA:GPU reads a loop's trip count from the counter's start value; from our kernel's
+    # output it could not, and each iteration would wait on the host.
+    module = parse_module(COUNTED_LOOP)
+    graph = build_graph(module)
+    assert {n for n in ("zero", "first", "start", "e") if graph.nodes[n].op_class
+            == OpClass.OPAQUE} == {"first", "start"}
+    result = stitch_module(module, Options(verify=True))
+    assert [sorted(k.pattern.nodes) for k in result.kernels] == [["e", "m"]]
+    assert result.report.verify.ok
