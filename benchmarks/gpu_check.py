@@ -7,7 +7,8 @@ Measured against XLA:GPU on the same card, printed and written to DIR/gpu_check_
   kernels: every stitched kernel loaded from its PTX (CuPy), timed with CUDA events;
   modules: XLA's module and the stitched one (runtime/gpu.py) compiled by XLA:GPU, checked
            against XLA's f64 result, step times in interleaved rounds;
-  profile: GPU time per step of both, through CUPTI (PyTorch's profiler).
+  profile: GPU time per step of both, through CUPTI (PyTorch's profiler);
+  variants: step times with our calls in or out of XLA's command buffers (CUDA graphs).
 Without a GPU it says so and exits 0. CuPy and PyTorch are imported only where used: they
 exist on the GPU machine, not in the package's dependencies.
 """
@@ -307,6 +308,51 @@ def compiled_pair(entry: dict, device, compute_capability: int):
     return baseline, stitched, parse_module(entry["baseline_hlo"])
 
 
+# Command buffers (CUDA graphs) with XLA's default command kinds minus custom calls, as in
+# XLA's DebugOptions on jax 0.10-0.11: our launcher calls then run between the graphs.
+WITHOUT_CUSTOM_CALLS = "FUSION,CUBLAS,CUBLASLT,CUDNN,CONDITIONAL,DYNAMIC_SLICE_FUSION"
+
+
+def variant_executables(entry: dict, device, compute_capability: int) -> tuple[dict, object]:
+    """XLA's and the stitched module compiled the ways that change how XLA's executable
+    dispatches our launcher calls (see ``run_variants``), and the parsed module. (The FFI
+    trait that declares a call graph-safe cannot be set through the CUDA plugin: "The plugin
+    does not support custom call traits", jax 0.10.2.)"""
+    text = with_launch_configs(entry["stitched_hlo"], entry["kernels"], compute_capability)
+    gpu.register_launch_targets([k["name"] for k in entry["kernels"]])
+    no_graphs = {"xla_gpu_enable_command_buffer": ""}
+    compiles = {
+        "xla": (entry["baseline_hlo"], None),
+        "fs": (text, None),
+        "fs_calls_outside_graphs": (text, {"xla_gpu_enable_command_buffer":
+                                           WITHOUT_CUSTOM_CALLS}),
+        "xla_no_graphs": (entry["baseline_hlo"], no_graphs),
+        "fs_no_graphs": (text, no_graphs),
+    }
+    executables = {name: xla.compile_hlo(hlo, device, debug_options=options)
+                   for name, (hlo, options) in compiles.items()}
+    return executables, parse_module(entry["baseline_hlo"])
+
+
+def run_variants(entry: dict, device, compute_capability: int) -> dict:
+    """Step time of each variant, interleaved, and whether its outputs equal the default
+    stitched executable's (the same kernels run; only the dispatch differs)."""
+    executables, module = variant_executables(entry, device, compute_capability)
+    with jax.enable_x64(True):
+        buffers = jax.device_put(pipeline.random_inputs(module, seed=0), device)
+    reference = [np.asarray(a) for a in xla.execute(executables["fs"], buffers)]
+    same = {}
+    for name, executable in executables.items():
+        if name.startswith("fs"):
+            outputs = [np.asarray(a) for a in xla.execute(executable, buffers)]
+            same[name] = all(np.array_equal(a, b, equal_nan=True)
+                             for a, b in zip(outputs, reference))
+    seconds = interleaved_seconds({name: executions(e, buffers)
+                                   for name, e in executables.items()})
+    return dict(module=entry["name"], us={k: v * 1e6 for k, v in seconds.items()},
+                same_as_fs=same)
+
+
 def gpu_kernel_times(executable, buffers, calls: int = 3) -> dict:
     """GPU activity of ``calls`` executions, from CUPTI through PyTorch's profiler: per
     activity name (kernels, copies) its count and microseconds, per execution."""
@@ -395,7 +441,8 @@ def main(argv=None) -> int:
                     help="start no module after this many seconds")
     ap.add_argument("--only", help="comma-separated module names")
     ap.add_argument("--stages", default="kernels,modules",
-                    help="kernels (CuPy), modules (XLA:GPU), profile (CUPTI through PyTorch)")
+                    help="kernels (CuPy), modules (XLA:GPU), profile (CUPTI through PyTorch), "
+                         "variants (how our calls are dispatched: command buffers)")
     ap.add_argument("--table", nargs="+", type=Path, metavar="JSON",
                     help="print the measured table of these result files and exit")
     opts = ap.parse_args(argv)
@@ -414,7 +461,7 @@ def main(argv=None) -> int:
     opts.out.mkdir(parents=True, exist_ok=True)
     cc = int(float(getattr(device, "compute_capability", "9.0")) * 10)
     stages = opts.stages.split(",")
-    result = dict(device=about, kernels=[], modules=[], profiles=[], errors=[])
+    result = dict(device=about, kernels=[], modules=[], profiles=[], variants=[], errors=[])
     path = opts.out / f"gpu_check_{'_'.join(stages)}.json.gz"
 
     def save() -> None:
@@ -430,7 +477,7 @@ def main(argv=None) -> int:
         save()
     if "modules" in stages:
         result["dispatch_floor_us"] = dispatch_floor_us(device)
-    for entry in entries if {"modules", "profile"} & set(stages) else []:
+    for entry in entries if {"modules", "profile", "variants"} & set(stages) else []:
         if time.perf_counter() - started > opts.budget_s:
             result["errors"].append(f"{entry['name']}: not run (budget)")
             continue
@@ -442,6 +489,12 @@ def main(argv=None) -> int:
                       f"{row['fs_mem_kernels']:<4} xla {row['xla_us']:>9.1f} us  fs "
                       f"{row['fs_us']:>9.1f} us  {row['speedup']:>5.2f}x (A/A "
                       f"{row['noise']:.1%})  {row['check']}", flush=True)
+            if "variants" in stages:
+                row = run_variants(entry, device, cc)
+                result["variants"].append(row)
+                print(f"{row['module']:<44} " + "  ".join(
+                    f"{k} {v:.1f}" for k, v in row["us"].items())
+                    + f"  same {row['same_as_fs']}", flush=True)
             if "profile" in stages:
                 row = profile_module(entry, device, cc)
                 result["profiles"].append(row)

@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def compile_hlo(hlo_text: str, device=None):
-    """A loaded XLA executable for the module (on ``device``, default: the first device)."""
+def compile_hlo(hlo_text: str, device=None, debug_options: dict | None = None):
+    """A loaded XLA executable for the module (on ``device``, default: the first device);
+    ``debug_options`` (``{"xla_gpu_enable_command_buffer": "FUSION"}``) apply to this compile
+    only, over XLA_FLAGS."""
     import jax
     from jax._src import compiler
     from jax._src.interpreters import mlir
@@ -20,7 +22,8 @@ def compile_hlo(hlo_text: str, device=None):
     device = device or jax.devices()[0]
     proto = xc.hlo.hlo_module_from_text(hlo_text)
     stablehlo = xc._xla.mlir.hlo_to_stablehlo(proto.as_serialized_hlo_module_proto())
-    options = compiler.get_compile_options(num_replicas=1, num_partitions=1)
+    options = compiler.get_compile_options(num_replicas=1, num_partitions=1,
+                                           env_options_overrides=debug_options)
     with mlir.make_ir_context():
         return device.client.compile_and_load(
             ir.Module.parse(stablehlo), executable_devices=xc.DeviceList((device,)),
