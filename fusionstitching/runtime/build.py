@@ -26,9 +26,12 @@ import time
 from dataclasses import dataclass
 
 from .. import pipeline
+from ..hlo.parser import parse_module
+from ..hlo.printer import print_module
 from ..hlo.xla_runner import optimized_hlo_text
 from ..report import Fallback, KernelReport, PlanSummary, Report, Times, Verify
 from . import cache as kernel_cache
+from . import gpu, rewrite, xla
 
 log = logging.getLogger("fusionstitching")
 
@@ -54,11 +57,11 @@ def reason(exc: BaseException) -> str:
 
 def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_dir: str | None,
                    dump_prefix: str | None = None) -> Built:
-    from ..hlo.parser import parse_module
-    from ..hlo.printer import print_module
-    from . import rewrite
 
     started = time.perf_counter()
+    device = gpu_device_of(xla_compiled)
+    if device is not None:  # plan for the card the function runs on
+        options = dataclasses.replace(options, target=gpu.target_for(device))
     # Constants in full: ``as_text()`` elides large ones as ``{...}``, and the rewritten
     # module is compiled from this text (a flax position table was lost that way).
     optimized = optimized_hlo_text(xla_compiled)
@@ -83,6 +86,9 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
                     parse_seconds=parse_seconds)
     fallbacks = result.report.fallbacks  # codegen/ptxas fallbacks are already in here
     before_host = len(fallbacks)  # a plan with failed host builds is not remembered
+    if device is not None:
+        return _build_for_gpu(module, result, options, device, cache, plan_key, stats,
+                              jax_lowered, xla_compiled, started, dump_prefix)
 
     kernels, targets, cached_kernels = [], [], []
     for kernel in result.kernels:
@@ -126,11 +132,59 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     return Built(stitched, stitched_report, xla_report, stats, text)
 
 
+def gpu_device_of(xla_compiled):
+    """The CUDA device XLA's executable runs on, or None (the host route)."""
+    device = xla_compiled.runtime_executable().local_devices()[0]
+    return device if device.platform in ("gpu", "cuda") else None
+
+
+def _build_for_gpu(module, result, options, device, cache, plan_key, stats, jax_lowered,
+                   xla_compiled, started: float, dump_prefix: str | None) -> Built:
+    """The GPU route: each kernel's PTX behind jaxlib's launcher (runtime/gpu.py), so no host
+    code is built; the plan remembers the rewritten HLO, whose target names are the kernels'
+    own (nothing process-specific to replace)."""
+    fallbacks = result.report.fallbacks
+    before = len(fallbacks)
+    arch = f"sm_{gpu.device_compute_capability(device)}"
+    kernels, launches = _stage("gpu-launch", gpu.launchable, result, arch)
+    xla_report = _recount(result, [], options)
+    stitched_report = _recount(result, kernels, options)
+    stitched, text = None, None
+    if kernels:
+        try:
+            rewritten = _stage("rewrite", rewrite.rewrite_module, module, kernels,
+                               [launch.target for launch in launches],
+                               [gpu.backend_config(launch) for launch in launches])
+            text = print_module(dataclasses.replace(
+                rewritten, header_attrs=donation_attrs(module.header_attrs)))
+            stitched = _compile_for_gpu(text, device, jax_lowered, xla_compiled, dump_prefix)
+        except BuildError as exc:  # the plan stands; XLA's own executable runs it
+            nodes = [n for k in kernels for n in k.pattern.nodes]
+            _leave_to_xla(fallbacks, exc.stage, nodes, f"module {module.name}", exc.reason)
+            stitched_report = xla_report
+    if cache.directory and len(fallbacks) == before:
+        plan = {"route": "gpu", "kernels": [], "xla_report": xla_report.to_json(),
+                "stitched_report": stitched_report.to_json(), "hlo": text}
+        cache.store(plan_key, json.dumps(plan).encode(), kind="plan")
+    _note_corrupt_entries(stats, fallbacks)
+    stitched_report.times_s.total = time.perf_counter() - started
+    return Built(stitched, stitched_report, xla_report, stats, text)
+
+
+def _compile_for_gpu(text: str, device, jax_lowered, xla_compiled, dump_prefix: str | None):
+    if dump_prefix:
+        _write(dump_prefix + ".rewritten.hlo.txt", text)
+    _stage("gpu-register", gpu.register_launch_targets, gpu.launch_targets(text))
+    executable = _stage("xla-compile", xla.compile_hlo, text, device)
+    return _stage("swap", xla.swap_executable, jax_lowered, xla_compiled, executable)
+
+
 def _from_cached_plan(plan: dict, cache, stats, jax_lowered, xla_compiled, started: float,
                       dump_prefix: str | None) -> Built:
     """Everything the first build decided (plan, kernels, rewritten HLO, Reports), without
     parsing, exploring or generating code: load each kernel's object code, register it, put
-    this process's target names into the HLO, compile."""
+    this process's target names into the HLO, compile. (A GPU plan has no object code: its
+    HLO holds each kernel's PTX.)"""
     targets = []
     for k in plan["kernels"]:
         entry = cache.lookup(k["key"], stats)
@@ -152,7 +206,12 @@ def _from_cached_plan(plan: dict, cache, stats, jax_lowered, xla_compiled, start
     _note_corrupt_entries(stats, fallbacks)
     text = plan["hlo"]
     stitched = None
-    if text is not None:
+    device = gpu_device_of(xla_compiled)
+    if (plan.get("route") == "gpu") != (device is not None):
+        raise kernel_cache.CorruptEntry("the plan was made for another device")
+    if text is not None and device is not None:
+        stitched = _compile_for_gpu(text, device, jax_lowered, xla_compiled, dump_prefix)
+    elif text is not None:
         for i, target in enumerate(targets):
             text = text.replace(_placeholder(i), target)
         stitched = _compile(text, jax_lowered, xla_compiled, dump_prefix)
@@ -199,8 +258,6 @@ def _register(name: str, host, num_inputs: int, num_outputs: int) -> str:
 
 
 def _compile(text: str, jax_lowered, xla_compiled, dump_prefix: str | None):
-    from . import xla
-
     if dump_prefix:
         _write(dump_prefix + ".rewritten.hlo.txt", text)
     executable = _stage("xla-compile", xla.compile_hlo, text)
