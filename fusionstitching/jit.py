@@ -167,6 +167,7 @@ class StitchedFunction:
 
     def _signature(self, args, kwargs):
         import jax
+        from jax._src.array import ArrayImpl
         from jax.api_util import shaped_abstractify
 
         count = len(args)
@@ -176,7 +177,10 @@ class StitchedFunction:
         dynamic = (self._dynamic(args), {k: v for k, v in kwargs.items()
                                          if k not in self.static_argnames})
         leaves, tree = jax.tree_util.tree_flatten(dynamic)
-        return static_values, tree, tuple(shaped_abstractify(leaf) for leaf in leaves)
+        # A jax array's aval is what shaped_abstractify returns for it, kept on the array: 0.07
+        # us per leaf instead of 0.8 (a training step has hundreds of leaves, every call).
+        return static_values, tree, tuple(leaf.aval if type(leaf) is ArrayImpl
+                                          else shaped_abstractify(leaf) for leaf in leaves)
 
 
 @functools.cache
