@@ -11,6 +11,7 @@ module and a summary; --report only prints the table of what is under --out.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import subprocess
@@ -24,8 +25,6 @@ TIER = ROOT / "tests" / "data" / "hlo" / "third_party"
 
 def tier_files() -> list[Path]:
     """Full captures smallest first (uncompressed size), then the elided ones."""
-    import gzip
-
     def size(p: Path) -> int:
         return len(gzip.decompress(p.read_bytes())) if p.suffix == ".gz" else p.stat().st_size
 

@@ -20,7 +20,7 @@ from benchmarks.models import micro
 from fusionstitching import capture, pipeline
 from fusionstitching.codegen import find_ptxas
 from fusionstitching.hlo.parser import parse_file, parse_module
-from fusionstitching.runtime import gpu
+from fusionstitching.runtime import build, gpu
 from fusionstitching.runtime.rewrite import RewriteError
 
 DATA = Path(__file__).parent / "data" / "hlo"
@@ -335,7 +335,6 @@ def test_jit_on_a_gpu_plans_for_the_card_and_launches_ptx(monkeypatch, tmp_path)
     """On a CUDA device the build makes launcher calls (no host code) that XLA:GPU compiles,
     and the plan cache gives the same module back. No GPU here: the device is a stand-in,
     XLA:GPU compiles without one and the swap is recorded instead of made."""
-    from fusionstitching.runtime import build
 
     compiled_texts = []
 
