@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fusionstitching import pipeline  # noqa: E402
+from fusionstitching import verification  # noqa: E402
 from fusionstitching.hlo.ir import NUMPY_DTYPES  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
 from fusionstitching.hlo.xla_runner import drift_problems, widened_to_f64  # noqa: E402
@@ -223,7 +223,7 @@ def verdict(actual: list, expected: list, exact: list, finite: float
     result within XLA's own f32 distance (xla_runner.drift_problems). An f32 output where XLA
     itself is CHAOTIC-far from f64 says nothing about a kernel and is left out; so are steps
     whose outputs are mostly NaN/inf (vacuous)."""
-    if finite < pipeline.VACUOUS_BELOW:
+    if finite < verification.VACUOUS_BELOW:
         return "vacuous", [f"{finite:.1%} of XLA's outputs finite on every input kind"], 0
     kept = [list(v) for v in (actual, expected, exact)]
     chaotic = 0
@@ -262,12 +262,12 @@ def run_module(entry: dict, device, compute_capability: int) -> dict:
     baseline, stitched, module = compiled_pair(entry, device, compute_capability)
     row["compile_s"] = time.perf_counter() - started
     best = None
-    for kind in pipeline.INPUT_KINDS:  # inputs that keep the step finite, as real data does
-        args = pipeline.random_inputs(module, seed=0, kind=kind)
+    for kind in verification.INPUT_KINDS:  # inputs that keep the step finite, as real data does
+        args = verification.random_inputs(module, seed=0, kind=kind)
         with jax.enable_x64(True):
             buffers = jax.device_put(args, device)
         expected = [np.asarray(a) for a in xla.execute(baseline, buffers)]
-        finite = pipeline.finite_fraction(expected)
+        finite = verification.finite_fraction(expected)
         if best is None or finite > best[0]:
             best = (finite, kind, args, buffers, expected)
         if finite == 1.0:
@@ -283,7 +283,7 @@ def run_module(entry: dict, device, compute_capability: int) -> dict:
         row["check"], row["problems"], row["chaotic"] = verdict(actual, expected, exact,
                                                                 row["finite"])
     except Exception as exc:  # no f64 yardstick: say so, compare with XLA's f32 alone
-        ok, max_abs, _ = pipeline.compare(expected, actual, rtol=1e-4, atol=1e-4)
+        ok, max_abs, _ = verification.compare(expected, actual, rtol=1e-4, atol=1e-4)
         row["problems"] = [f"no f64 reference ({type(exc).__name__})"]
         row["check"] = ("f32 1e-4" if ok else f"MISMATCH f32 (max abs {max_abs:.3g})")
 
@@ -339,7 +339,7 @@ def run_variants(entry: dict, device, compute_capability: int) -> dict:
     stitched executable's (the same kernels run; only the dispatch differs)."""
     executables, module = variant_executables(entry, device, compute_capability)
     with jax.enable_x64(True):
-        buffers = jax.device_put(pipeline.random_inputs(module, seed=0), device)
+        buffers = jax.device_put(verification.random_inputs(module, seed=0), device)
     reference = [np.asarray(a) for a in xla.execute(executables["fs"], buffers)]
     same = {}
     for name, executable in executables.items():
@@ -371,7 +371,7 @@ def profile_module(entry: dict, device, compute_capability: int) -> dict:
     """XLA's kernels and ours as the GPU ran them inside the two executables."""
     baseline, stitched, module = compiled_pair(entry, device, compute_capability)
     with jax.enable_x64(True):
-        buffers = jax.device_put(pipeline.random_inputs(module, seed=0), device)
+        buffers = jax.device_put(verification.random_inputs(module, seed=0), device)
     xla_side, fs_side = gpu_kernel_times(baseline, buffers), gpu_kernel_times(stitched, buffers)
     ours = {k: v for k, v in fs_side.items() if k.startswith("fusionstitching")}
     return dict(module=entry["name"],
@@ -410,7 +410,7 @@ def table(results: list[dict]) -> str:
         lines.append(f"{name:<40} {r['xla_mem_kernels']:>5}->{r['fs_mem_kernels']:<5} "
                      f"{r['xla_us']:>8.1f} {r['fs_us']:>8.1f} {r['speedup']:>6.2f}x "
                      f"{r['noise']:>5.1%} {gpu_us}  "
-                     f"{'vacuous' if r['finite'] < pipeline.VACUOUS_BELOW else r['check']}"
+                     f"{'vacuous' if r['finite'] < verification.VACUOUS_BELOW else r['check']}"
                      + (f" (finite {r['finite']:.0%})" if r["finite"] < 1 else ""))
     ratios = sorted(k["measured_us"] / k["modeled_us"] for k in kernels.values()
                     if k["modeled_us"] > 0)

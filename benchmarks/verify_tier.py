@@ -68,7 +68,7 @@ def eval_check(path: Path, kind: str) -> dict:
     from fusionstitching.hlo.evaluator import evaluate
     from fusionstitching.hlo.parser import parse_file
     from fusionstitching.hlo.xla_runner import drift_problems, run_hlo_with_xla, widened_to_f64
-    from fusionstitching.pipeline import _leaves, compare, random_inputs
+    from fusionstitching.verification import _leaves, compare, random_inputs
 
     module = parse_file(path)
     if elided_constants(module):

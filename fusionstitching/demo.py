@@ -40,7 +40,8 @@ def run(rows: int = 256, cols: int = 1024, target: str = "h100") -> int:
 
     from .capture import jax_hlo
     from .hlo.parser import parse_module
-    from .pipeline import Options, execute_stitched, compare, stitch_module
+    from .pipeline import Options, stitch_module
+    from .verification import compare, execute_stitched
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((rows, cols)).astype(np.float32)
@@ -55,7 +56,8 @@ def run(rows: int = 256, cols: int = 1024, target: str = "h100") -> int:
                            parse_seconds=time.perf_counter() - t0)
     _print_plan(f"LayerNorm [{rows}x{cols}] f32, XLA:CPU optimized HLO", result)
     expected = np.asarray(jax.jit(layernorm)(jnp.asarray(x), gamma, beta))
-    ok, max_abs, _ = compare(expected, execute_stitched(result, [x, gamma, beta]))
+    stitched = execute_stitched(result.module, result.kernels, [x, gamma, beta])
+    ok, max_abs, _ = compare(expected, stitched)
     print(f"  stitched host kernels vs jax.jit(layernorm): {'OK' if ok else 'MISMATCH'} "
           f"(max abs err {max_abs:.3g})")
     status |= not (ok and result.report.ok)

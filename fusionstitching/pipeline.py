@@ -10,9 +10,6 @@ import os
 import time
 from dataclasses import dataclass, field
 
-import networkx as nx
-import numpy as np
-
 import costmodel
 from costmodel.latency import MAX_REGISTERS_PER_THREAD
 
@@ -24,9 +21,9 @@ from .explorer.index import GraphIndex
 from .graph import OpClass, OpGraph, build_graph
 from .graph.profile import xla_kernel_profile
 from .graph.traffic import memory_intensive_regions, pattern_traffic, plan_bytes
-from .hlo.elided import elided_constants, fill_elided
-from .hlo.ir import NUMPY_DTYPES, Computation, Instruction, Module, Shape
-from .report import Fallback, KernelReport, LeftToXla, PlanSummary, Report, Times, Verify
+from .hlo.ir import Module
+from .report import Fallback, KernelReport, LeftToXla, PlanSummary, Report, Times
+from .verification import stitched_steps, verify
 
 
 @dataclass
@@ -84,7 +81,8 @@ def stitch_module(module: Module, options: Options | None = None,
     result = StitchResult(module, graph, plan, kernels, report=None, fallbacks=fallbacks)
     result.report = make_report(result, options, device, times)
     if options.verify:
-        result.report.verify = verify(result, seed=options.seed)
+        result.report.verify = verify(result.module, result.kernels, result.report.fallbacks,
+                                      seed=options.seed)
     if options.emit_dir:
         emit(result, options.emit_dir)
     times.total = time.perf_counter() - started + parse_seconds
@@ -315,73 +313,6 @@ def _left_to_xla(result: StitchResult, options: Options) -> list[LeftToXla]:
 # Real data keeps a step finite; random data may not (the log or rsqrt of a negative
 # variance, a NaN in every output of a Keras image model, where NaN == NaN checks nothing).
 # Normal inputs first (signs exercised), then ones that keep such steps finite.
-INPUT_KINDS = ("normal", "positive", "small positive")
-
-
-def random_inputs(module: Module, seed: int = 0, kind: str = "normal") -> list[np.ndarray]:
-    """Seeded random arguments for the entry parameters (logical numpy arrays); UnsupportedOp
-    for a parameter no array stands for (a tuple, a token). ``kind``: INPUT_KINDS."""
-    from .hlo.evaluator import UnsupportedOp
-
-    rng = np.random.default_rng(seed)
-    args = []
-    for param in module.entry.parameters:
-        shape = param.shape
-        if shape.is_tuple or shape.dtype not in NUMPY_DTYPES:
-            raise UnsupportedOp(f"entry parameter %{param.name} of type {shape}")
-        dtype = shape.numpy_dtype
-        if dtype == np.bool_:
-            args.append(rng.random(shape.dims) < 0.5)
-        elif np.issubdtype(dtype, np.integer):
-            # Integer parameters are mostly indices (tokens, segments, labels), masks and step
-            # counters: 0 and 1 are valid for all of them; larger values index out of range
-            # (JAX's gathers then fill NaN, and every output of BERT was NaN, comparing equal).
-            args.append(rng.integers(0, 2, size=shape.dims).astype(dtype))
-        elif kind == "normal":
-            args.append(rng.standard_normal(shape.dims).astype(dtype))
-        elif kind == "positive":
-            args.append(np.abs(rng.standard_normal(shape.dims)).astype(dtype))
-        else:
-            args.append(rng.uniform(0.01, 0.1, size=shape.dims).astype(dtype))
-    return args
-
-
-def stitched_steps(module: Module, kernels: list[StitchedKernel]):
-    """The stitched plan in an order it can run: ``(instruction, None)`` for an entry
-    instruction left to XLA, ``(None, kernel)`` for a stitched kernel; second, the kernels
-    that wait on their own outputs through the rest of the module (a cycle: never ready)."""
-    comp = module.entry
-    by_name = comp.by_name()
-    owner = {n: ("kernel", i) for i, k in enumerate(kernels) for n in k.pattern.nodes}
-
-    def unit(name: str):
-        """What computes an entry value: its kernel (also for a get-tuple-element of a
-        kernel's multi-output node, which the kernel writes), else the instruction."""
-        inst = by_name[name]
-        if name not in owner and inst.opcode == "get-tuple-element":
-            return owner.get(inst.operands[0], name)
-        return owner.get(name, name)
-
-    graph = nx.DiGraph()  # nodes: instruction names and ("kernel", index)
-    for inst in comp.instructions:
-        if inst.opcode == "parameter" or unit(inst.name) != inst.name:
-            continue
-        graph.add_node(inst.name)
-        graph.add_edges_from((unit(op), inst.name) for op in inst.operands
-                             if by_name[op].opcode != "parameter")
-    for i, kernel in enumerate(kernels):
-        graph.add_node(("kernel", i))
-        graph.add_edges_from((unit(n), ("kernel", i)) for n, _ in kernel.spec.inputs
-                             if by_name[n].opcode != "parameter")
-    cyclic = {u for component in nx.strongly_connected_components(graph)
-              if len(component) > 1 for u in component} | set(nx.nodes_with_selfloops(graph))
-    stuck = [k for i, k in enumerate(kernels) if ("kernel", i) in cyclic]
-    if stuck:
-        return [], stuck
-    return [(None, kernels[u[1]]) if isinstance(u, tuple) else (by_name[u], None)
-            for u in nx.topological_sort(graph)], []
-
-
 def _schedulable(module: Module, kernels: list[StitchedKernel],
                  fallbacks: list[Fallback]) -> list[StitchedKernel]:
     """The kernels less those in a cycle through the rest of the module, each left to XLA
@@ -393,183 +324,6 @@ def _schedulable(module: Module, kernels: list[StitchedKernel],
                                   f"{kernel.spec.name} waits on its own outputs through the "
                                   f"rest of the module (a cycle no schedule can run)"))
     return [k for k in kernels if k.spec.name not in stuck_names]
-
-
-def execute_stitched(result: StitchResult, args: list[np.ndarray]):
-    """Run the stitched plan: host kernels for stitched patterns, the evaluator for the rest."""
-    module, comp = result.module, result.module.entry
-    shapes = {i.name: i.shape for i in comp.instructions}
-    steps, stuck = stitched_steps(module, result.kernels)
-    if stuck:
-        raise RuntimeError(f"stitched plan cannot be scheduled: {[k.spec.name for k in stuck]} "
-                           f"wait on their own outputs")
-    values: dict[str, object] = dict(zip((p.name for p in comp.parameters), args))
-    for inst, kernel in steps:
-        if kernel is not None:
-            outs = kernel.host(*[values[n] for n, _ in kernel.spec.inputs])
-            values.update(zip((n for n, _ in kernel.spec.outputs), outs))
-        else:
-            values[inst.name] = evaluate_instruction(
-                module, inst, [values[op] for op in inst.operands], shapes)
-    return values[comp.root.name]
-
-
-def evaluate_instruction(module: Module, inst: Instruction, operands: list,
-                         shapes: dict[str, Shape]) -> object:
-    """One instruction through the evaluator, as a computation of its own; ``shapes`` maps
-    operand names to their shapes."""
-    from .hlo.evaluator import evaluate_computation
-
-    names = list(dict.fromkeys(inst.operands))
-    params = [Instruction(f"{n}.arg", shapes[n], "parameter",
-                          parameter_number=i) for i, n in enumerate(names)]
-    renamed = dataclasses.replace(inst, operands=[f"{n}.arg" for n in inst.operands],
-                                  is_root=True)
-    wrapper = Computation(f"{inst.name}.eval", params + [renamed])
-    # The evaluator knows the computations of the module it is given (operand shapes for
-    # bitcast, called computations): give it one that holds the wrapper too.
-    scope = dataclasses.replace(module, computations=module.computations + [wrapper])
-    distinct = dict(zip(inst.operands, operands))
-    return evaluate_computation(scope, wrapper, [distinct[n] for n in names])
-
-
-def _leaves(value) -> list[np.ndarray]:
-    if isinstance(value, (tuple, list)):
-        return [leaf for v in value for leaf in _leaves(v)]
-    return [np.asarray(value)]
-
-
-def compare(expected, actual, rtol: float = 1e-5, atol: float = 1e-5) -> tuple[bool, float, float]:
-    """(ok, max abs err, max rel err): floats within rtol/atol, everything else exact."""
-    ok, max_abs, max_rel = True, 0.0, 0.0
-    exp_leaves, act_leaves = _leaves(expected), _leaves(actual)
-    if len(exp_leaves) != len(act_leaves):
-        return False, float("inf"), float("inf")
-    for e, a in zip(exp_leaves, act_leaves):
-        if e.shape != a.shape:
-            return False, float("inf"), float("inf")
-        if np.issubdtype(e.dtype, np.floating) or e.dtype.kind == "V":
-            e64, a64 = e.astype(np.float64), a.astype(np.float64)
-            # NaN matches NaN and an infinity itself; only finite pairs have an error (a NaN
-            # or inf in the tolerance term would fail every comparison, even of equal arrays).
-            exact = (e64 == a64) | (np.isnan(e64) & np.isnan(a64))
-            finite = np.isfinite(e64) & np.isfinite(a64)
-            # A NaN or infinity against a number is infinitely far (it reported 0 before).
-            diff = np.abs(np.subtract(e64, a64, out=np.where(exact, 0.0, np.inf), where=finite))
-            scale = np.where(finite, np.abs(e64), 0.0)
-            if diff.size:
-                max_abs = max(max_abs, float(diff.max()))
-                max_rel = max(max_rel, float((diff / np.maximum(scale, 1e-30)).max()))
-            ok &= bool((exact | (finite & (diff <= atol + rtol * scale))).all())
-        else:
-            ok &= bool(np.array_equal(e, a))
-    return ok, max_abs, max_rel
-
-
-def finite_fraction(value) -> float:
-    """The fraction of the float elements of ``value`` that are finite (1.0 without floats)."""
-    floats = [leaf for leaf in _leaves(value) if leaf.dtype.kind == "f" and leaf.size]
-    total = sum(leaf.size for leaf in floats)
-    return sum(int(np.isfinite(leaf).sum()) for leaf in floats) / total if total else 1.0
-
-
-VACUOUS_BELOW = 0.5  # a check where most outputs are NaN/inf compares almost nothing
-
-
-def verify(result: StitchResult, seed: int = 0) -> Verify:
-    """Run XLA's plan and the stitched plan on the same random inputs and compare.
-
-    Elided constants get the same seeded values in both plans and in XLA's text. Inputs of
-    each of INPUT_KINDS in turn until every output is finite (a mismatch on mostly finite
-    outputs is a verdict at once); else the kind with the most finite outputs, and the check
-    is vacuous when that is under half (an RMSprop step on normal inputs: the square root of
-    a negative second moment made half of every update NaN, which compares nothing). Inputs
-    on which rounding decides the outputs (the evaluator, too, is outside XLA's f32 distance
-    from its f64 result) give no verdict either: the next kind is tried, vacuous if none is
-    left."""
-    if elided_constants(result.module):
-        result = dataclasses.replace(result, module=fill_elided(result.module, seed))
-    best = chaotic = None
-    for kind in INPUT_KINDS:
-        outcome = _verify_on(result, seed, kind)
-        if outcome.vacuous:  # rounding decides these outputs
-            chaotic = chaotic or outcome
-            continue
-        if not outcome.ran or outcome.error or outcome.finite == 1.0 or (
-                not outcome.ok and outcome.finite >= VACUOUS_BELOW):
-            return outcome
-        if best is None or outcome.finite > best.finite:
-            best = outcome
-    if best is None:
-        return chaotic
-    if best.finite < VACUOUS_BELOW:
-        best.ok, best.vacuous = False, True
-    return best
-
-
-def _verify_on(result: StitchResult, seed: int, kind: str) -> Verify:
-    """References: XLA itself running the module (where jaxlib can compile the text) and the
-    numpy evaluator; the stitched plan must match every reference that ran, within 1e-5 or,
-    failing that, be about as close to XLA's f64 result for the module as XLA's f32 is."""
-    from .hlo.evaluator import UnsupportedOp, evaluate
-    from .hlo.xla_runner import drift_problems, run_hlo_with_xla, widened_to_f64
-
-    try:
-        args = random_inputs(result.module, seed, kind)
-        references = {"evaluator": evaluate(result.module, args)}
-    except UnsupportedOp as exc:
-        # The stitched plan runs its other ops through the evaluator too, so neither plan can
-        # run here (e.g. collectives): say so instead of a verdict.
-        return Verify(ran=False, not_run=f"this machine cannot execute the module: {exc}")
-    text = str(result.module)
-    try:
-        references["xla"] = run_hlo_with_xla(text, args)
-    except Exception as exc:  # noted, not fatal: the evaluator still checks
-        _note_once(result, Fallback("verify", [], f"XLA could not run the module as a "
-                                                  f"reference: {_reason(exc)}"))
-    # Every reference must be mostly finite: XLA:CPU's YNNPACK fusions drop the NaN of a
-    # maximum that HLO (and the evaluator) propagates, so on a NaN-laden input one reference
-    # can be all NaN and the other finite, and such inputs compare nothing.
-    outcome = Verify(ran=True, ok=True, against=sorted(references), inputs=kind,
-                     finite=min(map(finite_fraction, references.values())))
-    try:
-        stitched = execute_stitched(result, args)
-    except Exception as exc:  # a defect of ours, reported as a failed check, never a crash
-        outcome.ok, outcome.error = False, _reason(exc)
-        return outcome
-    for ref in references.values():
-        ok, max_abs, max_rel = compare(ref, stitched)
-        outcome.ok &= ok
-        outcome.max_abs_err = max(outcome.max_abs_err, max_abs)
-        outcome.max_rel_err = max(outcome.max_rel_err, max_rel)
-    if not outcome.ok and "xla" in references:
-        # A whole step amplifies f32 rounding far past 1e-5, so two correct f32 executions
-        # differ by more: then the yardstick is XLA's own distance from its f64 result
-        # (xla_runner.DRIFT_FACTOR, measured on the model-zoo workloads).
-        try:
-            exact = run_hlo_with_xla(widened_to_f64(text), [
-                a.astype(np.float64) if a.dtype == np.float32 else a for a in args])
-        except Exception as exc:  # the 1e-5 verdict stands
-            _note_once(result, Fallback(
-                "verify", [], f"XLA could not run the module in f64: {_reason(exc)}"))
-        else:
-            xla, exact = _leaves(references["xla"]), _leaves(exact)
-            outcome.ok = not drift_problems(_leaves(stitched), xla, exact)
-            if not outcome.ok and drift_problems(_leaves(references["evaluator"]), xla, exact):
-                # The evaluator (f64 accumulation, no stitched kernel) misses the yardstick
-                # too: on these inputs rounding decides the step (a Keras MobileNetV3 step on
-                # normal inputs: XLA's own f32 15% off its f64 result), no verdict.
-                outcome.ok, outcome.vacuous = False, True
-                _note_once(result, Fallback("verify", [], f"on {kind} inputs the evaluator is "
-                                                          f"outside XLA's f32 distance from "
-                                                          f"its f64 result too: no verdict"))
-    return outcome
-
-
-def _note_once(result: StitchResult, note: Fallback) -> None:
-    """A verification note, once however many kinds of inputs were tried."""
-    if note not in result.report.fallbacks:
-        result.report.fallbacks.append(note)
 
 
 def emit(result: StitchResult, directory: str) -> None:

@@ -32,11 +32,13 @@ class Verify:
     max_rel_err: float = 0.0
     against: list[str] = field(default_factory=list)  # which references were compared
     not_run: str = ""  # why verification could not run (ran is False)
-    inputs: str = ""  # the random inputs it ran on (pipeline.INPUT_KINDS)
+    inputs: str = ""  # the random inputs it ran on (verification.INPUT_KINDS)
     finite: float = 1.0  # fraction of the reference's float outputs that are finite
     vacuous: bool = False  # most outputs not finite, or rounding decides them (the evaluator
     # outside XLA's f32 distance too), on every kind of input: no verdict
     error: str = ""  # the stitched plan failed to run (ok is False)
+    rounding_decides: str = ""  # outputs beyond XLA's own f32 distance, each element within
+    # what f32 executions with other roundings reach (ok: a sign of rounding noise, say)
 
 
 @dataclass
@@ -137,6 +139,10 @@ def format_summary(report: Report) -> str:
     elif v.vacuous:
         lines.append(f"  verify: vacuous: {1 - v.finite:.0%} of the outputs are not finite on "
                      f"every kind of random input tried (last: {v.inputs}); no verdict")
+    elif v.ran and v.ok and v.rounding_decides:
+        lines.append(f"  verify: OK against {', '.join(v.against)} ({v.inputs} inputs), where "
+                     f"f32 rounding decides: {v.rounding_decides}; f32 executions with other "
+                     f"roundings (the evaluator with rounding noise) land as far")
     elif v.ran:
         lines.append(f"  verify: {'OK' if v.ok else 'MISMATCH'} against {', '.join(v.against)} "
                      f"(max abs err {v.max_abs_err:.3g}, max rel err {v.max_rel_err:.3g}; "

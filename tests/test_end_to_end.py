@@ -143,7 +143,7 @@ def test_tf_layernorm_stitched_equals_the_tf_function(shape):
     tf = pytest.importorskip("tensorflow")
     from fusionstitching.capture import tf_hlo
     from fusionstitching.hlo.parser import parse_module
-    from fusionstitching.pipeline import compare, execute_stitched
+    from fusionstitching.verification import compare, execute_stitched
 
     @tf.function(jit_compile=True)
     def layernorm(x, gamma, beta):
@@ -156,7 +156,7 @@ def test_tf_layernorm_stitched_equals_the_tf_function(shape):
     result = stitch_module(parse_module(tf_hlo(layernorm, *args)), Options(ptxas=False, host=True))
     assert result.report.fs.mem_kernels == 1 < result.report.xla.mem_kernels
     expected = layernorm(*args).numpy()
-    ok, max_abs, _ = compare(expected, execute_stitched(result, args))
+    ok, max_abs, _ = compare(expected, execute_stitched(result.module, result.kernels, args))
     assert ok, max_abs
 
 
@@ -248,7 +248,7 @@ def test_report_says_why_each_memory_intensive_kernel_was_left_to_xla():
 def test_verify_compare_matches_nan_with_nan_and_infinities_with_themselves():
     """Adam's sqrt of a random negative second moment gives NaN in XLA's result too: equal
     arrays with NaN or inf must compare equal (they failed with max error 0 before)."""
-    from fusionstitching.pipeline import compare
+    from fusionstitching.verification import compare
 
     x = np.array([np.nan, np.inf, -np.inf, 1.0], np.float32)
     assert compare(x, x.copy()) == (True, 0.0, 0.0)

@@ -106,6 +106,35 @@ def test_wrong_result_kernel_is_caught_by_verify(monkeypatch, caplog):
     assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1
 
 
+def test_verify_is_not_blind_when_the_trial_calls_outputs_are_nan(monkeypatch, caplog):
+    """One NaN in every row of the trial call's x makes every output NaN, XLA's and a wrong
+    kernel's alike (NaN == NaN): the check goes on to inputs that keep the outputs finite."""
+    real_ir = cache.host_ir
+    monkeypatch.setattr(cache, "host_ir", lambda spec: real_ir(spec).replace(
+        "0x3f80000000000000", "0x3f90000000000000"))  # the means divide by 64, not 128
+    fn, a = jit(layernorm, cache_dir=None, verify=True, keep="stitched"), args()
+    poisoned = [a[0].copy(), *a[1:]]
+    poisoned[0][:, 5] = np.nan
+    with caplog.at_level("WARNING", logger="fusionstitching"):
+        assert np.isnan(np.asarray(fn(*poisoned))).all()
+        np.testing.assert_array_equal(np.asarray(fn(*a)), expected(*a))
+    (report,) = fn.reports()
+    assert stages(report) == ["verify"] and "NaN/inf as 0" in report.fallbacks[0].reason
+    assert report.runtime["kept"] == "xla"
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1
+
+
+def test_verify_on_nan_outputs_passes_a_correct_kernel_on_finite_inputs():
+    fn, a = jit(layernorm, cache_dir=None, verify=True, keep="stitched"), args()
+    poisoned = [a[0].copy(), *a[1:]]
+    poisoned[0][:, 5] = np.nan
+    fn(*poisoned)
+    np.testing.assert_allclose(np.asarray(fn(*a)), expected(*a), rtol=1e-5, atol=1e-5)
+    (report,) = fn.reports()
+    assert report.verify.ok and not report.fallbacks and report.runtime["kept"] == "stitched"
+    assert any("NaN/inf as 0" in what for what in report.verify.against), report.verify
+
+
 def test_verify_passes_for_a_correct_kernel():
     fn, a = jit(layernorm, cache_dir=None, verify=True, keep="stitched"), args()
     first, second = run_twice(fn, a)

@@ -24,9 +24,9 @@ from fusionstitching.hlo.evaluator import evaluate, parse_literal
 from fusionstitching.hlo.parser import parse_file, parse_module
 from fusionstitching.hlo.xla_runner import (drift_problems, optimized_hlo_text, run_hlo_with_xla,
                                              widened_to_f64)
-from fusionstitching.pipeline import (Options, StitchedKernel, _schedulable, compare,
-                                      random_inputs, stitch_module, stitched_steps)
+from fusionstitching.pipeline import Options, StitchedKernel, _schedulable, stitch_module
 from fusionstitching.runtime.executor import Executor
+from fusionstitching.verification import Drift, compare, random_inputs, stitched_steps
 
 TABLE = np.sin(np.arange(64 * 128, dtype=np.float32).reshape(64, 128) / 7.0)
 
@@ -360,8 +360,8 @@ def test_the_runtime_check_accepts_what_is_as_close_to_f64_as_xlas_own_f32():
     xla = np.asarray(executor.xla(x, c))
     assert not compare(xla, x)[0]  # the exact answer fails the fixed tolerance
     inputs = ((x, c), {})
-    assert executor._within_f64_drift(inputs, [xla], [x])
-    assert not executor._within_f64_drift(inputs, [xla], [x + 0.01])
+    assert executor._f64_drift(inputs, [xla], [x])[0] is Drift.WITHIN_XLAS
+    assert executor._f64_drift(inputs, [xla], [x + 0.01])[0] is Drift.BEYOND
 
 
 # A vocabulary cross-entropy's training step (log_softmax, take_along_axis, mean; value and

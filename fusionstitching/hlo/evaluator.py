@@ -35,13 +35,19 @@ class UnsupportedOp(Exception):
 # Public API
 
 
-def evaluate(module: Module, args: list, computation: str | None = None):
-    """Runs ``computation`` (the entry by default) on ``args``; tuple results are tuples."""
+def evaluate(module: Module, args: list, computation: str | None = None,
+             rounding_noise: np.random.Generator | None = None):
+    """Runs ``computation`` (the entry by default) on ``args``; tuple results are tuples.
+
+    With ``rounding_noise``, every float result of an op that rounds is scaled by a random
+    1 + u * eps (u uniform in [-1, 1], eps of its type): one of the f32 executions XLA could
+    have been, to tell which output elements f32 rounding decides (stochastic arithmetic)."""
     comp = module.entry if computation is None else module.computation(computation)
-    return evaluate_computation(module, comp, args)
+    return evaluate_computation(module, comp, args, rounding_noise)
 
 
-def evaluate_computation(module: Module, comp: Computation | str, args: list):
+def evaluate_computation(module: Module, comp: Computation | str, args: list,
+                         rounding_noise: np.random.Generator | None = None):
     """Runs one computation of ``module``; arguments are checked against its parameter shapes."""
     if isinstance(comp, str):
         comp = module.computation(comp)
@@ -51,7 +57,7 @@ def evaluate_computation(module: Module, comp: Computation | str, args: list):
     checked = [_as_value(a, p.shape, f"argument {p.parameter_number} ({p.name})")
                for a, p in zip(args, params)]
     with np.errstate(all="ignore"):  # overflow, NaN and wrap-around are XLA semantics here
-        result = _Evaluator(module).call(comp, checked)
+        result = _Evaluator(module, rounding_noise).call(comp, checked)
     return _materialize(result)
 
 
@@ -79,8 +85,9 @@ def _materialize(value):
 
 
 class _Evaluator:
-    def __init__(self, module: Module):
+    def __init__(self, module: Module, rounding_noise: np.random.Generator | None = None):
         self.module = module
+        self.rounding_noise = rounding_noise
         self.computations = module.computation_map()
         # Instruction -> table of its computation, so ops can look at operand shapes (layouts).
         self._scope: dict[int, dict[str, Instruction]] = {}
@@ -105,6 +112,8 @@ class _Evaluator:
                 raise UnsupportedOp(f"{inst.opcode} (%{inst.name} in {comp.name})")
             try:
                 env[inst.name] = op(self, inst, [env[name] for name in inst.operands])
+                if self.rounding_noise is not None and inst.opcode in _ROUNDING:
+                    env[inst.name] = _with_rounding_noise(env[inst.name], self.rounding_noise)
             except Exception as err:
                 err.add_note(f"while evaluating %{inst.name} = {inst.opcode} in {comp.name}")
                 raise
@@ -130,6 +139,16 @@ class _Evaluator:
                       and sorted(root.operands) == sorted(p.name for p in params))
             self._reducer_ufuncs[comp.name] = _REDUCER_UFUNCS.get(root.opcode) if simple else None
         return self._reducer_ufuncs[comp.name]
+
+
+def _with_rounding_noise(value, rng: np.random.Generator):
+    if isinstance(value, tuple):
+        return tuple(_with_rounding_noise(v, rng) for v in value)
+    if not (isinstance(value, np.ndarray) and value.dtype.kind == "f"):
+        return value
+    eps = np.finfo(value.dtype).eps
+    noise = rng.uniform(-eps, eps, size=value.shape)
+    return (value * (1.0 + noise)).astype(value.dtype)
 
 
 def _results(value) -> list:
@@ -1016,6 +1035,14 @@ def _custom_call(ev, inst, operands):
 def _opaque(ev, inst, operands):
     raise UnsupportedOp(f"{inst.opcode} (%{inst.name}): random bits are backend-defined")
 
+
+# Ops whose float results are rounded (data movement, selection, max/min and sign-like ops are
+# exact); fusions, calls, maps and loops round in the computations they run.
+_ROUNDING = (set(_UNARY) | set(_BINARY) | {"convert", "reduce", "reduce-window", "scatter",
+                                           "select-and-scatter", "dot", "convolution",
+                                           "custom-call"}) - {
+    "abs", "negate", "maximum", "minimum", "sign", "floor", "ceil", "round-nearest-afz",
+    "round-nearest-even", "real", "imag"}
 
 _OPS = {
     **{name: _elementwise(fn) for name, fn in _UNARY.items()},

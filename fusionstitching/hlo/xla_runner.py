@@ -339,40 +339,60 @@ DRIFT_FACTOR = 4.0
 
 
 def drift_problems(actual: list, xla: list, exact: list, rtol: float = 1e-5,
-                   atol: float = 1e-5) -> list[str]:
+                   atol: float = 1e-5, spread: list | None = None) -> list[str]:
     """Outputs where ``actual`` is not about as close to XLA's f64 result (``exact``, from
     ``widened_to_f64``) as XLA's own f32 result (``xla``) is; empty when all are.
 
-    Per f32 output: max|actual - exact| <= DRIFT_FACTOR * max|xla - exact| + atol +
+    Per f32 output: |actual - exact| <= DRIFT_FACTOR * max|xla - exact| + atol +
     rtol * max|exact| over the elements finite in both references; NaNs and infinities where
     XLA has them. Other element types must equal XLA's. A whole training step with random
     weights amplifies f32 rounding 10^3x and more, so two correct f32 executions differ by
-    far more than a fixed tolerance allows; this bound follows the step's own sensitivity."""
+    far more than a fixed tolerance allows; this bound follows the step's own sensitivity.
+    ``spread`` (per output, per element: how far from ``exact`` other f32 executions reach,
+    e.g. the evaluator with rounding noise) widens the bound element by element."""
+    return [text for _, text in _drift(actual, xla, exact, rtol, atol, spread)]
+
+
+def drift_elements(actual: list, xla: list, exact: list, rtol: float = 1e-5,
+                   atol: float = 1e-5, spread: list | None = None) -> int:
+    """How many elements ``drift_problems`` finds beyond the bound (a whole output where its
+    type, shape or non-finite elements differ)."""
+    return sum(elements for elements, _ in _drift(actual, xla, exact, rtol, atol, spread))
+
+
+def _drift(actual, xla, exact, rtol, atol, spread) -> list[tuple[int, str]]:
     if not len(actual) == len(xla) == len(exact):
-        return [f"{len(actual)} outputs, XLA has {len(xla)} (f64: {len(exact)})"]
+        return [(sum(np.size(a) for a in actual),
+                 f"{len(actual)} outputs, XLA has {len(xla)} (f64: {len(exact)})")]
     problems = []
     for i, (a, w, x) in enumerate(zip(actual, xla, exact)):
         a, w, x = np.asarray(a), np.asarray(w), np.asarray(x)
         if a.shape != w.shape or a.dtype != w.dtype:
-            problems.append(f"output {i}: {a.dtype}{list(a.shape)}, XLA {w.dtype}{list(w.shape)}")
+            problems.append((a.size, f"output {i}: {a.dtype}{list(a.shape)}, XLA "
+                                     f"{w.dtype}{list(w.shape)}"))
         elif a.dtype != np.float32:
             if not np.array_equal(a, w):
-                problems.append(f"output {i}: {int((a != w).sum())} elements differ from XLA")
+                differ = int((a != w).sum())
+                problems.append((differ, f"output {i}: {differ} elements differ from XLA"))
         else:
             finite = np.isfinite(x) & np.isfinite(w)
             if not np.array_equal(a[~finite], w[~finite], equal_nan=True):
-                problems.append(f"output {i}: NaN/inf elements differ from XLA's")
+                problems.append((a.size, f"output {i}: NaN/inf elements differ from XLA's"))
                 continue
             if not np.isfinite(a[finite]).all():  # a NaN has no distance: never within it
-                problems.append(f"output {i}: {int((~np.isfinite(a[finite])).sum())} NaN/inf "
-                                f"elements where XLA's are finite")
+                count = int((~np.isfinite(a[finite])).sum())
+                problems.append((count, f"output {i}: {count} NaN/inf elements where XLA's "
+                                        f"are finite"))
                 continue
-            ours = np.abs(a[finite] - x[finite]).max(initial=0.0)
+            ours = np.abs(a[finite] - x[finite])
             xlas = np.abs(w[finite] - x[finite]).max(initial=0.0)
             scale = np.abs(x[finite]).max(initial=0.0)
-            if ours > DRIFT_FACTOR * xlas + atol + rtol * scale:
-                problems.append(f"output {i}: {ours:.3g} from XLA's f64 result, XLA's f32 "
-                                f"{xlas:.3g} (scale {scale:.3g})")
+            reach = xlas if spread is None else np.maximum(xlas, np.asarray(spread[i])[finite])
+            beyond = int((ours > DRIFT_FACTOR * reach + atol + rtol * scale).sum())
+            if beyond:
+                problems.append((beyond, f"output {i}: {beyond} of {ours.size} elements up to "
+                                         f"{ours.max():.3g} from XLA's f64 result, XLA's f32 "
+                                         f"{xlas:.3g} (scale {scale:.3g})"))
     return problems
 
 

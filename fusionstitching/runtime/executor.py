@@ -8,7 +8,7 @@ becomes the *candidate* and goes through a *trial* before it may run a user's ca
    its inputs and outputs (copies: the caller may donate or mutate them afterwards). That is
    this call's only extra cost: one batched device copy of its inputs and outputs;
 2. on those copies the candidate runs once; with ``verify``, its outputs must match XLA's
-   (``pipeline.compare``) or it is dropped (a ``verify`` fallback);
+   (``verification.compare``) or it is dropped (a ``verify`` fallback);
 3. unless ``keep="stitched"``, both executables are timed on the copies, best of
    ``TIMING_ROUNDS`` alternating runs, fewer once the candidate is ``CLEARLY_SLOWER`` ("never
    slower": on a CPU the host kernels can lose to XLA:CPU's own). A candidate that is not
@@ -49,9 +49,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .. import pipeline
-from ..hlo.xla_runner import (drift_problems, optimized_hlo_text, run_hlo_with_xla,
-                               widened_to_f64)
+from .. import verification
+from ..hlo.parser import parse_module
+from ..hlo.xla_runner import optimized_hlo_text, run_hlo_with_xla, widened_to_f64
 from ..report import Fallback, Verify
 from .build import BuildError, Built, reason
 
@@ -222,24 +222,8 @@ class Executor:
         except jax.errors.JaxRuntimeError as exc:
             self.fail("execute", [], reason(exc))
             return
-        if self.verify:
-            leaves = lambda tree: jax.tree_util.tree_leaves(jax.device_get(tree))
-            ok, max_abs, max_rel = pipeline.compare(leaves(expected), leaves(got), self.rtol,
-                                                    self.atol)
-            against = [f"{self.reference} (inputs of call {self.info.trial_call})"]
-            if not ok and self._within_f64_drift(inputs, leaves(expected), leaves(got)):
-                ok = True  # as close to the exact result as the reference's own f32 is
-                against.append("XLA in f64 (the reference's own f32 drift)")
-            self.checked = Verify(ran=True, ok=ok, max_abs_err=max_abs, max_rel_err=max_rel,
-                                  against=against, finite=pipeline.finite_fraction(
-                                      leaves(expected)))
-            if not ok:
-                self.fail("verify", [], f"outputs differ from {self.reference.upper()}'s on "
-                                        f"the inputs of call "
-                                        f"{self.info.trial_call} (max abs err {max_abs:.3g}, "
-                                        f"max rel err {max_rel:.3g}, rtol {self.rtol}, "
-                                        f"atol {self.atol})")
-                return
+        if self.verify and not self._verified(candidate, inputs, expected, got):
+            return
         if self.keep == "stitched":
             self._settle("stitched", "keep='stitched'")
             return
@@ -252,24 +236,108 @@ class Executor:
         else:
             self._settle(kept, self.info.why)
 
-    def _within_f64_drift(self, inputs, expected: list, got: list) -> bool:
+    def _verified(self, candidate, inputs, expected, got) -> bool:
+        """The trial's check: the candidate's outputs against the reference's on the trial
+        call's inputs and, where some of those outputs are not finite (NaN == NaN compares
+        nothing: one NaN in every row hid a wrong kernel), again on inputs that keep them all
+        finite. A failed or impossible check is a ``verify`` fallback."""
+        import jax
+
+        what = f"inputs of call {self.info.trial_call}"
+        checked = self._check(inputs, expected, got, what)
+        if checked.ok and checked.finite < 1.0:
+            second = self._finite_inputs(inputs)
+            if second is None:
+                checked.ok, checked.vacuous = False, True
+                self.checked = checked
+                self.fail("verify", [], f"outputs of call {self.info.trial_call} are not all "
+                                        f"finite and no input tried keeps them finite: the "
+                                        f"check would compare NaN with NaN")
+                return False
+            what, variant, variant_expected = second
+            args, kwargs = self._fresh(variant)
+            try:
+                variant_got = jax.block_until_ready(candidate(*args, **kwargs))
+            except jax.errors.JaxRuntimeError as exc:
+                self.fail("execute", [], reason(exc))
+                return False
+            checked = self._check(variant, variant_expected, variant_got, what)
+            checked.against.insert(0, f"{self.reference} (inputs of call "
+                                      f"{self.info.trial_call})")
+        self.checked = checked
+        if not checked.ok:
+            self.fail("verify", [], f"outputs differ from {self.reference.upper()}'s on the "
+                                    f"{what} (max abs err {checked.max_abs_err:.3g}, max rel "
+                                    f"err {checked.max_rel_err:.3g}, rtol {self.rtol}, atol "
+                                    f"{self.atol})")
+        return checked.ok
+
+    def _check(self, inputs, expected, got, what: str) -> Verify:
+        """``got`` against ``expected`` (the reference's outputs on ``inputs``, described by
+        ``what``): within rtol/atol, or as close to the exact result as the reference's own
+        f32 result is."""
+        import jax
+
+        leaves = lambda tree: jax.tree_util.tree_leaves(jax.device_get(tree))  # noqa: E731
+        ok, max_abs, max_rel = verification.compare(leaves(expected), leaves(got), self.rtol,
+                                                    self.atol)
+        against, rounding_decides = [f"{self.reference} ({what})"], ""
+        if not ok:
+            drift, detail = self._f64_drift(inputs, leaves(expected), leaves(got))
+            if drift in (verification.Drift.WITHIN_XLAS, verification.Drift.WITHIN_ROUNDING):
+                ok = True  # as close to the exact result as the reference's own f32 is
+                against.append("XLA in f64 (the reference's own f32 drift)")
+            if drift is verification.Drift.WITHIN_ROUNDING:
+                rounding_decides = detail
+        return Verify(ran=True, ok=ok, max_abs_err=max_abs, max_rel_err=max_rel, against=against,
+                      finite=verification.finite_fraction(leaves(expected)),
+                      rounding_decides=rounding_decides)
+
+    def _finite_inputs(self, inputs):
+        """(what, inputs, the reference's outputs on them) for the first of: the trial call's
+        inputs with NaN/inf as 0, seeded random inputs of each verification.INPUT_KINDS, on
+        which every output of the reference is finite; None when none is."""
+        import jax
+        import numpy as np
+
+        def floats(make):
+            return jax.tree_util.tree_map(
+                lambda a: make(np.asarray(a)) if _is_float(a) else a, inputs)
+
+        rng = np.random.default_rng(0)
+        variants = [("trial call's inputs with NaN/inf as 0",
+                     floats(lambda a: np.where(np.isfinite(a), a, 0).astype(a.dtype)))]
+        variants += [(f"seeded {kind} inputs", floats(
+            lambda a, kind=kind: verification.random_array(rng, a.shape, a.dtype, kind)))
+            for kind in verification.INPUT_KINDS]
+        for what, variant in variants:
+            args, kwargs = self._fresh(variant)
+            expected = jax.device_get(self.xla(*args, **kwargs))
+            if verification.finite_fraction(jax.tree_util.tree_leaves(expected)) == 1.0:
+                return what, variant, expected
+        return None
+
+    def _f64_drift(self, inputs, expected: list, got: list) -> tuple[verification.Drift | None, str]:
         """A whole training step amplifies f32 rounding past any fixed tolerance (a Keras
         image model's step: max abs err 0.028, max rel 6e25 at a near-zero element): is the
         stitched result as close to the module's exact (f64) result as the reference's own
-        f32 result is? As ``pipeline.verify`` decides on random inputs. False when the
-        module cannot run in f64 here."""
+        f32 result is, or, element by element, as f32 executions with other roundings are?
+        As ``verification.verify`` decides on random inputs. None when the module cannot run
+        in f64 here."""
         import jax
         import numpy as np
 
         try:
             args, kwargs = self._fresh(inputs)
             flat = [np.asarray(a) for a in jax.tree_util.tree_leaves((args, kwargs))]
-            exact = run_hlo_with_xla(widened_to_f64(optimized_hlo_text(self.xla)), [
-                a.astype(np.float64) if a.dtype == np.float32 else a for a in flat])
+            text = optimized_hlo_text(self.xla)
+            exact = [np.asarray(x) for x in run_hlo_with_xla(widened_to_f64(text), [
+                a.astype(np.float64) if a.dtype == np.float32 else a for a in flat])]
+            module = parse_module(text, self.name)
         except Exception as exc:  # the fixed tolerance's verdict stands
             log.info("fusionstitching: %s: no f64 reference: %s", self.name, reason(exc))
-            return False
-        return not drift_problems(got, expected, list(exact))
+            return None, ""
+        return verification.drift_verdict(module, flat, got, expected, exact)
 
     def _timed_call(self, args, kwargs):
         """One confirmation sample: this call runs one executable, timed; the executable with
@@ -350,6 +418,12 @@ def lower_thread_priority() -> None:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
         except OSError as exc:  # e.g. a sandbox without setpriority: run at normal priority
             log.info("fusionstitching: background thread keeps its priority: %s", exc)
+
+
+def _is_float(leaf) -> bool:
+    import jax.numpy as jnp
+
+    return hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.floating)
 
 
 def _copies(tree):

@@ -1,0 +1,359 @@
+"""Verification: the stitched plan against XLA's plan on the same seeded random inputs.
+
+The references are XLA itself (jaxlib runs the module's text) and the numpy evaluator; the
+stitched plan runs its kernels' host builds and the evaluator for what is left to XLA. The
+yardstick is XLA's own f32 distance from its f64 result, widened element by element to what
+f32 executions with other roundings reach; a mismatch names the kernels that differ given
+XLA's plan's values of their inputs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import networkx as nx
+import numpy as np
+
+from .hlo.elided import elided_constants, fill_elided
+from .hlo.evaluator import UnsupportedOp, evaluate, evaluate_computation
+from .hlo.ir import NUMPY_DTYPES, Computation, Instruction, Module, Shape
+from .hlo.xla_runner import drift_elements, drift_problems, run_hlo_with_xla, widened_to_f64
+from .report import Fallback, Verify
+
+INPUT_KINDS = ("normal", "positive", "small positive")
+
+
+def random_inputs(module: Module, seed: int = 0, kind: str = "normal") -> list[np.ndarray]:
+    """Seeded random arguments for the entry parameters (logical numpy arrays); UnsupportedOp
+    for a parameter no array stands for (a tuple, a token). ``kind``: INPUT_KINDS."""
+    rng = np.random.default_rng(seed)
+    args = []
+    for param in module.entry.parameters:
+        shape = param.shape
+        if shape.is_tuple or shape.dtype not in NUMPY_DTYPES:
+            raise UnsupportedOp(f"entry parameter %{param.name} of type {shape}")
+        args.append(random_array(rng, shape.dims, shape.numpy_dtype, kind))
+    return args
+
+
+def random_array(rng: np.random.Generator, dims, dtype, kind: str = "normal") -> np.ndarray:
+    """One seeded random argument of ``kind`` (INPUT_KINDS) for floats."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.random(dims) < 0.5
+    if np.issubdtype(dtype, np.integer):
+        # Integer parameters are mostly indices (tokens, segments, labels), masks and step
+        # counters: 0 and 1 are valid for all of them; larger values index out of range
+        # (JAX's gathers then fill NaN, and every output of BERT was NaN, comparing equal).
+        return rng.integers(0, 2, size=dims).astype(dtype)
+    if kind == "normal":
+        return rng.standard_normal(dims).astype(dtype)
+    if kind == "positive":
+        return np.abs(rng.standard_normal(dims)).astype(dtype)
+    return rng.uniform(0.01, 0.1, size=dims).astype(dtype)
+
+
+def stitched_steps(module: Module, kernels: list):
+    """The stitched plan in an order it can run: ``(instruction, None)`` for an entry
+    instruction left to XLA, ``(None, kernel)`` for a stitched kernel; second, the kernels
+    that wait on their own outputs through the rest of the module (a cycle: never ready)."""
+    comp = module.entry
+    by_name = comp.by_name()
+    owner = {n: ("kernel", i) for i, k in enumerate(kernels) for n in k.pattern.nodes}
+
+    def unit(name: str):
+        """What computes an entry value: its kernel (also for a get-tuple-element of a
+        kernel's multi-output node, which the kernel writes), else the instruction."""
+        inst = by_name[name]
+        if name not in owner and inst.opcode == "get-tuple-element":
+            return owner.get(inst.operands[0], name)
+        return owner.get(name, name)
+
+    graph = nx.DiGraph()  # nodes: instruction names and ("kernel", index)
+    for inst in comp.instructions:
+        if inst.opcode == "parameter" or unit(inst.name) != inst.name:
+            continue
+        graph.add_node(inst.name)
+        graph.add_edges_from((unit(op), inst.name) for op in inst.operands
+                             if by_name[op].opcode != "parameter")
+    for i, kernel in enumerate(kernels):
+        graph.add_node(("kernel", i))
+        graph.add_edges_from((unit(n), ("kernel", i)) for n, _ in kernel.spec.inputs
+                             if by_name[n].opcode != "parameter")
+    cyclic = {u for component in nx.strongly_connected_components(graph)
+              if len(component) > 1 for u in component} | set(nx.nodes_with_selfloops(graph))
+    stuck = [k for i, k in enumerate(kernels) if ("kernel", i) in cyclic]
+    if stuck:
+        return [], stuck
+    return [(None, kernels[u[1]]) if isinstance(u, tuple) else (by_name[u], None)
+            for u in nx.topological_sort(graph)], []
+
+
+def execute_stitched(module: Module, kernels: list, args: list[np.ndarray]):
+    """Run the stitched plan: host kernels for stitched patterns, the evaluator for the rest."""
+    comp = module.entry
+    shapes = {i.name: i.shape for i in comp.instructions}
+    steps, stuck = stitched_steps(module, kernels)
+    if stuck:
+        raise RuntimeError(f"stitched plan cannot be scheduled: {[k.spec.name for k in stuck]} "
+                           f"wait on their own outputs")
+    values: dict[str, object] = dict(zip((p.name for p in comp.parameters), args))
+    for inst, kernel in steps:
+        if kernel is not None:
+            outs = kernel.host(*[values[n] for n, _ in kernel.spec.inputs])
+            values.update(zip((n for n, _ in kernel.spec.outputs), outs))
+        else:
+            values[inst.name] = evaluate_instruction(
+                module, inst, [values[op] for op in inst.operands], shapes)
+    return values[comp.root.name]
+
+
+def evaluate_instruction(module: Module, inst: Instruction, operands: list,
+                         shapes: dict[str, Shape]) -> object:
+    """One instruction through the evaluator, as a computation of its own; ``shapes`` maps
+    operand names to their shapes."""
+    names = list(dict.fromkeys(inst.operands))
+    params = [Instruction(f"{n}.arg", shapes[n], "parameter",
+                          parameter_number=i) for i, n in enumerate(names)]
+    renamed = dataclasses.replace(inst, operands=[f"{n}.arg" for n in inst.operands],
+                                  is_root=True)
+    wrapper = Computation(f"{inst.name}.eval", params + [renamed])
+    # The evaluator knows the computations of the module it is given (operand shapes for
+    # bitcast, called computations): give it one that holds the wrapper too.
+    scope = dataclasses.replace(module, computations=module.computations + [wrapper])
+    distinct = dict(zip(inst.operands, operands))
+    return evaluate_computation(scope, wrapper, [distinct[n] for n in names])
+
+
+def _leaves(value) -> list[np.ndarray]:
+    if isinstance(value, (tuple, list)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [np.asarray(value)]
+
+
+def compare(expected, actual, rtol: float = 1e-5, atol: float = 1e-5) -> tuple[bool, float, float]:
+    """(ok, max abs err, max rel err): floats within rtol/atol, everything else exact."""
+    ok, max_abs, max_rel = True, 0.0, 0.0
+    exp_leaves, act_leaves = _leaves(expected), _leaves(actual)
+    if len(exp_leaves) != len(act_leaves):
+        return False, float("inf"), float("inf")
+    for e, a in zip(exp_leaves, act_leaves):
+        if e.shape != a.shape:
+            return False, float("inf"), float("inf")
+        if np.issubdtype(e.dtype, np.floating) or e.dtype.kind == "V":
+            e64, a64 = e.astype(np.float64), a.astype(np.float64)
+            # NaN matches NaN and an infinity itself; only finite pairs have an error (a NaN
+            # or inf in the tolerance term would fail every comparison, even of equal arrays).
+            exact = (e64 == a64) | (np.isnan(e64) & np.isnan(a64))
+            finite = np.isfinite(e64) & np.isfinite(a64)
+            # A NaN or infinity against a number is infinitely far (it reported 0 before).
+            diff = np.abs(np.subtract(e64, a64, out=np.where(exact, 0.0, np.inf), where=finite))
+            scale = np.where(finite, np.abs(e64), 0.0)
+            if diff.size:
+                max_abs = max(max_abs, float(diff.max()))
+                max_rel = max(max_rel, float((diff / np.maximum(scale, 1e-30)).max()))
+            ok &= bool((exact | (finite & (diff <= atol + rtol * scale))).all())
+        else:
+            ok &= bool(np.array_equal(e, a))
+    return ok, max_abs, max_rel
+
+
+def finite_fraction(value) -> float:
+    """The fraction of the float elements of ``value`` that are finite (1.0 without floats)."""
+    floats = [leaf for leaf in _leaves(value) if leaf.dtype.kind == "f" and leaf.size]
+    total = sum(leaf.size for leaf in floats)
+    return sum(int(np.isfinite(leaf).sum()) for leaf in floats) / total if total else 1.0
+
+
+VACUOUS_BELOW = 0.5  # a check where most outputs are NaN/inf compares almost nothing
+
+
+def verify(module: Module, kernels: list, notes: list[Fallback], seed: int = 0) -> Verify:
+    """Run XLA's plan and the stitched plan (``kernels``: pipeline.StitchedKernel with host
+    builds) on the same random inputs and compare; notes about the check go to ``notes``.
+
+    Elided constants get the same seeded values in both plans and in XLA's text. Inputs of
+    each of INPUT_KINDS in turn until every output is finite (a mismatch on mostly finite
+    outputs is a verdict at once); else the kind with the most finite outputs, and the check
+    is vacuous when that is under half (an RMSprop step on normal inputs: the square root of
+    a negative second moment made half of every update NaN, which compares nothing). Inputs
+    on which rounding decides the outputs and no kernel check explains it give no verdict
+    either: the next kind is tried, vacuous if none is left."""
+    if elided_constants(module):
+        module = fill_elided(module, seed)
+    best = chaotic = None
+    for kind in INPUT_KINDS:
+        outcome = _verify_on(module, kernels, notes, seed, kind)
+        if outcome.vacuous:  # rounding decides these outputs
+            chaotic = chaotic or outcome
+            continue
+        if not outcome.ran or outcome.error or outcome.finite == 1.0 or (
+                not outcome.ok and outcome.finite >= VACUOUS_BELOW):
+            return outcome
+        if best is None or outcome.finite > best.finite:
+            best = outcome
+    if best is None:
+        return chaotic
+    if best.finite < VACUOUS_BELOW:
+        best.ok, best.vacuous = False, True
+    return best
+
+
+def _verify_on(module: Module, kernels: list, notes: list[Fallback], seed: int,
+               kind: str) -> Verify:
+    """References: XLA itself running the module (where jaxlib can compile the text) and the
+    numpy evaluator; the stitched plan must match every reference that ran, within 1e-5 or,
+    failing that, be about as close to XLA's f64 result for the module as XLA's f32 is, or,
+    element by element, as f32 executions with other roundings are (``rounding_decides``).
+    A mismatch names the stitched kernels that differ given XLA's plan's inputs."""
+    try:
+        args = random_inputs(module, seed, kind)
+        references = {"evaluator": evaluate(module, args)}
+    except UnsupportedOp as exc:
+        # The stitched plan runs its other ops through the evaluator too, so neither plan can
+        # run here (e.g. collectives): say so instead of a verdict.
+        return Verify(ran=False, not_run=f"this machine cannot execute the module: {exc}")
+    text = str(module)
+    try:
+        references["xla"] = run_hlo_with_xla(text, args)
+    except Exception as exc:  # noted, not fatal: the evaluator still checks
+        _note_once(notes, f"XLA could not run the module as a reference: {_reason(exc)}")
+    # Every reference must be mostly finite: XLA:CPU's YNNPACK fusions drop the NaN of a
+    # maximum that HLO (and the evaluator) propagates, so on a NaN-laden input one reference
+    # can be all NaN and the other finite, and such inputs compare nothing.
+    outcome = Verify(ran=True, ok=True, against=sorted(references), inputs=kind,
+                     finite=min(map(finite_fraction, references.values())))
+    try:
+        stitched = execute_stitched(module, kernels, args)
+    except Exception as exc:  # a defect of ours, reported as a failed check, never a crash
+        outcome.ok, outcome.error = False, _reason(exc)
+        return outcome
+    for ref in references.values():
+        ok, max_abs, max_rel = compare(ref, stitched)
+        outcome.ok &= ok
+        outcome.max_abs_err = max(outcome.max_abs_err, max_abs)
+        outcome.max_rel_err = max(outcome.max_rel_err, max_rel)
+    if outcome.ok:
+        return outcome
+    exact = None
+    if "xla" in references:
+        # A whole step amplifies f32 rounding far past 1e-5, so two correct f32 executions
+        # differ by more: then the yardstick is XLA's own distance from its f64 result
+        # (xla_runner.DRIFT_FACTOR, measured on the model-zoo workloads).
+        try:
+            exact = _leaves(run_hlo_with_xla(widened_to_f64(text), [
+                a.astype(np.float64) if a.dtype == np.float32 else a for a in args]))
+        except Exception as exc:  # the 1e-5 verdict stands
+            _note_once(notes, f"XLA could not run the module in f64: {_reason(exc)}")
+    if exact is not None:
+        drift, detail = drift_verdict(module, args, _leaves(stitched), _leaves(references["xla"]),
+                                      exact, _leaves(references["evaluator"]))
+        if drift in (Drift.WITHIN_XLAS, Drift.WITHIN_ROUNDING):
+            outcome.ok, outcome.rounding_decides = True, detail
+            return outcome
+        if drift is Drift.ROUNDING_DECIDES_THE_STEP:
+            outcome.vacuous = True
+            _note_once(notes, f"on {kind} inputs {detail}: no verdict")
+            return outcome
+    # A mismatch: which stitched kernels differ given XLA's plan's values of their inputs.
+    wrong = kernel_mismatches(module, kernels, args)
+    if wrong:
+        _note_once(notes, f"on {kind} inputs, given XLA's plan's values of their inputs: "
+                          f"{'; '.join(wrong[:3])}" + (f" (and {len(wrong) - 3} more)"
+                                                       if len(wrong) > 3 else ""))
+    return outcome
+
+
+class Drift(enum.Enum):
+    """Where a whole step's f32 result stands against XLA's f64 result (drift_verdict)."""
+    WITHIN_XLAS = "as close as XLA's own f32 result"
+    WITHIN_ROUNDING = "farther in elements where f32 executions with other roundings land too"
+    ROUNDING_DECIDES_THE_STEP = "rounding decides too much of the step for a verdict"
+    BEYOND = "farther than f32 rounding reaches"
+
+
+ROUNDING_RUNS = 8  # evaluations with rounding noise; an element f32 rounding decides
+# (a sign of noise) lands on either side in about half of them
+ROUNDING_DECIDES_AT_MOST = 0.01  # of the float output elements, for a verdict to mean much
+
+
+def drift_verdict(module: Module, args: list, ours: list, xla: list, exact: list,
+                  evaluator: list | None = None) -> tuple[Drift, str]:
+    """``ours`` (output leaves) against ``exact`` (XLA's f64 result): first XLA's own f32
+    distance (``xla``), then, element by element, how far f32 executions with other roundings
+    land (``rounding_reach``: Adam's first step is sign(g), and a gradient that is rounding
+    noise flips a whole update). With the detail: the outputs beyond XLA's own distance.
+    ``evaluator`` (its result, when there is one) beyond XLA's own distance too, or too many
+    elements rounding decides, leave no verdict."""
+    beyond_xla = drift_problems(ours, xla, exact)
+    if not beyond_xla:
+        return Drift.WITHIN_XLAS, ""
+    if evaluator is not None and drift_problems(evaluator, xla, exact):
+        # The evaluator (f64 accumulation, no stitched kernel) misses XLA's yardstick too: on
+        # these inputs rounding decides the step (a Keras MobileNetV3 step on normal inputs:
+        # XLA's own f32 15% off its f64 result); other inputs give a sharper check.
+        return (Drift.ROUNDING_DECIDES_THE_STEP,
+                "the evaluator is beyond XLA's own f32 distance from its f64 result too")
+    detail = "; ".join(beyond_xla)
+    try:
+        reach = rounding_reach(module, args, exact)
+    except UnsupportedOp:
+        return Drift.BEYOND, detail
+    if drift_problems(ours, xla, exact, spread=reach):
+        return Drift.BEYOND, detail
+    if drift_elements(ours, xla, exact) > ROUNDING_DECIDES_AT_MOST * _float_elements(exact):
+        return Drift.ROUNDING_DECIDES_THE_STEP, "rounding decides more than 1% of the outputs"
+    return Drift.WITHIN_ROUNDING, detail
+
+
+def rounding_reach(module: Module, args: list, exact: list, runs: int = ROUNDING_RUNS) -> list:
+    """Per output and element, the farthest from ``exact`` (XLA's f64 result) that ``runs``
+    evaluations with rounding noise land: what other correct f32 executions could give."""
+    rng = np.random.default_rng(0)
+    reach = [np.zeros(np.shape(x)) for x in exact]
+    for _ in range(runs):
+        for far, run, x in zip(reach, _leaves(evaluate(module, args, rounding_noise=rng)), exact):
+            if run.dtype.kind == "f":
+                np.fmax(far, np.abs(run.astype(np.float64) - x), out=far)
+    return reach
+
+
+def _float_elements(values: list) -> int:
+    return sum(v.size for v in values if v.dtype.kind == "f")
+
+
+def reference_values(module: Module, args: list) -> dict[str, object]:
+    """Every entry value of XLA's plan on ``args``, one instruction at a time (the evaluator)."""
+    comp = module.entry
+    shapes = {i.name: i.shape for i in comp.instructions}
+    values: dict[str, object] = dict(zip((p.name for p in comp.parameters), args))
+    for inst in comp.instructions:
+        if inst.opcode != "parameter":
+            values[inst.name] = evaluate_instruction(
+                module, inst, [values[op] for op in inst.operands], shapes)
+    return values
+
+
+def kernel_mismatches(module: Module, kernels: list, args: list) -> list[str]:
+    """The stitched kernels whose outputs differ (beyond 1e-5) from XLA's plan's values when
+    given XLA's plan's values of their inputs, each with its error; empty when none does."""
+    values = reference_values(module, args)
+    wrong = []
+    for kernel in kernels:
+        outs = kernel.host(*[values[n] for n, _ in kernel.spec.inputs])
+        ok, max_abs, max_rel = compare([values[n] for n, _ in kernel.spec.outputs], list(outs))
+        if not ok:
+            wrong.append(f"{kernel.spec.name} differs (max abs err {max_abs:.3g}, max rel "
+                         f"err {max_rel:.3g})")
+    return wrong
+
+
+def _note_once(notes: list[Fallback], reason: str) -> None:
+    """A verification note, once however many kinds of inputs were tried."""
+    note = Fallback("verify", [], reason)
+    if note not in notes:
+        notes.append(note)
+
+
+def _reason(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"
