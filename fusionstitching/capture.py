@@ -41,13 +41,13 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
 
 from costmodel.devices import TARGETS as DEVICE_FILES
 
+from . import child_processes
 from .hlo.ir import NUMPY_DTYPES
 from .hlo.xla_runner import hlo_module_text, optimized_hlo_text
 
@@ -281,8 +281,11 @@ def _run_child(argv: list[str], stdin: str | None = None) -> str:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     # The child imports fn by name, so it needs this process's import path ('' = cwd).
     env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
-    proc = subprocess.run([sys.executable, "-m", "fusionstitching.capture", *argv],
-                          input=stdin, capture_output=True, text=True, env=env)
+    try:
+        proc = child_processes.run([sys.executable, "-m", "fusionstitching.capture", *argv],
+                                   child_processes.COMPILE_TIMEOUT_S, input=stdin, env=env)
+    except child_processes.ChildTimeout as exc:
+        raise CaptureError(f"XLA:GPU capture in a child process: {exc}") from None
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
         raise CaptureError(f"XLA:GPU capture in a child process failed "

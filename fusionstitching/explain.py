@@ -13,8 +13,8 @@ from __future__ import annotations
 import collections
 import re
 import shutil
-import subprocess
 
+from . import child_processes
 from .explorer import FusionPlan
 from .explorer.index import GraphIndex
 from .graph import OpClass, OpGraph
@@ -181,8 +181,11 @@ def write_svg(dot_text: str, path: str) -> tuple[bool, str]:
     dot = shutil.which("dot")
     if dot is None:
         return False, "Graphviz's `dot` program is not installed (apt-get install graphviz)"
-    done = subprocess.run([dot, "-Tsvg", "-o", path], input=dot_text, text=True,
-                          capture_output=True)
+    try:
+        done = child_processes.run([dot, "-Tsvg", "-o", path], child_processes.TOOL_TIMEOUT_S,
+                                   input=dot_text)
+    except child_processes.ChildTimeout as exc:
+        return False, str(exc)
     if done.returncode != 0:
         return False, f"dot failed: {done.stderr.strip()}"
     return True, f"wrote {path}"

@@ -1,16 +1,27 @@
 """FUSIONSTITCHING=1: stitching in an unchanged script, enabled from the environment.
 
 The package installs ``fusionstitching_hook.pth`` into site-packages (setup.py); Python runs
-its one line at every start-up. When ``FUSIONSTITCHING`` is unset that line does nothing
-else; when it is set, ``enable_from_environment`` parses ``FUSIONSTITCHING_FLAGS``
+its one line at every start-up (``at_start_up``). It quiets the JAX CUDA plugin where it can
+only fail (quiet_start.py); when ``FUSIONSTITCHING`` is unset it does nothing else; when it
+is set, ``enable_from_environment`` parses ``FUSIONSTITCHING_FLAGS``
 (flags.py) and arranges for each framework's hook to be installed when the script imports
 that framework (jax_hook.py, tf_hook.py), so nothing heavy is imported at start-up and a script that
 sets ``JAX_PLATFORMS`` etc. before importing jax still works.
 """
 from __future__ import annotations
 
+import os
+
+from . import quiet_start
 
 _enabled = False
+
+
+def at_start_up() -> None:
+    """What the .pth line runs in every Python process: nothing heavy is imported."""
+    quiet_start.default_jax_platforms()
+    if "FUSIONSTITCHING" in os.environ:
+        enable_from_environment()
 
 
 def enable_from_environment() -> bool:

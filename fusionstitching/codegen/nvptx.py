@@ -13,13 +13,13 @@ import importlib.util
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from .. import child_processes
 from .kernel_ir import Barrier, ConstArray, Kernel, SharedArray, WarpReduce, expand_block_reduce
 from .llvm_lowering import F32, I32, I64, PTR, STORAGE_TYPES, ThreadLowering, optimize
 
@@ -216,8 +216,8 @@ def _assemble(ptxas: str, name: str, arch: str, text: str, ptx: str) -> NvptxKer
         src, out = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(src, "w") as f:
             f.write(ptx)
-        run = subprocess.run([ptxas, f"-arch={arch}", "-v", src, "-o", out],
-                             capture_output=True, text=True)
+        run = child_processes.run([ptxas, f"-arch={arch}", "-v", src, "-o", out],
+                                  child_processes.PTXAS_TIMEOUT_S)
         if run.returncode != 0:
             raise RuntimeError(f"ptxas failed for {name}:\n{run.stderr}")
         with open(out, "rb") as f:

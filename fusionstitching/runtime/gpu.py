@@ -42,13 +42,13 @@ import argparse
 import logging
 import os
 import re
-import subprocess
 import sys
 import zlib
 from dataclasses import dataclass
 
 import costmodel
 
+from .. import child_processes
 from ..codegen import compile_nvptx
 from ..hlo.ir import Module, Shape
 from ..hlo.printer import print_module
@@ -279,9 +279,9 @@ def compile_for_gpu_deviceless(hlo_text: str, target: str = "h100") -> str:
         return capture.hlo_for_gpu(hlo_text, target=target)
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
-    proc = subprocess.run([sys.executable, "-m", "fusionstitching.runtime.gpu",
-                           "--target", target], input=hlo_text, capture_output=True,
-                          text=True, env=env)
+    proc = child_processes.run([sys.executable, "-m", "fusionstitching.runtime.gpu",
+                                "--target", target], child_processes.COMPILE_TIMEOUT_S,
+                               input=hlo_text, env=env)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
         raise capture.CaptureError(f"deviceless XLA:GPU compile in a child process failed:\n"

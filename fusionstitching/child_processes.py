@@ -1,0 +1,63 @@
+"""Every subprocess of ours (ptxas, Graphviz, the deviceless XLA:GPU compile) runs through
+``run``: with a time limit, and killed when the interpreter exits, so a hung tool can neither
+hang replay or a jit call forever nor outlive the user's script (a background build's thread
+dies at exit; its child would not)."""
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import threading
+
+# Seconds. ptxas takes well under 10 s on the corpus's largest kernels; an XLA:GPU compile of
+# a training step under a minute (deviceless, 2 cores).
+PTXAS_TIMEOUT_S = 120.0
+TOOL_TIMEOUT_S = 120.0
+COMPILE_TIMEOUT_S = 900.0
+
+_live: set[subprocess.Popen] = set()
+_live_lock = threading.Lock()
+
+
+class ChildTimeout(RuntimeError):
+    """A subprocess ran past its limit and was killed."""
+
+
+def run(cmd: list[str], timeout_s: float, input: str | None = None,
+        env: dict | None = None) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True)`` that kills the child after
+    ``timeout_s`` (ChildTimeout naming the command) and at interpreter exit."""
+    # A session of its own: killing it kills what it started too (a shell's sleep kept the
+    # pipes open, and the wait for their end never ended).
+    with subprocess.Popen(cmd, stdin=subprocess.PIPE if input is not None else None,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env, start_new_session=True) as proc:
+        with _live_lock:
+            _live.add(proc)
+        try:
+            stdout, stderr = proc.communicate(input, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            proc.communicate()
+            raise ChildTimeout(f"{cmd[0]} did not finish in {timeout_s:g} s and was "
+                               f"stopped") from None
+        finally:
+            with _live_lock:
+                _live.discard(proc)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+@atexit.register
+def _kill_children() -> None:
+    with _live_lock:
+        children = list(_live)
+    for proc in children:
+        _kill(proc)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # already gone
+        pass

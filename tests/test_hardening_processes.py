@@ -1,0 +1,96 @@
+"""Our subprocesses and kernels cannot take the user's job down: a hung tool is stopped after its
+time limit and killed at exit (issue 25, items 4, 5 and 14)."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fusionstitching import child_processes
+from fusionstitching.cli import main as cli_main
+from tf_hooks import quiet_start
+
+DATA = Path(__file__).parent / "data" / "hlo"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def hanging_tool(tmp_path, name: str) -> Path:
+    """A directory holding an executable ``name`` that sleeps for ten minutes."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    tool = folder / name
+    tool.write_text("#!/bin/sh\nsleep 600\n")
+    tool.chmod(0o755)
+    return folder
+
+
+def test_a_hanging_ptxas_is_stopped_and_replay_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{hanging_tool(tmp_path, 'ptxas')}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(child_processes, "PTXAS_TIMEOUT_S", 1.0)
+    files = [str(DATA / "layernorm_32x2048_jax_cpu.hlo"), str(DATA / "softmax_32x2048_jax_cpu.hlo")]
+    out = tmp_path / "reports.json"
+    started = time.perf_counter()
+    cli_main(["replay", *files, "--json", str(out)])
+    assert time.perf_counter() - started < 60
+    reports = json.loads(out.read_text())
+    assert len(reports) == 2  # the second file was replayed too
+    for report in reports:
+        stages = [f["stage"] for f in report["fallbacks"]]
+        assert "ptxas" in stages, report["fallbacks"]
+        assert any("did not finish in 1 s" in f["reason"] for f in report["fallbacks"])
+
+
+def test_a_child_still_running_when_the_script_exits_is_killed(tmp_path):
+    """A background thread waiting on a child (as an async build waits on ptxas) dies with the
+    interpreter; the child must not outlive it."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import threading, time\n"
+        "from fusionstitching import child_processes\n"
+        "threading.Thread(target=child_processes.run, args=(['sleep', '300'], 600),\n"
+        "                 daemon=True).start()\n"
+        "while not child_processes._live:\n"
+        "    time.sleep(0.01)\n"
+        "print(next(iter(child_processes._live)).pid, flush=True)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout)
+    deadline = time.time() + 10
+    while time.time() < deadline and _alive(pid):
+        time.sleep(0.1)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    """Running or sleeping (a zombie waiting for init to reap it is dead)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    state = next(line for line in status.splitlines() if line.startswith("State:"))
+    return "Z" not in state.split()[1]
+
+
+def test_a_jax_program_starts_without_cuda_plugin_tracebacks():
+    """The [xla-gpu] extra's CUDA plugin cannot initialize without an NVIDIA driver; a plain
+    JAX program beside it must not print its tracebacks (it runs on the CPU either way)."""
+    if any(map(os.path.exists, quiet_start.NVIDIA_DRIVER_FILES)):
+        pytest.skip("this machine has an NVIDIA driver: the plugin initializes")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    done = subprocess.run([sys.executable, "-c", "import jax; print(jax.devices()[0].platform)"],
+                          capture_output=True, text=True, timeout=120, cwd="/", env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "cpu", done.stderr
+    assert "Traceback" not in done.stderr and "Unable to load CUDA" not in done.stderr
+
+
+def test_the_quiet_start_keeps_the_users_choice_and_a_real_driver(tmp_path, monkeypatch):
+    assert not quiet_start.default_jax_platforms({"JAX_PLATFORMS": "cuda"})
+    driver = tmp_path / "version"
+    driver.write_text("NVRM version: 580")
+    monkeypatch.setattr(quiet_start, "NVIDIA_DRIVER_FILES", (str(driver),))
+    environ = {}
+    assert not quiet_start.default_jax_platforms(environ) and environ == {}
