@@ -9,6 +9,9 @@ import time
 import traceback
 from pathlib import Path
 
+from costmodel import TARGETS
+
+from .explorer import STRATEGIES
 from .hlo.ir import HloParseError
 
 
@@ -41,25 +44,55 @@ def replay(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         try:
             module = parse_file(path)
+            result = stitch_module(module, options, parse_seconds=time.perf_counter() - t0)
+            summary = format_summary(result.report)
         except (HloParseError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             failed = True
             continue
-        try:
-            result = stitch_module(module, options, parse_seconds=time.perf_counter() - t0)
         except Exception as exc:  # a defect of ours: this file fails, the others still replay
             print(f"error: {path}: internal error ({type(exc).__name__}: {exc}); please "
                   f"report it with the file\n{_innermost_frame(exc)}", file=sys.stderr)
             failed = True
             continue
         print(f"{path}:")
-        print(format_summary(result.report))
+        print(summary)
         reports.append(result.report)
         failed |= not result.report.ok
     if args.json:
-        write_json(reports, args.json)
+        try:
+            write_json(reports, args.json)
+        except OSError as exc:  # checked up front; the folder may have gone since
+            print(f"error: --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
         print(f"wrote {len(reports)} reports to {args.json}")
     return 1 if failed else 0
+
+
+def _output_file_problem(path: str) -> str | None:
+    """Why ``--json PATH`` cannot be written (None when it can), said before any planning."""
+    p = Path(path)
+    if p.is_dir():
+        return "is a folder; name the JSON file to write"
+    if not p.parent.is_dir():
+        return f"no such folder: {p.parent}"
+    if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        return "not writable"
+    return None
+
+
+def _output_folder_problem(path: str) -> str | None:
+    """Why ``--emit DIR`` cannot hold the kernels (None when it can); creates the folder."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        return "exists and is not a folder"
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot be created ({exc.strerror or exc})"
+    if not os.access(p, os.W_OK):
+        return "not writable"
+    return None
 
 
 def _innermost_frame(exc: BaseException) -> str:
@@ -115,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
 
     rp = sub.add_parser("replay", help="stitch optimized HLO files or XLA dump folders offline")
     rp.add_argument("paths", nargs="+", help="HLO text files or folders")
-    rp.add_argument("--target", default="h100", help="GPU to model and assemble for "
-                                                     "(h100, a100, v100)")
-    rp.add_argument("--explorer", default="beam", help="fusion strategy (beam, greedy)")
+    targets, explorers = sorted(TARGETS), list(STRATEGIES)
+    rp.add_argument("--target", default="h100", choices=targets,
+                    help="GPU to model and assemble for")
+    rp.add_argument("--explorer", default="beam", choices=explorers, help="fusion strategy")
     rp.add_argument("--verify", action="store_true",
                     help="run XLA's plan and the stitched plan on random inputs and compare")
     rp.add_argument("--json", metavar="OUT", help="write the list of Reports as JSON")
@@ -127,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
     dp = sub.add_parser("demo", help="LayerNorm from JAX: XLA's plan, the stitched plan, "
                                      "verification")
-    dp.add_argument("--target", default="h100")
+    dp.add_argument("--target", default="h100", choices=targets)
     dp.add_argument("--rows", type=int, default=256)
     dp.add_argument("--cols", type=int, default=1024)
     dp.set_defaults(run=demo)
@@ -139,11 +173,18 @@ def main(argv: list[str] | None = None) -> int:
     ep.add_argument("--dot", metavar="OUT", help="write the plan as Graphviz DOT")
     ep.add_argument("--svg", metavar="OUT", help="write the plan as SVG (needs Graphviz's dot; "
                                                  "the .dot file is written either way)")
-    ep.add_argument("--target", default="h100", help="GPU the cost model prices")
-    ep.add_argument("--explorer", default="beam", help="fusion strategy (beam, greedy)")
+    ep.add_argument("--target", default="h100", choices=targets, help="GPU the cost model prices")
+    ep.add_argument("--explorer", default="beam", choices=explorers, help="fusion strategy")
     ep.set_defaults(run=explain)
 
     args = parser.parse_args(argv)
+    if args.command == "replay":
+        # Output paths are checked before minutes of planning, as argparse checks choices.
+        for option, value, problem in (("--json", args.json, _output_file_problem),
+                                       ("--emit", args.emit, _output_folder_problem)):
+            why = value and problem(value)
+            if why:
+                rp.error(f"{option} {value}: {why}")
     return args.run(args)
 
 

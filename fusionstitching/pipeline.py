@@ -19,6 +19,7 @@ from .explain import NEVER_TOGETHER, NO_NEIGHBOUR, NOT_CHOSEN, generic_reason, u
 from .explorer import FusionPlan, Pattern, explore
 from .explorer.index import GraphIndex
 from .graph import OpClass, OpGraph, build_graph
+from .graph.refusal import Refusal, internal
 from .graph.profile import xla_kernel_profile
 from .graph.traffic import memory_intensive_regions, pattern_traffic, plan_bytes
 from .hlo.ir import Module
@@ -64,9 +65,16 @@ def stitch_module(module: Module, options: Options | None = None,
     fallbacks: list[Fallback] = []
 
     graph = build_graph(module)
+    # Instructions the graph refused (graph/refusal.py) are opaque nodes: XLA runs them.
+    fallbacks += [Fallback("graph", [n.name], str(n.refusal))
+                  for n in graph.nodes.values() if n.refusal is not None]
     t0 = time.perf_counter()
     built: dict[frozenset[str], codegen.KernelSpec] = {}
-    plan = plan_module(graph, options, device, built)
+    try:
+        plan = plan_module(graph, options, device, built)
+    except Exception as exc:  # a defect of ours: the module keeps XLA's plan
+        plan = FusionPlan(options.explorer, [], notes=["explorer failed; XLA's plan kept"])
+        fallbacks.append(Fallback("explore", [], str(internal(exc))))
     times.explore = time.perf_counter() - t0
 
     kernels: list[StitchedKernel] = []
@@ -79,7 +87,12 @@ def stitch_module(module: Module, options: Options | None = None,
 
     kernels = _schedulable(module, kernels, fallbacks)
     result = StitchResult(module, graph, plan, kernels, report=None, fallbacks=fallbacks)
-    result.report = make_report(result, options, device, times)
+    try:
+        result.report = make_report(result, options, device, times)
+    except Exception as exc:  # counting the stitched plan failed: report XLA's plan alone
+        _give_back(result.kernels, "report", internal(exc), fallbacks)
+        result.kernels = []
+        result.report = make_report(result, options, device, times)
     if options.verify:
         result.report.verify = verify(result.module, result.kernels, result.report.fallbacks,
                                       seed=options.seed)
@@ -113,6 +126,8 @@ def plan_module(graph: OpGraph, options: Options, device,
             spec = codegen.generate(graph.module, nodes, "probe", {"name": options.target})
         except codegen.CodegenError as exc:
             return False, str(exc)
+        except Exception as exc:  # a defect of ours: the pattern is refused, with the reason
+            return False, f"code generator: {internal(exc)}"
         slower = _slower_than_xla(graph, spec, device, options.target, xla_kernel_us)
         if slower:
             return False, slower
@@ -299,7 +314,11 @@ def _left_to_xla(result: StitchResult, options: Options) -> list[LeftToXla]:
         else:
             reason = verdicts.get(node, NO_NEIGHBOUR)
             if reason not in (NOT_CHOSEN, NEVER_TOGETHER, NO_NEIGHBOUR):
-                ok, why = codegen.can_stitch(result.module, [node], {"name": options.target})
+                try:
+                    ok, why = codegen.can_stitch(result.module, [node],
+                                                 {"name": options.target})
+                except Exception as exc:  # a defect of ours: say so instead of failing
+                    ok, why = False, str(internal(exc))
                 if not ok:
                     reason = f"the code generator cannot build it even alone: " \
                              f"{generic_reason(why)}"
@@ -317,13 +336,22 @@ def _schedulable(module: Module, kernels: list[StitchedKernel],
                  fallbacks: list[Fallback]) -> list[StitchedKernel]:
     """The kernels less those in a cycle through the rest of the module, each left to XLA
     with a reason (what the explorer's check missed must not reach the runtime)."""
-    _, stuck = stitched_steps(module, kernels)
+    try:
+        _, stuck = stitched_steps(module, kernels)
+    except Exception as exc:  # no order found: every kernel is given back
+        _give_back(kernels, "schedule", internal(exc), fallbacks)
+        return []
     stuck_names = {k.spec.name for k in stuck}
     for kernel in stuck:
         fallbacks.append(Fallback("schedule", list(kernel.pattern.nodes),
                                   f"{kernel.spec.name} waits on its own outputs through the "
                                   f"rest of the module (a cycle no schedule can run)"))
     return [k for k in kernels if k.spec.name not in stuck_names]
+
+
+def _give_back(kernels: list[StitchedKernel], stage: str, refusal: Refusal,
+               fallbacks: list[Fallback]) -> None:
+    fallbacks.extend(Fallback(stage, list(k.pattern.nodes), str(refusal)) for k in kernels)
 
 
 def emit(result: StitchResult, directory: str) -> None:

@@ -179,14 +179,31 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
         return name
 
     def inline(fusion: Instruction, operands: list[str]) -> list[str]:
-        """Inline a fused computation; returns the FlatOp per result (one unless multi-output)."""
+        """Inline a fused computation; returns the FlatOp per result (one unless multi-output).
+        Nested fusions are inlined from an explicit stack of ``inline_steps``, so a chain of
+        a thousand nested fusions does not reach Python's recursion limit."""
+        stack, results = [inline_steps(fusion, operands)], None
+        while stack:
+            try:
+                nested = stack[-1].send(results)
+            except StopIteration as done:
+                stack.pop()
+                results = done.value
+                continue
+            stack.append(inline_steps(*nested))
+            results = None
+        return results
+
+    def inline_steps(fusion: Instruction, operands: list[str]):
+        """``inline`` of one fused computation, as a generator: it yields each nested fusion
+        with its operands and is sent back that fusion's results."""
         comp = module.computation(fusion.called_computations[0])
         local: dict[str, str] = {}
         for inst in comp.instructions:
             if inst.opcode == "parameter":
                 local[inst.name] = operands[inst.parameter_number]
             elif inst.opcode == "fusion":
-                results = inline(inst, [local[o] for o in inst.operands])
+                results = yield inst, [local[o] for o in inst.operands]
                 if len(results) != 1:
                     raise CodegenError(f"nested multi-output fusion {inst.name}")
                 local[inst.name] = results[0]
@@ -262,7 +279,25 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
     inputs = [inputs[op.parameter_number] for op in params]
     for number, op in enumerate(params):
         op.parameter_number = number
+    _refuse_long_chains(ops)
     return Pattern(list(nodes), ops, inputs, outputs, output_values)
+
+
+# The schedule computes each value from its operands' values recursively (a few Python frames
+# per op), and kernel IR values hash their operand trees; chains longer than this would reach
+# Python's recursion limit (1000 frames: ~300 ops), where they failed before this check.
+MAX_CHAIN_OPS = 250
+
+
+def _refuse_long_chains(ops: list[FlatOp]) -> None:
+    """CodegenError when the longest dependency chain of ``ops`` (operands before users) is
+    longer than MAX_CHAIN_OPS: such a pattern is left to XLA, with the reason."""
+    depth: dict[str, int] = {}
+    for op in ops:
+        depth[op.name] = 1 + max((depth.get(o, 0) for o in op.operands), default=0)
+        if depth[op.name] > MAX_CHAIN_OPS:
+            raise CodegenError(f"unsupported: a chain of more than {MAX_CHAIN_OPS} dependent "
+                               f"ops (up to {op.name}); the code generator builds shorter ones")
 
 
 def _window(op: FlatOp) -> dict[str, list[int]] | None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ..hlo.ir import Computation, Instruction, Module, Shape
 from .demand import demanded_elements, elements
+from .refusal import Refusal, RefusalKind, internal
 
 
 class OpClass(enum.IntEnum):
@@ -51,16 +52,25 @@ OPAQUE_OPCODES = {"dot", "convolution", "custom-call", "while", "conditional", "
                   "optimization-barrier", "add-dependency"}
 
 
-def classify_instruction(inst: Instruction, module: Module) -> OpClass:
-    """Op class of one instruction; a fusion gets the heaviest class of its fused ops."""
+def classify_instruction(inst: Instruction, module: Module,
+                         fused_classes: dict[str, OpClass] | None = None) -> OpClass:
+    """Op class of one instruction; a fusion gets the heaviest class of its fused ops.
+    ``fused_classes`` caches the class of each fused computation between calls."""
+    if inst.opcode == "fusion" and not _launches_nothing(inst):
+        memo = {} if fused_classes is None else fused_classes
+        return _fused_class(inst.called_computations[0], module, memo)
+    return _own_class(inst)
+
+
+def _launches_nothing(inst: Instruction) -> bool:
+    return inst.opcode in NOOP_OPCODES or elements(inst.shape) == 0  # an empty array
+
+
+def _own_class(inst: Instruction) -> OpClass:
+    """The class of an instruction other than a fusion."""
     op = inst.opcode
-    if op in NOOP_OPCODES or elements(inst.shape) == 0:  # an empty array launches nothing
+    if _launches_nothing(inst):
         return OpClass.NOOP
-    if op == "fusion":
-        fused = module.computation(inst.called_computations[0])
-        classes = [classify_instruction(i, module) for i in fused.instructions]
-        # A fusion of only no-ops (e.g. a bitcast fusion) still launches a copy kernel.
-        return max(classes + [OpClass.LIGHT_ELEMENTWISE])
     if op in OPAQUE_OPCODES:
         return OpClass.OPAQUE
     if op in REDUCTION_OPCODES:
@@ -70,6 +80,28 @@ def classify_instruction(inst: Instruction, module: Module) -> OpClass:
     if op in DATA_MOVEMENT_OPCODES:
         return OpClass.DATA_MOVEMENT
     return OpClass.LIGHT_ELEMENTWISE
+
+
+def _fused_class(name: str, module: Module, memo: dict[str, OpClass]) -> OpClass:
+    """The class of a fused computation, nested fusions first, with an explicit stack: a
+    chain of a thousand nested fusions must not reach Python's recursion limit (the parser
+    has checked that no computation calls itself)."""
+    stack = [name]
+    while stack:
+        comp = module.computation(stack[-1])
+        nested = [i.called_computations[0] for i in comp.instructions
+                  if i.opcode == "fusion" and not _launches_nothing(i)]
+        missing = [n for n in nested if n not in memo]
+        if missing:
+            stack.extend(missing)
+            continue
+        classes = [memo[i.called_computations[0]]
+                   if i.opcode == "fusion" and not _launches_nothing(i) else _own_class(i)
+                   for i in comp.instructions]
+        # A fusion of only no-ops (e.g. a bitcast fusion) still launches a copy kernel.
+        memo[comp.name] = max(classes + [OpClass.LIGHT_ELEMENTWISE])
+        stack.pop()
+    return memo[name]
 
 
 @dataclass
@@ -84,6 +116,7 @@ class Node:
     tuple_index: int | None = None  # get-tuple-element's index
     # Operands the kernel reads only in part (the operand of a gather): elements read.
     partial_reads: dict[str, int] = field(default_factory=dict)
+    refusal: Refusal | None = None  # why the graph leaves this node to XLA (as OPAQUE)
 
     @property
     def is_kernel(self) -> bool:
@@ -128,21 +161,37 @@ class OpGraph:
 
 
 def build_graph(module: Module, computation: Computation | None = None) -> OpGraph:
+    """The op graph of ``computation`` (default: the entry). An instruction the graph does not
+    understand (``check_instruction``) becomes an opaque node with its ``refusal``: left to
+    XLA, never guessed at."""
     comp = computation or module.entry
+    by_name = {i.name: i for i in comp.instructions}
+    fused_classes: dict[str, OpClass] = {}
     nodes: dict[str, Node] = {}
     for inst in comp.instructions:
+        refusal = check_instruction(inst, module, by_name)
+        op_class = OpClass.OPAQUE
+        if refusal is None:
+            try:
+                op_class = classify_instruction(inst, module, fused_classes)
+            except Exception as exc:  # a defect of ours: this node is XLA's
+                refusal = internal(exc)
         nodes[inst.name] = Node(
-            name=inst.name, opcode=inst.opcode, op_class=classify_instruction(inst, module),
+            name=inst.name, opcode=inst.opcode, op_class=op_class,
             shape=inst.shape, operands=list(dict.fromkeys(inst.operands)),
             fusion_kind=inst.fusion_kind,
             tuple_index=(int(inst.attrs["index"]) if inst.opcode == "get-tuple-element"
-                         else None))
+                         and refusal is None else None), refusal=refusal)
     for name in loop_counter_starts(comp):
         if nodes[name].is_kernel:
             nodes[name].op_class = OpClass.OPAQUE
     for inst in comp.instructions:
-        if nodes[inst.name].is_kernel:
-            nodes[inst.name].partial_reads = _partial_reads(module, inst, nodes)
+        node = nodes[inst.name]
+        if node.is_kernel and node.refusal is None:
+            try:
+                node.partial_reads = _partial_reads(module, inst, nodes)
+            except Exception as exc:
+                node.op_class, node.refusal = OpClass.OPAQUE, internal(exc)
     edges = []
     for node in nodes.values():
         for op in node.operands:
@@ -151,6 +200,31 @@ def build_graph(module: Module, computation: Computation | None = None) -> OpGra
     root = comp.root
     outputs = list(dict.fromkeys(root.operands)) if root.opcode == "tuple" else [root.name]
     return OpGraph(module, comp, nodes, edges, outputs)
+
+
+def check_instruction(inst: Instruction, module: Module,
+                      by_name: dict[str, Instruction]) -> Refusal | None:
+    """Why the graph cannot take ``inst`` as XLA's kernel (None when it can): the HLO rules
+    the stages after it rely on, which the parser does not check."""
+    def malformed(detail: str) -> Refusal:
+        return Refusal(RefusalKind.MALFORMED, f"%{inst.name}: {detail}")
+
+    if inst.opcode == "get-tuple-element":
+        index = inst.attrs.get("index", "")
+        operand = by_name[inst.operands[0]].shape if len(inst.operands) == 1 else None
+        if operand is None or not index.isdigit():
+            return malformed("get-tuple-element needs one operand and an index")
+        if not operand.is_tuple or int(index) >= len(operand.tuple_shapes):
+            return malformed(f"index {index} is outside its operand's shape {operand}")
+    elif inst.opcode == "fusion":
+        fused = module.computation(inst.called_computations[0])
+        numbers = {p.parameter_number for p in fused.parameters}
+        if numbers != set(range(len(inst.operands))):
+            return malformed(f"{len(inst.operands)} operands for the parameters "
+                             f"{sorted(numbers)} of %{fused.name}")
+    elif inst.opcode == "while" and len(inst.operands) != 1:
+        return malformed("a while takes one operand")
+    return None
 
 
 INTEGER_DTYPES = {"s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64"}
@@ -166,7 +240,7 @@ def loop_counter_starts(comp: Computation) -> set[str]:
     found: set[str] = set()
     pending = []
     for inst in comp.instructions:
-        if inst.opcode != "while":
+        if inst.opcode != "while" or len(inst.operands) != 1:  # check_instruction refuses it
             continue
         init = by_name[inst.operands[0]]
         starts = init.operands if init.opcode == "tuple" else [init.name]

@@ -55,23 +55,53 @@ def parse_module(text: str, source: str = "<string>") -> Module:
     return _Parser(text, source).module()
 
 
+# The largest HLO text read (after decompression). The biggest corpus module, a ConvNeXt
+# training step, is 1.6 MB; a gzip bomb of 10 MB inflates to gigabytes. Parsing alone needs
+# ~11x the text's size and planning more, so 64 MiB keeps replay's memory near 2 GB or less.
+MAX_HLO_BYTES = 64 << 20
+_GZIP_CHUNK = 1 << 20
+
+
 def read_hlo_text(path) -> str:
     """The text of an HLO file; a ``.gz`` file (a gzipped dump, a large corpus module) is
-    decompressed. A file that is not UTF-8 text, or a damaged ``.gz``, is an HloParseError
-    naming where (so a bad file is reported like a syntax error, never a traceback)."""
+    decompressed as a stream. A file that is not UTF-8 text, a damaged ``.gz``, or text over
+    ``MAX_HLO_BYTES`` is an HloParseError naming where (so a bad file is reported like a
+    syntax error, never a traceback, and a gzip bomb is stopped at the cap)."""
     path = Path(path)
-    data = path.read_bytes()
-    if path.suffix == ".gz":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise HloParseError(str(path), 1, 1, f"not a readable gzip file ({exc})") from None
+    data = _read_gzip(path) if path.suffix == ".gz" else _read_plain(path)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         before = data[:exc.start]
         line, column = before.count(b"\n") + 1, exc.start - (before.rfind(b"\n") + 1) + 1
         raise HloParseError(str(path), line, column, "not UTF-8 text") from None
+
+
+def _too_large(path: Path) -> HloParseError:
+    return HloParseError(str(path), 1, 1, f"more than {MAX_HLO_BYTES >> 20} MiB of HLO text "
+                                          f"(fusionstitching.hlo.parser.MAX_HLO_BYTES)")
+
+
+def _read_plain(path: Path) -> bytes:
+    if path.stat().st_size > MAX_HLO_BYTES:
+        raise _too_large(path)
+    return path.read_bytes()
+
+
+def _read_gzip(path: Path) -> bytes:
+    """The decompressed bytes, read in chunks and stopped one chunk past the cap."""
+    chunks, size = [], 0
+    with open(path, "rb") as raw:  # a missing or unreadable file stays an OSError
+        try:
+            with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+                while chunk := f.read(_GZIP_CHUNK):
+                    size += len(chunk)
+                    if size > MAX_HLO_BYTES:
+                        raise _too_large(path)
+                    chunks.append(chunk)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise HloParseError(str(path), 1, 1, f"not a readable gzip file ({exc})") from None
+    return b"".join(chunks)
 
 
 def parse_file(path) -> Module:
@@ -298,7 +328,12 @@ class _Parser:
         layout, suffix = None, ""
         if self.text.startswith("{", self.pos):  # a layout only when glued to ']'
             self.pos += 1
+            layout_pos = self.pos
             layout, suffix = self.layout()
+            # Every stage indexes dimensions through the layout: it must order all of them.
+            if sorted(layout) != list(range(len(dims))):
+                raise self.fail(f"layout {{{','.join(map(str, layout))}}} is not an order of "
+                                f"the {len(dims)} dimensions", layout_pos)
         return Shape(m.group(), tuple(dims), layout, suffix,
                      tuple(dynamic) if any(dynamic) else ())
 
@@ -361,6 +396,9 @@ class _Parser:
         for key, pos in positions.items():
             if key in _CALLING_ATTRS:
                 called.extend((n, pos) for n in _computation_names(inst.attrs[key]))
+        for key in _REQUIRED_CALLS.get(opcode, ()):
+            if not _computation_names(inst.attrs.get(key, "")):
+                raise self.fail(f"{opcode} %{name} needs attribute {key}=%computation")
         self.end_of_line("',' or end of line after instruction")
         defined.add(name)
         return inst
@@ -460,8 +498,35 @@ class _Parser:
         for callee, pos in called:
             if callee not in positions:
                 raise self.fail(f"called computation %{callee} does not exist", pos)
+        self.check_call_graph(computations, positions)
         return Module(name, computations, header_attrs=header_attrs, sections=sections,
                       source=self.source)
+
+    def check_call_graph(self, computations: list[Computation],
+                         positions: dict[str, int]) -> None:
+        """XLA's call graph is acyclic (a computation never calls itself, even through
+        others): every stage walks it from callers to callees. Checked with an explicit stack,
+        so a chain of thousands of nested calls is fine and a cycle is an HloParseError."""
+        callees = {c.name: [n for i in c.instructions for n in i.called_computations]
+                   for c in computations}
+        state: dict[str, int] = {}  # 1: on the current path, 2: done
+        for start in callees:
+            if start in state:
+                continue
+            state[start] = 1
+            stack = [(start, iter(callees[start]))]
+            while stack:
+                name, pending = stack[-1]
+                callee = next(pending, None)
+                if callee is None:
+                    state[name] = 2
+                    stack.pop()
+                elif state.get(callee) == 1:
+                    raise self.fail(f"computation %{callee} calls itself (through "
+                                    f"%{name})", positions[callee])
+                elif callee not in state:
+                    state[callee] = 1
+                    stack.append((callee, iter(callees[callee])))
 
     def sections(self) -> list[tuple[str, list[str]]]:
         """Debug-info blocks after the header: a bare word line, then lines up to a blank one.
@@ -497,6 +562,14 @@ class _Parser:
 _CALLING_ATTRS = ("calls", "to_apply", "condition", "body", "select", "scatter",
                   "branch_computations", "true_computation", "false_computation",
                   "called_computations", "async_execution_thread_computation")
+
+
+# The computations an opcode cannot be without (XLA's parser requires them too).
+_REQUIRED_CALLS = {"fusion": ("calls",), "call": ("to_apply",), "map": ("to_apply",),
+                   "reduce": ("to_apply",), "reduce-window": ("to_apply",),
+                   "all-reduce": ("to_apply",), "scatter": ("to_apply",),
+                   "select-and-scatter": ("select", "scatter"),
+                   "while": ("condition", "body")}
 
 
 def _computation_names(value: str) -> list[str]:
