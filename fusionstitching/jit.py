@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 from . import pipeline
 from .report import PlanSummary, Report
-from .runtime.cache import default_dir
+from .runtime import files
+from .runtime.cache import default_dir, share_with_group
 from .runtime.executor import Executor, RuntimeInfo, lower_thread_priority
 
 log = logging.getLogger("fusionstitching")
@@ -49,12 +50,14 @@ class RuntimeOptions:
 def jit(fn=None, *, static_argnums=None, static_argnames=None, donate_argnums=None,
         donate_argnames=None, inline: bool = False, async_compile: bool = False,
         verify: bool = False, keep: str = "fastest", cache_dir=_DEFAULT,
-        dump_to: str | None = None, **opts):
+        dump_to: str | None = None, cache_group=None, **opts):
     """Like ``jax.jit(fn, static_argnums=..., static_argnames=...)``, with stitching.
 
     ``opts`` are ``pipeline.Options`` fields (target, explorer, ptxas). PTX is not assembled
     unless ``ptxas=True``: on the CPU it is not executed, only reported. ``cache_dir``
-    defaults to ``$XDG_CACHE_HOME/fusionstitching`` (``None``: no kernel cache).
+    defaults to ``$XDG_CACHE_HOME/fusionstitching`` (``None``: no kernel cache); it is private
+    to this user unless ``cache_group`` (a group name or gid) is given, whose members then share
+    it (runtime/cache.py, "write access is trust").
 
     ``donate_argnums`` / ``donate_argnames`` donate as with ``jax.jit``: XLA's executable and
     the stitched one (whose module keeps XLA's input/output aliasing) reuse the donated
@@ -68,12 +71,24 @@ def jit(fn=None, *, static_argnums=None, static_argnames=None, donate_argnums=No
                                  donate_argnames=donate_argnames, inline=inline,
                                  async_compile=async_compile,
                                  verify=verify, keep=keep, cache_dir=cache_dir, dump_to=dump_to,
-                                 **opts)
+                                 cache_group=cache_group, **opts)
     opts.setdefault("ptxas", False)
     runtime = RuntimeOptions(async_compile, verify, keep,
                              default_dir() if cache_dir is _DEFAULT else cache_dir, dump_to)
+    if cache_group is not None and runtime.cache_dir is not None:
+        share_cache(runtime.cache_dir, cache_group)
     return StitchedFunction(fn, pipeline.Options(**opts), runtime, static_argnums,
                             static_argnames, donate_argnums, donate_argnames, inline)
+
+
+def share_cache(cache_dir: str, group) -> None:
+    """Opt into sharing ``cache_dir`` with ``group``; an unknown group is one warning and the
+    cache stays private."""
+    try:
+        share_with_group(cache_dir, group)
+    except (KeyError, ValueError) as exc:
+        files.warn_once(("cache_group", str(group)), "fusionstitching: unknown cache group "
+                        "%r (%s); the kernel cache stays private", group, exc)
 
 
 def original_jax_jit():
@@ -238,9 +253,9 @@ class Compiled:
                                  info=RuntimeInfo(mode="async" if runtime.async_compile
                                                   else "sync"))
         self.builder: threading.Thread | None = None  # the background build (async_compile)
-        self.dump_prefix = None
-        if runtime.dump_to:
-            self.dump_prefix = os.path.join(runtime.dump_to, f"{name}.{next(_dump_counter)}")
+        # Dumps are named <dump_to>/<name>.<n>.*; they are written into a private staging
+        # directory inside dump_to and renamed into place (see _publish_dumps).
+        self.dump_name = f"{name}.{next(_dump_counter)}" if runtime.dump_to else None
 
     @property
     def stitched(self):
@@ -297,24 +312,54 @@ class Compiled:
 
         started = time.perf_counter()
         options = dataclasses.replace(self.options, verify=False)  # real-call check instead
-        if self.dump_prefix and not options.emit_dir:
-            options.emit_dir = self.dump_prefix + ".kernels"
+        staging = self._dump_staging()
+        dump_prefix = os.path.join(staging, self.dump_name) if staging else None
+        if dump_prefix and not options.emit_dir:
+            options.emit_dir = dump_prefix + ".kernels"
         try:
             built = build_stitched(jax_lowered, self.xla_compiled, options,
-                                   self.runtime.cache_dir, self.dump_prefix)
+                                   self.runtime.cache_dir, dump_prefix)
         except Exception as exc:  # never fail the user's job: XLA's executable runs
             self.executor.build_failed(exc)
         else:
             self.executor.built_ok(built, time.perf_counter() - started)
-        self.dump_report()
+        if staging:
+            self._publish_dumps(staging)
 
-    def dump_report(self) -> None:
-        if self.dump_prefix:
-            import json
+    # -- dumps: optional, so any failure is one warning per directory and the job goes on --
+    def _dump_staging(self) -> str | None:
+        """A fresh private directory inside ``dump_to`` for this build's files (None: no
+        dumps). Nobody else can plant a symlink in it, and renaming out of it replaces
+        whatever is at the final name instead of writing through it."""
+        if not self.dump_name:
+            return None
+        import tempfile
 
-            os.makedirs(self.runtime.dump_to, exist_ok=True)
-            with open(self.dump_prefix + ".report.json", "w") as f:
-                json.dump(self.report().to_json(), f, indent=1)
+        try:
+            files.ensure_directory(self.runtime.dump_to)
+            return tempfile.mkdtemp(prefix=".fusionstitching-", dir=self.runtime.dump_to)
+        except OSError as exc:
+            self._dump_failed(exc)
+            return None
+
+    def _publish_dumps(self, staging: str) -> None:
+        import json
+        import shutil
+
+        try:
+            files.write_atomic(os.path.join(staging, self.dump_name + ".report.json"),
+                               json.dumps(self.report().to_json(), indent=1))
+            for entry in sorted(os.listdir(staging)):
+                files.publish_tree(os.path.join(staging, entry),
+                                   os.path.join(self.runtime.dump_to, entry))
+        except Exception as exc:  # dumps are optional; the job goes on
+            self._dump_failed(exc)
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def _dump_failed(self, exc: BaseException) -> None:
+        files.warn_once(("dump_to", self.runtime.dump_to),
+                        "fusionstitching: cannot write dumps to %s (%s: %s); the job goes on "
+                        "without them", self.runtime.dump_to, type(exc).__name__, exc)
 
 
 def _in_background(build) -> None:

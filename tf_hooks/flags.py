@@ -9,9 +9,13 @@ Flags (shared by every framework hook):
     --target=NAME      GPU the plan is made for (h100, a100, v100; default h100)
     --explorer=NAME    fusion plan: beam (default, the paper's explorer) or greedy (one
                        pattern per connected region: plans large modules ~3x faster)
-    --cache_dir=DIR    kernel cache directory (default ~/.cache/fusionstitching)
+    --cache_dir=DIR    kernel cache directory (default ~/.cache/fusionstitching), private to
+                       this user (0700; others' entries are refused)
+    --cache_group=GRP  share the kernel cache with this group (name or gid): its directories
+                       are group-writable and entries of the group's members are loaded
     --dump_to=DIR      write each module's optimized HLO, rewritten HLO, kernels and Report
-    --report=PATH      write a JSON list of Reports (one per compiled function) at exit
+    --report=PATH      write a JSON list of Reports (one per compiled function) at exit;
+                       the processes of one job each add theirs
     --keep=WHICH       fastest (default: time both executables, keep the faster) or stitched
 
 An unknown or malformed flag gives one warning naming it and is otherwise ignored: a typo in
@@ -20,14 +24,19 @@ an environment variable must not stop a training job.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
+import json
 import logging
 import os
 import shlex
+import socket
 import threading
 import time
 from dataclasses import dataclass
 
 log = logging.getLogger("fusionstitching")
+_STARTED = time.time()  # this module is imported at start-up (the .pth hook)
 
 _FALSE = ("", "0", "false", "no", "off")
 _TRUE = ("1", "true", "yes", "on")
@@ -40,6 +49,7 @@ class Flags:
     target: str = "h100"
     explorer: str = "beam"
     cache_dir: str | None = None  # None: fusionstitching's default directory
+    cache_group: str | None = None  # None: the cache is private to this user
     dump_to: str | None = None
     report: str | None = None
     keep: str = "fastest"
@@ -51,31 +61,38 @@ class Flags:
                    "keep": self.keep}
         if self.cache_dir is not None:
             options["cache_dir"] = self.cache_dir
+        if self.cache_group is not None:
+            options["cache_group"] = self.cache_group
         return options
 
 
 # flag -> (Flags field, takes a value)
 _FLAGS = {"async": ("async_compile", False), "verify": ("verify", False),
           "target": ("target", True), "explorer": ("explorer", True),
-          "cache_dir": ("cache_dir", True),
+          "cache_dir": ("cache_dir", True), "cache_group": ("cache_group", True),
           "dump_to": ("dump_to", True), "report": ("report", True), "keep": ("keep", True)}
 _CHOICES = {"target": ("h100", "a100", "v100"), "explorer": ("beam", "greedy"),
             "keep": ("fastest", "stitched")}
 
 
 def enabled(environ=None) -> bool:
+    """``FUSIONSTITCHING`` is one of the documented values (1/true/yes/on, 0/false/no/off or
+    empty). Anything else ("disabled", "2") is one warning and leaves stitching off: an
+    unclear setting must not change how the job runs."""
     environ = os.environ if environ is None else environ
-    return environ.get("FUSIONSTITCHING", "").strip().lower() not in _FALSE
+    value = environ.get("FUSIONSTITCHING", "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value not in _FALSE:
+        log.warning("fusionstitching: FUSIONSTITCHING=%r is not one of %s; stitching stays "
+                    "off", environ.get("FUSIONSTITCHING"), "/".join(_TRUE + _FALSE[1:]))
+    return False
 
 
 def parse(text: str) -> tuple[Flags, list[str]]:
     """(flags, problems): each problem names a flag that was ignored and why."""
     flags, problems = Flags(), []
-    try:
-        words = shlex.split(text or "")
-    except ValueError as exc:
-        return flags, [f"FUSIONSTITCHING_FLAGS cannot be split into words ({exc})"]
-    for word in words:
+    for word in _words(text or "", problems):
         name, has_value, value = word.lstrip("-").partition("=")
         if not word.startswith("--") or name not in _FLAGS:
             problems.append(f"unknown flag {word!r}")
@@ -94,6 +111,28 @@ def parse(text: str) -> tuple[Flags, list[str]]:
         else:
             problems.append(f"{word!r}: expected --{name} or --{name}=true/false")
     return flags, problems
+
+
+def _words(text: str, problems: list) -> list[str]:
+    """Shell words; an unbalanced quote loses only the word it starts in (a problem), not
+    the flags around it (``--cache_dir`` among them)."""
+    try:
+        return shlex.split(text)
+    except ValueError:
+        pass
+    raw, words, i = text.split(), [], 0
+    while i < len(raw):
+        for j in range(i + 1, len(raw) + 1):  # a quoted value may span several raw words
+            try:
+                words += shlex.split(" ".join(raw[i:j]))
+            except ValueError:
+                continue
+            i = j
+            break
+        else:
+            problems.append(f"unbalanced quote in {raw[i]!r}")
+            i += 1
+    return words
 
 
 def from_environment(environ=None) -> Flags:
@@ -122,20 +161,57 @@ def track(function) -> None:
 
 def write_reports(path: str) -> None:
     """One Report per compiled function signature, as a JSON list (schema
-    fusionstitching.report/1, see docs/ARCHITECTURE.md)."""
-    import json
+    fusionstitching.report/1, see docs/ARCHITECTURE.md), each tagged with the process that
+    wrote it (``"process": {"pid", "host"}``).
+
+    The processes of one job share the file: under a lock on its directory, each one replaces
+    its own Reports and keeps the others'. A file last written before this process started
+    is an earlier job's, and is replaced. Written by atomic rename (a symlink at ``path`` is
+    replaced, never followed); a failure is one warning, at exit there is no one to raise to."""
+    from fusionstitching.runtime import files  # not at start-up: it imports the package
 
     with _lock:
         functions = list(_functions)
     # Builds still running (--async) are waited for, within bounds: the job is over, and a
     # report of a half-built function would say nothing.
     deadline = time.monotonic() + EXIT_WAIT_S
-    reports = [r.to_json() for f in functions
+    me = {"pid": os.getpid(), "host": socket.gethostname()}
+    reports = [dict(r.to_json(), process=me) for f in functions
                for r in f.reports(wait_s=max(0.0, deadline - time.monotonic()))]
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(reports, f, indent=1)
-            f.write("\n")
-    except OSError as exc:  # at exit there is no one left to raise to
-        log.warning("fusionstitching: could not write the report to %s: %s", path, exc)
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        with _directory_lock(directory):
+            others = [r for r in _reports_of_this_job(path) if r.get("process") != me]
+            files.write_atomic(path, json.dumps(others + reports, indent=1) + "\n")
+    except (OSError, ValueError, TypeError) as exc:
+        log.warning("fusionstitching: could not write the report to %s: %s: %s", path,
+                    type(exc).__name__, exc)
+
+
+def _reports_of_this_job(path: str) -> list:
+    """The Reports other processes of this job wrote to ``path`` (see write_reports)."""
+    try:
+        with open(path, "rb") as f:  # read only: following a symlink here writes nothing
+            if os.fstat(f.fileno()).st_mtime < _STARTED:
+                return []
+            reports = json.loads(f.read())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError):  # not ours to merge with (a directory fails again later)
+        return []
+    if not isinstance(reports, list):
+        return []
+    return [r for r in reports if isinstance(r, dict)]
+
+
+@contextlib.contextmanager
+def _directory_lock(directory: str):
+    """An exclusive flock on the directory itself: it serializes the read-merge-write of
+    the processes of a job and leaves no lock file behind."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

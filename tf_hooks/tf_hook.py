@@ -328,6 +328,10 @@ class TfCompiled:
         self.options = pipeline.Options(target=flags.target, explorer=flags.explorer,
                                         ptxas=False)
         self.cache_dir = flags.cache_dir if flags.cache_dir is not None else default_dir()
+        if flags.cache_group is not None:
+            from fusionstitching.jit import share_cache
+
+            share_cache(self.cache_dir, flags.cache_group)
         self.info = RuntimeInfo(mode="async" if flags.async_compile else "sync")
         self.fallbacks: list = []
         self.unsupported: str | None = None
@@ -336,7 +340,7 @@ class TfCompiled:
         self.builder: threading.Thread | None = None
         self._noted: set = set()
         self.dump_prefix = None
-        if flags.dump_to:
+        if flags.dump_to and _dump_dir_usable(flags.dump_to):
             self.dump_prefix = os.path.join(flags.dump_to, f"{_file_name(self.name)}."
                                                            f"{next(_dump_counter)}")
 
@@ -430,7 +434,6 @@ class TfCompiled:
         deviceless compiler is there (replay picks ``*after_optimizations.txt``)."""
         from fusionstitching.capture import CaptureError, hlo_for_gpu
 
-        os.makedirs(self.flags.dump_to, exist_ok=True)
         _write(self.dump_prefix + ".tf.before_optimizations.txt", tf_hlo)
         _write(self.dump_prefix + ".cpu.after_optimizations.txt", optimized)
         try:
@@ -563,7 +566,34 @@ def _file_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:80]
 
 
+def _dump_dir_usable(dump_to: str) -> bool:
+    """Dumps are optional: a ``--dump_to`` we cannot create is one warning, no dumps."""
+    from fusionstitching.runtime import files
+
+    try:
+        files.ensure_directory(dump_to)
+    except OSError as exc:
+        _dump_failed(dump_to, exc)
+        return False
+    return True
+
+
 def _write(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
+    """By atomic rename (a symlink at ``path`` is replaced, not followed); a failure is one
+    warning per directory."""
+    from fusionstitching.runtime import files
+
+    directory = os.path.dirname(path) or "."
+    try:
+        files.ensure_directory(directory)
+        files.write_atomic(path, text)
+    except OSError as exc:
+        _dump_failed(directory, exc)
+
+
+def _dump_failed(directory: str, exc: OSError) -> None:
+    from fusionstitching.runtime import files
+
+    files.warn_once(("dump_to", directory), "fusionstitching: cannot write dumps to %s "
+                    "(%s: %s); the job goes on without them", directory, type(exc).__name__,
+                    exc)

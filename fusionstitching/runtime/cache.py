@@ -12,22 +12,28 @@ name their kernels by key, so a process that finds the plan loads everything it 
   schedule), the target triple, CPU and CPU features the object was built for, and the compiler versions
   (this package and llvmlite, i.e. the LLVM inside it) plus the entry format.
 - Entry: ``<dir>/<key[:2]>/<key>.kernel`` = one line of JSON (symbol, payload size and sha256,
-  what was fingerprinted) followed by the raw payload (object bytes, or a plan's JSON). No pickle: a cache directory may
-  be shared or tampered with, and reading an entry never executes anything but the object code
-  it names under the key the reader computed itself.
+  what was fingerprinted) followed by the raw payload (object bytes, or a plan's JSON). No pickle: reading an entry executes
+  nothing but the object code it names under the key the reader computed itself, and that
+  code is trusted only as far as the people who can write the directory (KernelCache).
 - Concurrency: entries are written to a temporary file in the same directory and published
   with ``os.replace`` (atomic on POSIX), so a reader sees either no entry or a whole one; two
   processes missing at once both compile and the last ``replace`` wins with identical bytes.
-- Corruption (truncated file, flipped bytes, other format) is detected by the size and
+- Trust and corruption: see KernelCache (write access is trust). Corruption (truncated
+  file, flipped bytes, other format) is detected by the size and
   checksum in the header: the entry is rebuilt and overwritten, and the caller is told so it
   can note it in the Report.
 """
 from __future__ import annotations
 
+import dataclasses
+import enum
 import hashlib
 import json
+import logging
 import os
+import stat
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -39,6 +45,7 @@ from ..codegen.host import HostKernel, HostLowering
 from ..codegen.llvm_lowering import optimize
 
 FORMAT = "fusionstitching.kernel/1"
+log = logging.getLogger("fusionstitching")
 
 
 def default_dir() -> str:
@@ -62,6 +69,7 @@ class CacheStats:
     plan: str = "miss"  # "hit": plan, kernels and rewritten HLO all came from the cache
     compile_s: float = 0.0  # LLVM time spent on misses
     load_s: float = 0.0  # time spent loading hits
+    refused: dict | None = None  # the cache was not used: Refusal (kind, path, detail)
 
 
 def _package_version() -> str:
@@ -107,22 +115,182 @@ def fingerprint(*parts: str) -> str:
     return h.hexdigest()
 
 
+class RefusalKind(str, enum.Enum):
+    """Why the cache is not used (a str, so the Report's JSON carries the value)."""
+
+    OCCUPIED = "occupied"  # a file, symlink or other non-directory where a directory belongs
+    UNWRITABLE = "unwritable"  # the directory or an entry cannot be created or written
+    UNREADABLE = "unreadable"  # an entry we may not read (0600 of another user)
+    WRITABLE_BY_OTHERS = "writable-by-others"  # a directory or entry others could have written
+    FOREIGN_OWNER = "foreign-owner"  # owned by another uid, outside the group opted into
+
+
+@dataclass(frozen=True)
+class Refusal:
+    kind: RefusalKind
+    path: str
+    detail: str
+
+
+class CacheRefused(Exception):
+    def __init__(self, kind: RefusalKind, path: str, detail: str):
+        super().__init__(f"{path}: {detail}")
+        self.refusal = Refusal(kind, path, detail)
+
+
+# Per process: directories refused (one warning each, then no cache there for the rest of
+# the process), groups opted into, and when each directory was last cleaned.
+_refused: dict = {}
+_groups: dict = {}
+_maintained: dict = {}
+_state_lock = threading.Lock()
+
+MAX_BYTES = 2 << 30  # the cache's size cap: least recently used entries are evicted past it
+TMP_MAX_AGE_S = 3600.0  # a temporary file this old was left by a killed store
+
+
+def share_with_group(directory: str, group) -> None:
+    """Trust ``group`` (name or gid) for the cache at ``directory``: its directories are
+    created group-writable (setgid, so entries get the group) and entries group-readable, and
+    entries and directories of other members are loaded. Without it the cache is private:
+    directories 0700, and anything another uid owns or others could write is refused."""
+    import grp
+
+    gid = group if isinstance(group, int) else (
+        int(group) if str(group).isdigit() else grp.getgrnam(group).gr_gid)
+    with _state_lock:
+        _groups[os.path.realpath(directory)] = gid
+
+
 class KernelCache:
     """Entries in ``directory`` (None: no cache, always compile): host kernels' object code,
-    and plans (runtime/build.py) that name their kernels by key."""
+    and plans (runtime/build.py) that name their kernels by key.
 
-    def __init__(self, directory: str | None):
-        self.directory = directory
+    Write access is trust (as in ccache or ssh): an entry is object code this process will
+    run. Before anything is read, every directory from ``/`` to the entry must be owned by
+    this user or root (or, in the cache, by the group opted into with ``share_with_group``)
+    and writable by nobody else (ancestors may be sticky, like /tmp); so must the entry. A
+    cache that fails this, or cannot be created or written, is switched off for the process
+    with one warning (``refusal`` says why); functions are then built in memory."""
+
+    def __init__(self, directory: str | None, max_bytes: int | None = None):
+        self.directory = None
+        self.refusal: Refusal | None = None
+        self.max_bytes = MAX_BYTES if max_bytes is None else max_bytes
+        self._noted: set = set()  # keys already noted corrupt (rebuilt once)
+        self._validated: dict = {}  # kernel key -> entry read while validating a plan
+        if directory is None:
+            return
+        self.root = os.path.realpath(directory)
+        self.gid = _groups.get(self.root)
+        self.refusal = _refused.get(self.root)
+        if self.refusal is None:
+            try:
+                self._open_root()
+            except CacheRefused as exc:
+                self._refuse(exc.refusal)
+                return
+            self.directory = self.root
 
     def path(self, key: str) -> str:
-        return os.path.join(self.directory, key[:2], key + ".kernel")
+        return os.path.join(self.root, key[:2], key + ".kernel")
 
-    def load(self, key: str) -> tuple[dict, bytes] | None:
-        """(header, object bytes), None when absent; raises CorruptEntry when unreadable."""
+    # -- trust ---------------------------------------------------------------------------
+    def _open_root(self) -> None:
+        """Check ``/`` .. the cache directory, creating what is missing (private, or group
+        with setgid when shared)."""
+        parts = self.root.strip(os.sep).split(os.sep)
+        for depth in range(len(parts) + 1):
+            path = os.sep + os.path.join(*parts[:depth]) if depth else os.sep
+            inside = depth == len(parts)
+            if not os.path.lexists(path):
+                self._make_directory(path, private=inside)
+            self._check_directory(path, inside)
+
+    def _make_directory(self, path: str, private: bool) -> None:
         try:
-            with open(self.path(key), "rb") as f:
-                data = f.read()
+            if not private:
+                os.mkdir(path)  # a parent the user named: the usual mode
+            elif self.gid is None:
+                os.mkdir(path, 0o700)
+            else:
+                os.mkdir(path, 0o2770)
+                os.chown(path, -1, self.gid)
+                os.chmod(path, 0o2770)  # the umask took g+w
+        except FileExistsError:
+            pass  # another process made it first: checked like any other
+        except OSError as exc:
+            raise CacheRefused(RefusalKind.UNWRITABLE, path, _why(exc)) from None
+
+    def _check_directory(self, path: str, inside: bool) -> None:
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            raise CacheRefused(RefusalKind.UNWRITABLE, path, _why(exc)) from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise CacheRefused(RefusalKind.OCCUPIED, path,
+                               "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory")
+        # Outside the cache a sticky world-writable directory (/tmp) is fine: others may
+        # create names there but not replace ours, and the next component is checked.
+        self._check_owner_and_mode(path, st, sticky_ok=not inside)
+
+    def _check_owner_and_mode(self, path: str, st, sticky_ok: bool = False) -> None:
+        uid = os.geteuid()
+        group_ok = self.gid is not None and st.st_gid == self.gid
+        if st.st_uid not in (uid, 0) and not group_ok:
+            raise CacheRefused(RefusalKind.FOREIGN_OWNER, path, f"owned by uid {st.st_uid}")
+        if sticky_ok and st.st_mode & stat.S_ISVTX:
+            return
+        if st.st_mode & stat.S_IWOTH:
+            raise CacheRefused(RefusalKind.WRITABLE_BY_OTHERS, path, "writable by everyone")
+        if st.st_mode & stat.S_IWGRP and not group_ok and not _private_group(st.st_gid):
+            raise CacheRefused(RefusalKind.WRITABLE_BY_OTHERS, path,
+                               f"writable by group {st.st_gid} (not opted into)")
+
+    def _read_entry(self, key: str) -> bytes | None:
+        """The entry's bytes after the trust checks of its shard and itself; None: absent."""
+        shard = os.path.dirname(self.path(key))
+        if not os.path.lexists(shard):
+            return None
+        self._check_directory(shard, inside=True)
+        try:
+            fd = os.open(self.path(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
+            return None
+        except PermissionError as exc:
+            raise CacheRefused(RefusalKind.UNREADABLE, self.path(key), _why(exc)) from None
+        except OSError as exc:  # ELOOP: a symlink
+            raise CacheRefused(RefusalKind.OCCUPIED, self.path(key), _why(exc)) from None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise CacheRefused(RefusalKind.OCCUPIED, self.path(key), "not a regular file")
+            self._check_owner_and_mode(self.path(key), st)
+            data = f.read()
+            _touch(fd)  # recently used: eviction takes the oldest first
+        return data
+
+    def _refuse(self, refusal: Refusal, stats: CacheStats | None = None) -> None:
+        """No cache for this directory for the rest of the process: one warning."""
+        with _state_lock:
+            first = self.root not in _refused
+            _refused.setdefault(self.root, refusal)
+        self.refusal, self.directory = refusal, None
+        if stats is not None:
+            stats.refused = dataclasses.asdict(refusal)
+        if first:
+            log.warning("fusionstitching: running without the kernel cache %s (%s: %s); "
+                        "kernels are built in memory. See --cache_dir/--cache_group in "
+                        "README.md", self.root, refusal.kind.value, refusal.detail)
+
+    # -- entries -------------------------------------------------------------------------
+    def load(self, key: str) -> tuple[dict, bytes] | None:
+        """(header, object bytes), None when absent; raises CorruptEntry when unreadable,
+        CacheRefused when the entry or its directory is not to be trusted."""
+        if key in self._validated:
+            return self._validated.pop(key)
+        data = self._read_entry(key)
+        if data is None:
             return None
         line, newline, payload = data.partition(b"\n")
         try:
@@ -139,32 +307,170 @@ class KernelCache:
         return header, payload
 
     def lookup(self, key: str, stats: CacheStats) -> tuple[dict, bytes] | None:
-        """``load`` for callers that rebuild on any problem: a corrupt or unreadable entry
-        is noted in ``stats`` and reads as absent (it is overwritten by the rebuild)."""
+        """``load`` for callers that rebuild on any problem: a corrupt entry is noted in
+        ``stats`` once and reads as absent (it is overwritten by the rebuild); an untrusted
+        one switches the cache off. A plan is returned only when all its kernels are intact
+        (a plan whose kernel was evicted is a quiet miss)."""
         if self.directory is None:
+            if self.refusal is not None:
+                stats.refused = dataclasses.asdict(self.refusal)
             return None
         try:
-            return self.load(key)
+            entry = self.load(key)
+            if entry is not None and entry[0].get("kind") == "plan":
+                entry = self._plan_with_kernels(key, entry, stats)
+            return entry
+        except CacheRefused as exc:
+            self._refuse(exc.refusal, stats)
         except (CorruptEntry, OSError) as exc:
+            self._note(key, exc, stats)
+        return None
+
+    def _plan_with_kernels(self, key, entry, stats):
+        try:
+            plan = json.loads(entry[1])
+            keys = [k["key"] for k in plan["kernels"] if "key" in k]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptEntry(f"plan is not readable ({exc})") from None
+        for kernel_key in keys:
+            try:
+                kernel = self.load(kernel_key)
+            except CorruptEntry as exc:
+                self._note(kernel_key, exc, stats)
+                return None
+            if kernel is None:
+                return None
+            self._validated[kernel_key] = kernel  # read once, checked once
+        return entry
+
+    def _note(self, key: str, exc: Exception, stats: CacheStats) -> None:
+        if key not in self._noted:
+            self._noted.add(key)
             stats.corrupt.append(f"{key[:16]}: {exc}")
-            return None
 
     def store(self, key: str, payload: bytes, **about) -> None:
-        """Publish ``payload`` under ``key``; ``about`` goes into the header (JSON values)."""
+        """Publish ``payload`` under ``key``; ``about`` goes into the header (JSON values).
+        A failure switches the cache off (one warning), it never fails the build."""
+        if self.directory is None:
+            return
         header = {"format": FORMAT, "key": key, "size": len(payload),
                   "sha256": hashlib.sha256(payload).hexdigest(), **about,
                   "llvmlite": llvmlite.__version__, "package": _package_version(),
                   "triple": llvm.get_process_triple(), "created": time.time()}
         directory = os.path.dirname(self.path(key))
-        os.makedirs(directory, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{key[:16]}.", suffix=".tmp")
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(json.dumps(header).encode() + b"\n" + payload)
-            os.replace(temp, self.path(key))
-        except BaseException:
-            os.unlink(temp)
-            raise
+            if not os.path.lexists(directory):
+                self._make_directory(directory, private=True)
+            self._check_directory(directory, inside=True)
+            temp = _create_entry_file(directory, key, self.gid)
+            try:
+                with open(temp, "wb") as f:
+                    f.write(json.dumps(header).encode() + b"\n" + payload)
+                os.replace(temp, self.path(key))
+            except BaseException:
+                os.unlink(temp)
+                raise
+        except CacheRefused as exc:
+            self._refuse(exc.refusal)
+            return
+        except OSError as exc:
+            self._refuse(Refusal(RefusalKind.UNWRITABLE, directory, _why(exc)))
+            return
+        self._maintain(len(payload))
+
+    # -- leftovers and size ----------------------------------------------------------------
+    def _maintain(self, stored: int) -> None:
+        """Remove temporary files of killed stores and evict the least recently used entries
+        past ``max_bytes``: once per process, then after every tenth of the cap stored."""
+        with _state_lock:
+            since = _maintained.get(self.root)
+            due = since is None or since + stored >= self.max_bytes // 10
+            _maintained[self.root] = 0 if due else since + stored
+        if due:
+            clean(self.root, self.max_bytes)
+
+
+def clean(directory: str, max_bytes: int = MAX_BYTES) -> None:
+    """Old ``.tmp`` files out, then least recently used entries until the cache holds at
+    most 90% of ``max_bytes``. Best effort: what cannot be removed stays."""
+    now, kept, total = time.time(), [], 0
+    for shard in _scandir(directory):
+        if not shard.is_dir(follow_symlinks=False):
+            continue
+        for entry in _scandir(shard.path):
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if entry.name.endswith(".tmp"):
+                if now - st.st_mtime > TMP_MAX_AGE_S:
+                    _unlink_quietly(entry.path)
+            elif entry.name.endswith(".kernel"):
+                kept.append((st.st_mtime, st.st_size, entry.path))
+                total += st.st_size
+    if total <= max_bytes:
+        return
+    for _, size, path in sorted(kept):  # oldest use first
+        if total <= max_bytes * 0.9:
+            break
+        if _unlink_quietly(path):
+            total -= size
+
+
+def _create_entry_file(directory: str, key: str, gid: int | None) -> str:
+    """A new temporary file for an entry: private, or group-readable in a shared cache."""
+    fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{key[:16]}.", suffix=".tmp")
+    try:
+        if gid is not None:
+            os.fchown(fd, -1, gid)
+            os.fchmod(fd, 0o640)  # others of the group read it; replace needs only the dir
+    except BaseException:
+        os.close(fd)
+        os.unlink(temp)
+        raise
+    os.close(fd)
+    return temp
+
+
+def _private_group(gid: int) -> bool:
+    """A user-private group (this user's primary group with no other members): group write
+    then means this user (Debian's default umask 002 makes ~/.cache group-writable)."""
+    import grp
+    import pwd
+
+    try:
+        user = pwd.getpwuid(os.geteuid())
+        members = grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False
+    return user.pw_gid == gid and set(members) <= {user.pw_name}
+
+
+def _touch(fd: int) -> None:
+    try:
+        os.utime(fd)
+    except OSError:  # another member's entry in a shared cache: its age stays
+        pass
+
+
+def _scandir(path: str) -> list:
+    try:
+        with os.scandir(path) as it:
+            return list(it)
+    except OSError:
+        return []
+
+
+def _unlink_quietly(path: str) -> bool:
+    try:
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+
+
+def _why(exc: OSError) -> str:
+    return f"{type(exc).__name__}: {exc.strerror or exc}"
 
 
 def compile_host_cached(spec, cache: KernelCache, stats: CacheStats) -> tuple[HostKernel, str]:
@@ -189,8 +495,9 @@ def compile_host_cached(spec, cache: KernelCache, stats: CacheStats) -> tuple[Ho
     payload = _emit_object(text)
     stats.misses += 1
     stats.compile_s += time.perf_counter() - t0
-    if cache.directory is not None:
-        cache.store(key, payload, kind="kernel", symbol=symbol)
+    cache.store(key, payload, kind="kernel", symbol=symbol)  # no-op without a cache
+    if cache.refusal is not None:  # the store found the cache unusable
+        stats.refused = dataclasses.asdict(cache.refusal)
     return load_object(spec, symbol, payload, text), key
 
 
