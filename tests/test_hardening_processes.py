@@ -94,3 +94,41 @@ def test_the_quiet_start_keeps_the_users_choice_and_a_real_driver(tmp_path, monk
     monkeypatch.setattr(quiet_start, "NVIDIA_DRIVER_FILES", (str(driver),))
     environ = {}
     assert not quiet_start.default_jax_platforms(environ) and environ == {}
+
+
+CRASHING_JOB = """
+import numpy as np, jax
+from fusionstitching.jit import jit
+from fusionstitching.runtime import cache
+real_ir = cache.host_ir
+def crashing_ir(spec):  # a store through a null pointer at the kernel's entry
+    text = real_ir(spec)
+    return text.replace("entry:\\n", "entry:\\n  store volatile i32 7, ptr null\\n", 1)
+cache.host_ir = crashing_ir
+
+def layernorm(x, g, b):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + 1e-5) * g + b
+
+rng = np.random.default_rng(3)
+a = [rng.standard_normal(s).astype(np.float32) for s in ((16, 128), (128,), (128,))]
+fn = jit(layernorm, cache_dir=None, keep="stitched", verify=True)
+got = [np.asarray(fn(*a)) for _ in range(2)]
+(report,) = fn.reports()
+print(all(np.array_equal(g, np.asarray(jax.jit(layernorm)(*a))) for g in got),
+      [f.stage for f in report.fallbacks], report.runtime["kept"])
+print(report.fallbacks[0].reason)
+"""
+
+
+def test_a_kernel_that_crashes_is_left_to_xla_and_the_job_goes_on(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(CRASHING_JOB)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu"))
+    assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
+    summary, why = done.stdout.splitlines()[-2:]
+    assert summary == "True ['trial'] xla", done.stdout
+    assert why.startswith("crashed (SIGSEGV)"), why

@@ -10,9 +10,10 @@ process compiling the same function then skips parsing, exploring and code gener
 only loads object code and runs XLA's compile (its Report shows zero explore/codegen time
 and ``cache.plan == "hit"``).
 
-A kernel whose host build or FFI registration fails is left to XLA (a ``host`` / ``ffi``
-fallback) and the plan is recounted without it, so the Report's ``fs`` numbers describe the
-kernels that are really in the executable. A failure of a whole-module step raises
+A kernel whose host build or FFI registration fails, or that crashes or hangs in a forked
+trial (crash_check.py), is left to XLA (a ``host`` / ``ffi`` / ``trial`` fallback) and the
+plan is recounted without it, so the Report's ``fs`` numbers describe the kernels that are
+really in the executable. A failure of a whole-module step raises
 ``BuildError`` naming the stage; the caller then runs XLA's own executable.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ..hlo.printer import print_module
 from ..hlo.xla_runner import optimized_hlo_text
 from ..report import Fallback, KernelReport, PlanSummary, Report, Times, Verify
 from . import cache as kernel_cache
-from . import gpu, rewrite, xla
+from . import crash_check, gpu, rewrite, xla
 
 log = logging.getLogger("fusionstitching")
 
@@ -97,6 +98,11 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
             host, key = kernel_cache.compile_host_cached(kernel.spec, cache, stats)
         except Exception as exc:
             _leave_to_xla(fallbacks, "host", nodes, kernel.spec.name, reason(exc))
+            continue
+        outcome, why = crash_check.run_in_child(host)  # before this process ever runs it
+        if outcome in (crash_check.Outcome.CRASHED, crash_check.Outcome.HUNG,
+                       crash_check.Outcome.FAILED):
+            _leave_to_xla(fallbacks, "trial", nodes, kernel.spec.name, why)
             continue
         try:
             targets.append(_register(kernel.spec.name, host, len(kernel.spec.inputs),
