@@ -283,9 +283,14 @@ def _placeholders(text: str, targets: list[str]) -> str:
 
 
 def _note_corrupt_entries(stats, fallbacks: list) -> None:
+    """One fallback per damaged entry, one warning for all of them (a truncated cache gave
+    one warning per kernel of the function)."""
     for note in stats.corrupt:
-        log.warning("fusionstitching: corrupt kernel cache entry rebuilt: %s", note)
         fallbacks.append(Fallback("cache", [], f"corrupt entry rebuilt: {note}"))
+    if stats.corrupt:
+        more = f" (and {len(stats.corrupt) - 1} more)" if len(stats.corrupt) > 1 else ""
+        log.warning("fusionstitching: corrupt kernel cache entry rebuilt: %s%s",
+                    stats.corrupt[0], more)
 
 
 def _report_from_json(data: dict, times: Times, fallbacks: list) -> Report:
