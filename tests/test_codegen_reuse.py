@@ -14,7 +14,7 @@ import pytest
 
 from fusionstitching.codegen import compile_nvptx, count_traffic, find_ptxas, generate
 from fusionstitching.codegen.flatten import flatten
-from fusionstitching.codegen.kernel_ir import global_traffic
+from fusionstitching.codegen.traffic import global_traffic
 from fusionstitching.codegen.schedule import (Schedule, build_kernel, enumerate_schedules,
                                               reduction_space, resolve_device,
                                               reuse_shared_memory)

@@ -4,12 +4,17 @@ Fallback with a reason, never a traceback."""
 from __future__ import annotations
 
 import gzip
+import json
+import os
 import random
 import re
+import subprocess
+import sys
 import tracemalloc
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fusionstitching.cli import main as cli_main
@@ -239,3 +244,149 @@ def test_pipeline_fuzz_has_no_traceback():
 def test_pipeline_fuzz_over_the_corpus_has_no_traceback():
     paths = sorted(p for p in DATA.glob("*.hlo") if p.stat().st_size < 60_000)
     assert _fuzz_pipeline(paths, 8, "slow") > len(paths)
+
+
+# -- item 8: planning memory does not grow with tensor size -------------------------------
+
+def _rows_module(n: int) -> str:
+    """exp of f32[n/1000, 1000], negated (returned) and summed per row (returned): an
+    elementwise op and a reduction over n elements, 3 XLA kernels that stitch into one."""
+    rows, shape = n // 1000, f"f32[{n // 1000},1000]"
+    return f"""HloModule huge_rows
+
+%add (a: f32[], b: f32[]) -> f32[] {{
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}}
+
+%fe (p: {shape}) -> {shape} {{
+  %p = {shape}{{1,0}} parameter(0)
+  ROOT %e = {shape}{{1,0}} exponential(%p)
+}}
+
+%fn (p2: {shape}) -> {shape} {{
+  %p2 = {shape}{{1,0}} parameter(0)
+  ROOT %n = {shape}{{1,0}} negate(%p2)
+}}
+
+%fr (q: {shape}) -> f32[{rows}] {{
+  %q = {shape}{{1,0}} parameter(0)
+  %z = f32[] constant(0)
+  ROOT %r = f32[{rows}]{{0}} reduce(%q, %z), dimensions={{1}}, to_apply=%add
+}}
+
+ENTRY %main (x: {shape}) -> ({shape}, f32[{rows}]) {{
+  %x = {shape}{{1,0}} parameter(0)
+  %f = {shape}{{1,0}} fusion(%x), kind=kLoop, calls=%fe
+  %h = {shape}{{1,0}} fusion(%f), kind=kLoop, calls=%fn
+  %g = f32[{rows}]{{0}} fusion(%f), kind=kInput, calls=%fr
+  ROOT %t = ({shape}{{1,0}}, f32[{rows}]{{0}}) tuple(%h, %g)
+}}
+"""
+
+
+_REPLAY_IN_A_CHILD = """
+import json, resource, sys
+from fusionstitching.hlo.parser import parse_module
+from fusionstitching.pipeline import Options, stitch_module
+result = stitch_module(parse_module(sys.stdin.read()), Options(ptxas=False))
+print(json.dumps({
+    "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    "fallbacks": [f.reason for f in result.fallbacks + result.report.fallbacks],
+    "bytes": result.report.fs.bytes,
+    "kernels": [[k.spec.why, k.spec.read_bytes, k.spec.write_bytes, k.spec.raw_read_bytes]
+                for k in result.kernels]}))
+"""
+
+
+def _replay_in_a_child(text: str) -> dict:
+    """The replay's result and its process's peak RSS (a fresh process: the test's own
+    memory does not count)."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-c", _REPLAY_IN_A_CHILD], input=text, env=env,
+                          capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("n", [10**9, 10**11])
+def test_huge_shapes_are_planned_in_bounded_memory(n):
+    """f32[10^9] took 2.4 GB (6 GB for an elementwise kernel) and f32[10^11] a MemoryError,
+    left to XLA as an internal error: global traffic was counted with arrays of one entry per
+    thread. Counted per period of blocks now, the plan is the one a small tensor gets."""
+    huge = _replay_in_a_child(_rows_module(n))
+    assert huge["peak_kb"] < 2 << 20, huge["peak_kb"]  # 2 GB (about 100 MB measured)
+    assert huge["fallbacks"] == []
+    # One kernel reads x once and writes -exp(x) and the row sums: the compulsory bytes.
+    assert huge["bytes"] == 4 * n + 4 * n + 4 * (n // 1000)
+    [(why, read, write, raw_read)] = huge["kernels"]
+    assert (read, write) == (4 * n, 4 * n + 4 * (n // 1000))
+    # The warp schedule computes exp(x) in both of its loops (row sums, -exp(x)): each
+    # element of x is loaded twice. The same schedule on 10^8 elements loads as many per
+    # element (the schedule's text after the "[rows]x[1000]" shape is the same).
+    assert why.endswith("warp schedule: one warp per result, 2 per block, 4 consecutive "
+                        "elements per step"), why
+    assert raw_read == 2 * 4 * n
+    [(small_why, small_read, _, small_raw)] = _replay_in_a_child(_rows_module(10**8))["kernels"]
+    assert why.split(" ", 1)[1] == small_why.split(" ", 1)[1]
+    assert raw_read * small_read == small_raw * read
+
+
+def _brute_force_traffic(kernel) -> tuple[int, int]:
+    """Every thread, loop iteration and condition interpreted one by one (small kernels)."""
+    from fusionstitching.codegen import kernel_ir as k
+    totals = [0, 0]
+
+    def value(x, env):
+        return int(x.evaluate({name: np.int64(v) for name, v in env.items()}))
+
+    def run(body, env):
+        for s in body:
+            if isinstance(s, k.IndexLet):
+                env = {**env, s.var.name: value(s.index, env)}
+            elif isinstance(s, k.GlobalLoad):
+                totals[0] += k.DTYPE_BYTES[s.dst.dtype]
+            elif isinstance(s, k.GlobalStore):
+                totals[1] += k.DTYPE_BYTES[s.value.dtype]
+            elif isinstance(s, k.If):
+                lhs, rhs = value(s.lhs, env), value(s.rhs, env)
+                if (lhs == rhs) if s.cmp == "eq" else (lhs < rhs):
+                    run(s.body, env)
+            elif isinstance(s, k.Loop):
+                for v in range(value(s.start, env), s.stop, s.step):
+                    run(s.body, {**env, s.var.name: v})
+
+    for b in range(kernel.grid[0]):
+        for t in range(kernel.block[0]):
+            run(kernel.body, {kernel.bid.name: b, kernel.tid.name: t})
+    return totals[0], totals[1]
+
+
+@pytest.mark.parametrize("max_points", [1 << 20, 4])
+@pytest.mark.parametrize("loop_start_moves", [False, True])
+def test_periodic_traffic_count_equals_thread_by_thread(monkeypatch, max_points,
+                                                        loop_start_moves):
+    """Block-dependent divisions, remainders and guards of both signs, a loop expanded per
+    iteration and one counted by trips, on a grid that is not a whole number of periods
+    (period 15 of 41 blocks). A loop start that moves with the block, or max_points below a
+    period's threads, counts block by block; max_points 4 also slices the expanded loop
+    (within one thread's iterations too)."""
+    from fusionstitching.codegen import kernel_ir as k
+    from fusionstitching.codegen import traffic
+    monkeypatch.setattr(traffic, "MAX_POINTS", max_points)
+    tid, bid = k.Var("tid", 24), k.Var("bid", 41)
+    flat = k.add(k.scale(bid, 24), tid)
+    row, col = k.Var("row", 10**6), k.Var("c", 10**6)
+    f32, vec = k.Value("a", "f32"), k.Value("v", "f32x4")
+    body = [
+        k.IndexLet(row, k.div(flat, 36)),  # period 3 blocks
+        k.If(k.ix(row), k.ix(20), [k.GlobalLoad(f32, 0, k.ix(row))], cmp="lt"),
+        k.If(k.ix(7), k.ix(row), [k.GlobalStore(1, k.ix(row), vec)], cmp="lt"),
+        k.If(k.mod(flat, 5), k.ix(2), [k.GlobalStore(1, k.ix(0), f32)]),  # period 15
+        k.If(k.scale(bid, 2), k.ix(row), [k.GlobalLoad(vec, 0, k.ix(0))]),
+        k.Loop(col, k.mod(tid, 8), 30, 8, [k.GlobalLoad(f32, 0, k.ix(col))]),
+        k.Loop(col, k.add(bid, tid) if loop_start_moves else k.ix(tid), 50, 7, [
+            k.If(k.ix(col), k.add(row, 3), [k.GlobalLoad(f32, 0, k.ix(col))], cmp="lt")]),
+    ]
+    kernel = k.Kernel("t", [], (41,), (24,), [], body, tid, bid)
+    assert traffic.global_traffic(kernel) == _brute_force_traffic(kernel)

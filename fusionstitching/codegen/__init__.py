@@ -15,9 +15,10 @@ from costmodel import KernelProfile
 from ..hlo.ir import Module, Shape
 from .flatten import CodegenError, flatten
 from .host import HostKernel, Traffic, compile_host, count_traffic
-from .kernel_ir import Kernel, global_traffic
+from .kernel_ir import Kernel
 from .nvptx import NvptxKernel, compile_nvptx, find_ptxas
 from .schedule import build_kernel, host_schedule, outside_main_space, schedule_pattern
+from .traffic import global_traffic
 
 __all__ = ["CodegenError", "HostKernel", "KernelSpec", "NvptxKernel", "Traffic", "can_stitch",
            "compile_host", "compile_nvptx", "count_traffic", "find_ptxas", "generate",
