@@ -6,15 +6,17 @@ import glob
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 import costmodel
 from fusionstitching import codegen, pipeline
 from fusionstitching.codegen.kernel_ir import (Accumulate, Barrier, BlockReduce, Buffer,
-                                               Compute, Const, DynamicIndex, GlobalLoad,
-                                               GlobalStore, If, IndexLet, Kernel, Loop,
-                                               SharedArray, Value, Var, add, div, ix, mod,
-                                               scale)
+                                               Compute, Const, ConstArray, ConstLoad,
+                                               DynamicIndex, GlobalLoad, GlobalStore, If,
+                                               IndexLet, Kernel, Loop, SharedArray,
+                                               SharedLoad, SharedStore, Value, Var, add, div,
+                                               ix, mod, scale)
 from fusionstitching.codegen.profile import (kernel_profile, modeled_kernel_us, register_model,
                                               unrolled_trips)
 from fusionstitching.graph import build_graph
@@ -552,3 +554,104 @@ def test_stores_to_one_buffer_at_constant_distances_share_one_address():
                     (1,), (64,), [], [If(ix(tid), ix(rows), body, cmp="lt")], tid, bid)
     spec = _spec(kernel)
     assert _within(register_model(spec), codegen.compile_nvptx(spec, "sm_90").regs)
+
+
+def _one_wave(name: str, buffers: list, body: list, shared=(), constants=()) -> Kernel:
+    """One block of 128 threads, marked one block per SM (as the tier's kernels are)."""
+    kernel = Kernel(name, buffers, (1,), (128,), list(shared), body, Var("tid", 128),
+                    Var("bid", 1), list(constants))
+    kernel.min_blocks_per_sm = 1
+    return kernel
+
+
+def _assert_within_ptxas(kernel: Kernel) -> None:
+    spec = _spec(kernel)
+    for arch in ("sm_80", "sm_90"):
+        assert _within(register_model(spec), codegen.compile_nvptx(spec, arch).regs), arch
+
+
+@needs_ptxas
+def test_a_rolled_loops_loads_issue_at_its_top_from_one_pointer():
+    """A rolled loop whose body loads one buffer at 16 constant distances: the SASS issues
+    all 16 LDGs at the body's top, [R4.64], [R4.64+0x200], ... from one stepped pointer
+    (model 59 with a pointer per access and the loads where they stand; ptxas 27)."""
+    tid, row, n = Var("tid", 128), Var("r", 64), 16
+    xs = [Value(f"x{k}", "f32") for k in range(n)]
+    body = [GlobalLoad(x, 0, add(scale(row, 128 * n), tid, 128 * k)) for k, x in enumerate(xs)]
+    total = xs[0]
+    for k, x in enumerate(xs[1:]):
+        body.append(Compute(Value(f"c{k}", "f32"), "multiply" if k % 2 else "add", [total, x]))
+        total = body[-1].dst
+    zero, summed = Value("zero", "f32"), Value("sum", "f32")
+    _assert_within_ptxas(_one_wave(
+        "rolled_loads", [Buffer("x", Shape("f32", (64, n, 128), (2, 1, 0)), False),
+                         Buffer("y", Shape("f32", (128,), (0,)), True)],
+        [Const(zero, 0.0), Loop(row, ix(0), 64, 1, body, [Accumulate(summed, "add", zero, total)]),
+         GlobalStore(1, ix(tid), summed)]))
+
+
+@needs_ptxas
+def test_shared_loads_issue_at_their_blocks_start():
+    """After the barrier each thread reads 16 rows of a neighbour's shared values and stores
+    them scaled: the SASS issues the 16 LDS right after the barrier, before the multiplies
+    that read them (model 14 with them where they stand; ptxas 32)."""
+    tid, n = Var("tid", 128), 16
+    rows = SharedArray("rows", "f32", 128 * n)
+    x, g = Value("x", "f32"), Value("g", "f32")
+    body = [GlobalLoad(x, 0, ix(tid))] + \
+        [SharedStore(rows, add(tid, 128 * k), x) for k in range(n)] + \
+        [Barrier(), GlobalLoad(g, 1, ix(tid))]
+    for k in range(n):
+        read, scaled = Value(f"r{k}", "f32"), Value(f"s{k}", "f32")
+        body += [SharedLoad(read, rows, add(mod(add(tid, 1), 128), 128 * k)),
+                 Compute(scaled, "multiply", [read, g]),
+                 GlobalStore(2, add(tid, 128 * k), scaled)]
+    column = Shape("f32", (128,), (0,))
+    _assert_within_ptxas(_one_wave(
+        "shared_rows", [Buffer("x", column, False), Buffer("g", column, False),
+                        Buffer("y", Shape("f32", (128 * n,), (0,)), True)], body, [rows]))
+
+
+@needs_ptxas
+def test_a_constant_table_at_a_varying_index_is_loaded_like_an_input():
+    """y = sum_k x[k] * table[k] at tid-dependent indices (a rotary table): the table's
+    elements are LDG.E.CONSTANTs issued with x's (model 27 with them as values defined
+    where they stand; ptxas 40)."""
+    tid, n = Var("tid", 128), 16
+    table = ConstArray("table", "f32", np.linspace(0, 1, 128 * n, dtype=np.float32))
+    body, total = [], None
+    for k in range(n):
+        a, c, p = (Value(f"{v}{k}", "f32") for v in "acp")
+        body += [GlobalLoad(a, 0, add(tid, 128 * k)), ConstLoad(c, table, add(tid, 128 * k)),
+                 Compute(p, "multiply", [a, c])]
+        if total is not None:
+            body.append(Compute(Value(f"s{k}", "f32"), "add", [total, p]))
+            p = body[-1].dst
+        total = p
+    body.append(GlobalStore(1, ix(tid), total))
+    _assert_within_ptxas(_one_wave(
+        "const_table", [Buffer("x", Shape("f32", (128 * n,), (0,)), False),
+                        Buffer("y", Shape("f32", (128,), (0,)), True)], body,
+        constants=[table]))
+
+
+@needs_ptxas
+def test_a_loaded_bool_takes_a_register():
+    """A masked maximum over 16 bool and 16 float inputs: each bool is an LDG.E.U8 into a
+    register, all hoisted with the floats (model 27 with bools in predicates; ptxas 40)."""
+    tid, n = Var("tid", 128), 16
+    low = Value("low", "f32")
+    body, total = [Const(low, -1e9)], None
+    for k in range(n):
+        m, a, s = Value(f"m{k}", "pred"), Value(f"a{k}", "f32"), Value(f"s{k}", "f32")
+        body += [GlobalLoad(m, 0, add(tid, 128 * k)), GlobalLoad(a, 1, add(tid, 128 * k)),
+                 Compute(s, "select", [m, a, low])]
+        if total is not None:
+            body.append(Compute(Value(f"t{k}", "f32"), "maximum", [total, s]))
+            s = body[-1].dst
+        total = s
+    body.append(GlobalStore(2, ix(tid), total))
+    _assert_within_ptxas(_one_wave(
+        "bool_mask", [Buffer("m", Shape("pred", (128 * n,), (0,)), False),
+                      Buffer("x", Shape("f32", (128 * n,), (0,)), False),
+                      Buffer("y", Shape("f32", (128,), (0,)), True)], body))

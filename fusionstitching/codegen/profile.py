@@ -18,21 +18,27 @@ allocates registers for (observed in its PTX for the corpus kernels, LLVM O3):
   on the same operands is computed once; what a branch (an ``If``, a loop some threads skip)
   loads or computes does not dominate the code after it, so it is not reused there (seen in
   softmax's three guarded stages: each reloads x);
-* outside loops, ptxas issues an input's load at the start of its straight-line block (after
-  the last branch, loop or barrier) to hide its latency, so the value is live from there to
-  its last use (seen in the unrolled warp schedules: loads after the shuffles are hoisted
-  above them, but a load after the block's first warp reduction only up to that
-  reduction, in whose latency it is issued: ConvNeXt's LayerNorm rows load gamma and beta
-  between the first reduction's shuffles), as long as that keeps the occupancy the block
-  size allows (32 registers for blocks of 64 threads or more; 64 for one-warp blocks, of
-  which an SM holds only 32);
+* ptxas issues an input's load at the start of its straight-line block (after the last
+  branch, loop or barrier; in a rolled loop, its body's: a phased kernel's 16 loads per
+  iteration all issue at the body's top in the SASS) to hide its latency, so the value is
+  live from there to its last use (seen in the unrolled warp schedules: loads after the
+  shuffles are hoisted above them, but a load after the block's first warp reduction only
+  up to that reduction, in whose latency it is issued: ConvNeXt's LayerNorm rows load gamma
+  and beta between the first reduction's shuffles), as long as that keeps the occupancy the
+  block size allows (32 registers for blocks of 64 threads or more; 64 for one-warp blocks,
+  of which an SM holds only 32);
   beyond, ptxas issues loads where they are used and may spill a little to stay there;
+  a shared load is issued so too, below the block's last shared store (Mistral's rotary
+  kernel: all 16 LDS right after its barrier), and a loaded bool is a byte in a register
+  (LDG.E.U8), not a predicate;
 * a buffer's base address is a kernel parameter that ptxas reads from the constant bank where
-  it is needed (no register); a loop steps one 64-bit pointer per distinct access whose index
-  is affine in its variable (loop strength reduction) and one counter, and the indices that
-  built them die in its preheader; a loop stepping 8 pointers or more steps the kernel
-  parameters' base registers themselves, which then live from the kernel's start (seen in
-  packed kernels: a later loop's pointers are live during the earlier loops); an access
+  it is needed (no register); a loop steps one 64-bit pointer per access whose index is
+  affine in its variable, accesses to a buffer at constant distances sharing one ([reg+imm]:
+  a phased kernel's 16 loads per iteration from 2 pointers; loop strength reduction), and
+  one counter, and the indices that built them die in its preheader; a loop stepping 8
+  pointers or more steps the kernel parameters' base registers themselves, which then live
+  from the kernel's start (seen in packed kernels: a later loop's pointers are live during
+  the earlier loops); an access
   whose index is not affine (a remainder, a gathered row) computes its address in the body
   from its buffer's base, which ptxas for sm_90 loads into a register pair before the loop
   (for sm_80 the multiply-add reads it from the constant bank; the model follows sm_90, the
@@ -48,7 +54,7 @@ allocates registers for (observed in its PTX for the corpus kernels, LLVM O3):
   for the libdevice functions measured to need more (sine, cosine, tan, atan2, power, ...);
 * scalar constants, and elements of constant arrays at a known index (LLVM folds the load
   from the initializer), are immediates and predicates live in predicate registers: none takes
-  a general register;
+  a general register; an element at a varying index is loaded as an input's (LDG);
 * an instruction GVN removes reads nothing: a repeated chain costs only its result (the four
   Philox streams of a dropout kernel repeat one key schedule);
 * an integer add of a register and an immediate is recomputed by ptxas at each use (one
@@ -412,6 +418,8 @@ class _Lifetimes:
         self.region = 0  # where the current straight-line block begins (loads hoist to it)
         self.first_reduce = None  # its first warp reduction: later loads hoist only to it
         self.stores_in_block: dict[int, int] = {}  # distinct store addresses per block
+        self.shared_stored = 0  # the last shared store: shared loads hoist only below it
+        self.loaded_bools: set[Value] = set()  # bytes in registers (LDG.E.U8), not predicates
 
     # registers
     def define(self, key, width: int, at: int | None = None) -> None:
@@ -443,7 +451,7 @@ class _Lifetimes:
     def define_value(self, v: Value, at=None) -> object:
         key = (v, self.iteration)
         self.current[v] = key
-        if v in self.narrow:
+        if v in self.narrow or v in self.loaded_bools:
             width = 1
         elif v.dtype in ("u64", "s64"):
             # Its halves are two 32-bit registers that die apart: a truncation reads the low
@@ -498,7 +506,8 @@ class _Lifetimes:
                 key = self.var_key.get(var, ("var", var.name))
                 if key in self.start and self.start[key] < loop.first:
                     self.at_preheader(loop, key)
-            pointer = ("pointer", loop.first, buffer, str(offset))
+            # Accesses at constant distances share one pointer ([reg+imm] in the SASS).
+            pointer = ("pointer", loop.first, buffer, str(Ix(offset.terms)))
             self.define(pointer, POINTER_WIDTH, at=loop.pointers_born)
             loop.extend.add(pointer)
             self.use(pointer)
@@ -556,6 +565,13 @@ class _Lifetimes:
                 # random-bit kernels are immediates in their PTX).
                 self.immediates.add(s.dst)
                 self.known[s.dst] = s.array.values.reshape(-1)[s.offset.const].item()
+            case ConstLoad():
+                # At a varying index: a load from the array's global (LDG.E.CONSTANT in the
+                # SASS of Llama's rotary kernels), addressed and hoisted as an input's.
+                cse_key = ("load", s.array.name, str(s.offset), ())
+                if not self.reuse(s.dst, cse_key):
+                    self.access(s.array.name, s.offset)
+                    self.define_reusable(s.dst, cse_key, at=self.hoist_to())
             case IndexValue():
                 self.use_index(s.index)
                 var = _bare_var(s.index)
@@ -591,18 +607,21 @@ class _Lifetimes:
                 if self.reuse(s.dst, cse_key):
                     return
                 self.access(s.buffer, s.offset)
-                hoist_to = self.region if self.first_reduce is None else self.first_reduce
-                self.define_reusable(s.dst, cse_key, at=hoist_to if reusable
-                                     and not self.rolled and self.hoist_loads else None)
+                if s.dst.dtype == "pred":
+                    self.loaded_bools.add(s.dst)
+                self.define_reusable(s.dst, cse_key, at=self.hoist_to() if reusable else None)
             case GlobalStore():
                 self.access(s.buffer, s.offset, store=True)
                 self.use_value(s.value)
             case SharedStore():
                 self.use_index(s.index)
                 self.use_value(s.value)
+                self.shared_stored = self.pos
             case SharedLoad():
                 self.use_index(s.index)
-                self.define_value(s.dst)
+                hoist_to = self.hoist_to()  # not above a shared store it may read
+                self.define_value(s.dst, at=None if hoist_to is None else
+                                  max(hoist_to, self.shared_stored + 1))
             case Loop():
                 self.loop(s)
             case If():
@@ -621,6 +640,13 @@ class _Lifetimes:
                         del scope[key]
             case _:
                 self.generic(s)
+
+    def hoist_to(self) -> int | None:
+        """Where a load is issued in the hoisted view: its block's start, or the block's first
+        warp reduction (None: where it stands)."""
+        if not self.hoist_loads:
+            return None
+        return self.region if self.first_reduce is None else self.first_reduce
 
     def rematerialized(self, s: Compute) -> bool:
         """An integer add of a register and an immediate is not held: ptxas recomputes it
