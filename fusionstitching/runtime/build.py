@@ -92,29 +92,35 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
                               jax_lowered, xla_compiled, started, dump_prefix)
 
     kernels, targets, cached_kernels = [], [], []
+    left = []  # kernels given back to XLA here: one warning for all of them, below
     for kernel in result.kernels:
         nodes = list(kernel.pattern.nodes)
         try:
             host, key = kernel_cache.compile_host_cached(kernel.spec, cache, stats)
         except Exception as exc:
-            _leave_to_xla(fallbacks, "host", nodes, kernel.spec.name, reason(exc))
+            left.append((kernel.spec.name, Fallback("host", nodes, reason(exc))))
             continue
         outcome, why = crash_check.run_in_child(host)  # before this process ever runs it
         if outcome in (crash_check.Outcome.CRASHED, crash_check.Outcome.HUNG,
                        crash_check.Outcome.FAILED):
-            _leave_to_xla(fallbacks, "trial", nodes, kernel.spec.name, why)
+            left.append((kernel.spec.name, Fallback("trial", nodes, why)))
             continue
         try:
             targets.append(_register(kernel.spec.name, host, len(kernel.spec.inputs),
                                      len(kernel.spec.outputs)))
         except Exception as exc:
-            _leave_to_xla(fallbacks, "ffi", nodes, kernel.spec.name, reason(exc))
+            left.append((kernel.spec.name, Fallback("ffi", nodes, reason(exc))))
             continue
         kernels.append(kernel)
         cached_kernels.append({"name": kernel.spec.name, "symbol": kernel.spec.kernel.name,
                                "key": key, "inputs": len(kernel.spec.inputs),
                                "outputs": len(kernel.spec.outputs)})
 
+    fallbacks.extend(fallback for _, fallback in left)
+    if left:
+        (name, first), more = left[0], f" (and {len(left) - 1} more)" if len(left) > 1 else ""
+        log.warning("fusionstitching: kernel %s left to XLA (%s): %s%s", name, first.stage,
+                    first.reason, more)
     stitched_report = _recount(result, kernels, options)
     xla_report = _recount(result, [], options)
     stitched, text = None, None
