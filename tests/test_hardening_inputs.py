@@ -19,9 +19,12 @@ import pytest
 
 from fusionstitching.cli import main as cli_main
 from fusionstitching.hlo import parser as hlo_parser
+from fusionstitching.hlo.evaluator import evaluate, evaluate_computation
+from fusionstitching.hlo.inline import inline_calls, nesting_depth
 from fusionstitching.hlo.ir import HloParseError
-from fusionstitching.hlo.parser import parse_module, read_hlo_text
+from fusionstitching.hlo.parser import parse_file, parse_module, read_hlo_text
 from fusionstitching.pipeline import Options, stitch_module
+from fusionstitching.verification import random_inputs
 
 DATA = Path(__file__).parent / "data" / "hlo"
 
@@ -147,8 +150,9 @@ def test_gzip_under_the_cap_and_damaged_gzip(tmp_path):
 
 # -- item 10: deep nesting ----------------------------------------------------------------
 
-def _deep(kind: str, depth: int) -> str:
-    """``depth`` computations, each calling the next through a fusion or a call."""
+def _deep(kind: str, depth: int, op: str = "exponential") -> str:
+    """``depth`` computations, each calling the next through a fusion or a call and applying
+    ``op`` to its result."""
     def use(i: int, operand: str) -> str:
         return (f"fusion({operand}), kind=kLoop, calls=%c{i}" if kind == "fusion"
                 else f"call({operand}), to_apply=%c{i}")
@@ -159,7 +163,7 @@ def _deep(kind: str, depth: int) -> str:
     for i in range(1, depth):
         comps.append(f"%c{i} (p{i}: f32[8]) -> f32[8] {{\n  %p{i} = f32[8]{{0}} parameter(0)\n"
                      f"  %q{i} = f32[8]{{0}} {use(i - 1, f'%p{i}')}\n"
-                     f"  ROOT %e{i} = f32[8]{{0}} exponential(%q{i})\n}}\n")
+                     f"  ROOT %e{i} = f32[8]{{0}} {op}(%q{i})\n}}\n")
     comps.append(f"ENTRY %main (x: f32[8]) -> f32[8] {{\n  %x = f32[8]{{0}} parameter(0)\n"
                  f"  %a = f32[8]{{0}} {use(depth - 1, '%x')}\n"
                  f"  ROOT %b = f32[8]{{0}} fusion(%a), kind=kLoop, calls=%c0\n}}\n")
@@ -174,6 +178,32 @@ def test_deep_nesting_is_planned_without_recursion(kind):
         from fusionstitching import codegen
         ok, why = codegen.can_stitch(result.module, ["a"])
         assert not ok and "chain of more than" in why
+
+
+@pytest.mark.parametrize("kind", ["fusion", "call"])
+def test_deep_nesting_verifies_without_recursion(kind):
+    """The evaluator inlines a nest deeper than MAX_NESTING (hlo/inline.py) and computes what
+    XLA computes: tanh applied 999 times after a negate, then a negate."""
+    result = stitch_module(parse_module(_deep(kind, 1000, "tanh")),
+                           Options(ptxas=False, verify=True))
+    checked = result.report.verify
+    assert checked.ran and checked.ok and checked.finite == 1.0, checked
+    assert "xla" in checked.against
+
+
+def test_inlining_a_nest_keeps_every_value(tmp_path):
+    """A corpus training step evaluated with its fusions inlined gives the same bits."""
+    module = parse_file(DATA / "bert_train_small_jax_cpu.hlo.gz")
+    args = random_inputs(module)
+    inlined, comp = inline_calls(module, module.entry)
+    assert nesting_depth(inlined, comp) == 0 < nesting_depth(module, module.entry)
+    for want, got in zip(_flat(evaluate(module, args)),
+                         _flat(evaluate_computation(inlined, comp, args))):
+        np.testing.assert_array_equal(got, want)
+
+
+def _flat(value) -> list:
+    return [leaf for v in value for leaf in _flat(v)] if isinstance(value, tuple) else [value]
 
 
 def test_a_computation_calling_itself_is_a_parse_error():

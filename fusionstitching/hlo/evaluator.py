@@ -24,7 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .inline import inline_calls, nesting_depth
 from .ir import NUMPY_DTYPES, Computation, Instruction, Module, Shape
+
+
+MAX_NESTING = 64  # fusions or calls deep; deeper ones are inlined first (hlo/inline.py)
 
 
 class UnsupportedOp(Exception):
@@ -51,6 +55,8 @@ def evaluate_computation(module: Module, comp: Computation | str, args: list,
     """Runs one computation of ``module``; arguments are checked against its parameter shapes."""
     if isinstance(comp, str):
         comp = module.computation(comp)
+    if nesting_depth(module, comp) > MAX_NESTING:  # past Python's recursion limit otherwise
+        module, comp = inline_calls(module, comp)
     params = comp.parameters
     if len(args) != len(params):
         raise ValueError(f"{comp.name} takes {len(params)} arguments, got {len(args)}")
