@@ -564,6 +564,20 @@ def _one_wave(name: str, buffers: list, body: list, shared=(), constants=()) -> 
     return kernel
 
 
+def _fold(n: int, term, combine: str) -> tuple[list, Value]:
+    """Statements of combine(term(0), ..., term(n - 1)) left to right, and its value;
+    ``term(k)`` gives a term's statements and value."""
+    body, total = [], None
+    for k in range(n):
+        statements, value = term(k)
+        body += statements
+        if total is not None:
+            body.append(Compute(Value(f"acc{k}", "f32"), combine, [total, value]))
+            value = body[-1].dst
+        total = value
+    return body, total
+
+
 def _assert_within_ptxas(kernel: Kernel) -> None:
     spec = _spec(kernel)
     for arch in ("sm_80", "sm_90"):
@@ -619,15 +633,12 @@ def test_a_constant_table_at_a_varying_index_is_loaded_like_an_input():
     where they stand; ptxas 40)."""
     tid, n = Var("tid", 128), 16
     table = ConstArray("table", "f32", np.linspace(0, 1, 128 * n, dtype=np.float32))
-    body, total = [], None
-    for k in range(n):
+
+    def term(k):
         a, c, p = (Value(f"{v}{k}", "f32") for v in "acp")
-        body += [GlobalLoad(a, 0, add(tid, 128 * k)), ConstLoad(c, table, add(tid, 128 * k)),
-                 Compute(p, "multiply", [a, c])]
-        if total is not None:
-            body.append(Compute(Value(f"s{k}", "f32"), "add", [total, p]))
-            p = body[-1].dst
-        total = p
+        return [GlobalLoad(a, 0, add(tid, 128 * k)), ConstLoad(c, table, add(tid, 128 * k)),
+                Compute(p, "multiply", [a, c])], p
+    body, total = _fold(n, term, "add")
     body.append(GlobalStore(1, ix(tid), total))
     _assert_within_ptxas(_one_wave(
         "const_table", [Buffer("x", Shape("f32", (128 * n,), (0,)), False),
@@ -641,17 +652,35 @@ def test_a_loaded_bool_takes_a_register():
     register, all hoisted with the floats (model 27 with bools in predicates; ptxas 40)."""
     tid, n = Var("tid", 128), 16
     low = Value("low", "f32")
-    body, total = [Const(low, -1e9)], None
-    for k in range(n):
+
+    def term(k):
         m, a, s = Value(f"m{k}", "pred"), Value(f"a{k}", "f32"), Value(f"s{k}", "f32")
-        body += [GlobalLoad(m, 0, add(tid, 128 * k)), GlobalLoad(a, 1, add(tid, 128 * k)),
-                 Compute(s, "select", [m, a, low])]
-        if total is not None:
-            body.append(Compute(Value(f"t{k}", "f32"), "maximum", [total, s]))
-            s = body[-1].dst
-        total = s
-    body.append(GlobalStore(2, ix(tid), total))
+        return [GlobalLoad(m, 0, add(tid, 128 * k)), GlobalLoad(a, 1, add(tid, 128 * k)),
+                Compute(s, "select", [m, a, low])], s
+    body, total = _fold(n, term, "maximum")
+    body = [Const(low, -1e9)] + body + [GlobalStore(2, ix(tid), total)]
     _assert_within_ptxas(_one_wave(
         "bool_mask", [Buffer("m", Shape("pred", (128 * n,), (0,)), False),
                       Buffer("x", Shape("f32", (128 * n,), (0,)), False),
                       Buffer("y", Shape("f32", (128,), (0,)), True)], body))
+
+
+@needs_ptxas
+def test_store_addresses_are_hoisted_only_up_to_the_full_occupancy():
+    """12 loads, then 12 results each stored to its own buffer: the SASS reads 7 of the 12
+    store bases (LDC.64) before the first store and the other 5 into the registers the first
+    stores free, staying at 32, the full occupancy of 128 threads (model 44 when every
+    store's address was hoisted to the block's start; ptxas 32 on sm_80 and sm_90)."""
+    tid, n = Var("tid", 128), 12
+    column = Shape("f32", (128,), (0,))
+    decay = Value("decay", "f32")
+    xs = [Value(f"x{k}", "f32") for k in range(n)]
+    body = [Const(decay, 0.9)] + [GlobalLoad(x, k, ix(tid)) for k, x in enumerate(xs)]
+    for k in range(n):
+        a, b = Value(f"a{k}", "f32"), Value(f"b{k}", "f32")
+        body += [Compute(a, "multiply", [xs[k], decay]),
+                 Compute(b, "add", [a, xs[(k + 1) % n]]),
+                 GlobalStore(n + k, ix(tid), b)]
+    _assert_within_ptxas(_one_wave(
+        "many_stores", [Buffer(f"x{k}", column, False) for k in range(n)] +
+        [Buffer(f"y{k}", column, True) for k in range(n)], body))
