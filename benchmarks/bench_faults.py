@@ -220,9 +220,11 @@ def replay_memory(work: Path) -> None:
         path.write_text(row_sums(rows, cols))
         t0 = time.perf_counter()
         done = subprocess.run(
-            [sys.executable, "-c", "import resource, sys; from fusionstitching.cli import main; "
-             "code = main(['replay', sys.argv[1], '--no-ptxas']); print('peak_kb', "
-             "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(code)", str(path)],
+            # VmHWM: the replay's own peak (ru_maxrss after exec counts the forked parent too)
+            [sys.executable, "-c", "import re, sys; from fusionstitching.cli import main; "
+             "code = main(['replay', sys.argv[1], '--no-ptxas']); print('peak_kb', re.search("
+             "r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read())[1]); sys.exit(code)",
+             str(path)],
             capture_output=True, text=True, timeout=900, cwd=work,
             env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT)))
         peak = next((int(line.split()[1]) for line in done.stdout.splitlines()
