@@ -20,8 +20,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import json
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 import types
@@ -333,8 +336,6 @@ class Compiled:
         whatever is at the final name instead of writing through it."""
         if not self.dump_name:
             return None
-        import tempfile
-
         try:
             files.ensure_directory(self.runtime.dump_to)
             return tempfile.mkdtemp(prefix=".fusionstitching-", dir=self.runtime.dump_to)
@@ -343,9 +344,6 @@ class Compiled:
             return None
 
     def _publish_dumps(self, staging: str) -> None:
-        import json
-        import shutil
-
         try:
             files.write_atomic(os.path.join(staging, self.dump_name + ".report.json"),
                                json.dumps(self.report().to_json(), indent=1))

@@ -6,17 +6,19 @@ Tests run as root here: "another uid" is an os.chown to 12345, "writable by othe
 g+w / o+w mode bits."""
 from __future__ import annotations
 
+import grp
+import importlib
 import itertools
 import json
 import os
+import subprocess
+import sys
 import threading
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-
-import importlib  # noqa: E402
 
 from fusionstitching.jit import jit  # noqa: E402
 from fusionstitching.runtime import cache, files  # noqa: E402
@@ -251,8 +253,6 @@ def test_world_writable_sticky_ancestor_is_fine(tmp_path, caplog):
 
 @pytest.fixture
 def group():
-    import grp
-
     return grp.getgrall()[-1]
 
 
@@ -382,9 +382,6 @@ flags.write_reports(sys.argv[1])  # a process replaces its own Reports
 
 
 def test_processes_sharing_one_report_keep_all_reports(tmp_path):
-    import subprocess
-    import sys
-
     path = tmp_path / "fs.json"
     path.write_text('[{"module": "an earlier job"}]')
     os.utime(path, (0, 0))

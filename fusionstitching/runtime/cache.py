@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import grp
 import hashlib
 import json
 import logging
 import os
+import pwd
 import stat
 import tempfile
 import threading
@@ -154,8 +156,6 @@ def share_with_group(directory: str, group) -> None:
     created group-writable (setgid, so entries get the group) and entries group-readable, and
     entries and directories of other members are loaded. Without it the cache is private:
     directories 0700, and anything another uid owns or others could write is refused."""
-    import grp
-
     gid = group if isinstance(group, int) else (
         int(group) if str(group).isdigit() else grp.getgrnam(group).gr_gid)
     with _state_lock:
@@ -435,9 +435,6 @@ def _create_entry_file(directory: str, key: str, gid: int | None) -> str:
 def _private_group(gid: int) -> bool:
     """A user-private group (this user's primary group with no other members): group write
     then means this user (Debian's default umask 002 makes ~/.cache group-writable)."""
-    import grp
-    import pwd
-
     try:
         user = pwd.getpwuid(os.geteuid())
         members = grp.getgrgid(gid).gr_mem
