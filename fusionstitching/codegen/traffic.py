@@ -2,14 +2,11 @@
 and time that do not grow with the grid.
 
 Index expressions are quasi-affine in blockIdx, so after a period P of blocks every one shifts
-by a constant: the threads of blocks 0..P-1 are evaluated once (numpy arrays, a base and a
-shift per expression), each standing for blocks r, r+P, ..., and a guard on the shifted values
-holds for an interval of repeats, counted in closed form. A loop whose start moves with the
-block (a grid-stride loop) shifts too: expanded per iteration, iteration i runs while its
-shifted value is below the stop, a guard like any other; counted by trips, its trip count
-ceil((A - q*D) / step) is summed over the interval of repeats with a floor-sum. Blocks that
-do not repeat within the grid are counted one by one. At most ``MAX_POINTS`` threads are held
-at once. docs/ARCHITECTURE.md has the reasoning.
+by a constant: the threads of blocks 0..P-1 are evaluated once (a base and a shift per
+expression), each standing for blocks r, r+P, ...; a guard on the shifted values holds for an
+interval of repeats, and a grid-stride loop's trip count is summed over it with a floor-sum.
+Blocks that do not repeat within the grid are counted one by one; at most ``MAX_POINTS``
+threads are held at once. docs/ARCHITECTURE.md has the reasoning.
 """
 from __future__ import annotations
 
