@@ -19,6 +19,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
+from fusionstitching.hlo.elided import elided_constants, fill_elided
+from fusionstitching.hlo.evaluator import evaluate
+from fusionstitching.hlo.parser import parse_file
+from fusionstitching.hlo.xla_runner import drift_problems, run_hlo_with_xla, widened_to_f64
+from fusionstitching.verification import _leaves, compare, random_inputs
+
 ROOT = Path(__file__).resolve().parent.parent
 TIER = ROOT / "tests" / "data" / "hlo" / "third_party"
 
@@ -62,14 +70,6 @@ def run_file(path: Path, out: Path, timeout: float) -> dict:
 def eval_check(path: Path, kind: str) -> dict:
     """Evaluator vs XLA:CPU on verify's inputs: within 1e-5, else as close to XLA's f64
     result as XLA's own f32 is (xla_runner.drift_problems)."""
-    import numpy as np
-
-    from fusionstitching.hlo.elided import elided_constants, fill_elided
-    from fusionstitching.hlo.evaluator import evaluate
-    from fusionstitching.hlo.parser import parse_file
-    from fusionstitching.hlo.xla_runner import drift_problems, run_hlo_with_xla, widened_to_f64
-    from fusionstitching.verification import _leaves, compare, random_inputs
-
     module = parse_file(path)
     if elided_constants(module):
         module = fill_elided(module, 0)
