@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -85,6 +86,55 @@ def test_a_jax_program_starts_without_cuda_plugin_tracebacks():
                           capture_output=True, text=True, timeout=120, cwd="/", env=env)
     assert done.returncode == 0 and done.stdout.strip() == "cpu", done.stderr
     assert "Traceback" not in done.stderr and "Unable to load CUDA" not in done.stderr
+    assert "cudart_stub" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("jax_platforms", [None, "cpu"])
+def test_a_jax_program_beside_the_cuda_plugin_prints_only_its_own_lines(jax_platforms):
+    """Nothing but what the program itself writes, in its order, whether or not the user set
+    JAX_PLATFORMS; the deviceless compiler still works in that process."""
+    if any(map(os.path.exists, quiet_start.NVIDIA_DRIVER_FILES)):
+        pytest.skip("this machine has an NVIDIA driver: the plugin initializes")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    if jax_platforms:
+        env["JAX_PLATFORMS"] = jax_platforms
+    program = textwrap.dedent("""
+        import os, sys
+        print('before', file=sys.stderr, flush=True)
+        import jax
+        os.write(2, b'own line\\n')
+        jax.devices()
+        from fusionstitching import capture
+        text = capture.hlo_for_gpu('HloModule m\\nENTRY e { p = f32[8] parameter(0)\\n'
+                                   '  ROOT r = f32[8] exponential(p) }')
+        print('after', 'is_scheduled=true' in text, file=sys.stderr)
+        """)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=180, cwd="/", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "before\nown line\nafter True\n"
+
+
+def test_quiet_stderr_passes_on_everything_but_the_no_driver_lines():
+    """In a child, so that fd 2 is a pipe the test reads: other lines come back in order, the
+    plugin's no-driver line and absl's preamble to it do not; a lone preamble stays."""
+    program = textwrap.dedent("""
+        import os
+        from tf_hooks.quiet_start import QuietStderr, _ABSL_PREAMBLE
+        os.write(2, b'first\\n')
+        with QuietStderr():
+            os.write(2, _ABSL_PREAMBLE + b'\\n')
+            os.write(2, b'I0000 00:00:1795676900.195313   23425 cudart_stub.cc:31] Could not '
+                        b'find cuda drivers on your machine, GPU will not be used.\\n')
+            os.write(2, b'second\\n')
+            os.write(2, _ABSL_PREAMBLE + b'\\n')
+            os.write(2, b'third\\n')
+        os.write(2, b'fourth\\n')
+        """)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, timeout=60,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == b"first\nsecond\n" + quiet_start._ABSL_PREAMBLE + b"\nthird\nfourth\n"
 
 
 def test_the_quiet_start_keeps_the_users_choice_and_a_real_driver(tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ _enabled = False
 
 def at_start_up() -> None:
     """What the .pth line runs in every Python process: nothing heavy is imported."""
-    quiet_start.default_jax_platforms()
+    quiet_start.at_start_up()
     if "FUSIONSTITCHING" in os.environ:
         enable_from_environment()
 
