@@ -188,9 +188,14 @@ def _ptx(text: str, name: str, arch: str) -> str:
     return machine.emit_assembly(module)
 
 
+def ptx_of(kernel: Kernel, arch: str = "sm_90") -> tuple[str, str]:
+    """The kernel's LLVM IR and its PTX for ``arch`` (no ptxas)."""
+    text = llvm_ir(kernel)
+    return text, _ptx(text, kernel.name, arch)
+
+
 def compile_nvptx(spec, arch: str = "sm_90") -> NvptxKernel:
-    text = llvm_ir(spec.kernel)
-    ptx = _ptx(text, spec.kernel.name, arch)
+    text, ptx = ptx_of(spec.kernel, arch)
     ptxas = find_ptxas()
     if ptxas is None:
         return NvptxKernel(spec.name, arch, text, ptx, None, None, None, None, "")
