@@ -17,11 +17,14 @@ import numpy as np
 import pytest
 
 from fusionstitching.cli import main as cli_main
+from fusionstitching.graph.opgraph import build_graph
+from fusionstitching.graph.refusal import RefusalKind
 from fusionstitching.hlo import parser as hlo_parser
 from fusionstitching.hlo.evaluator import evaluate, evaluate_computation
 from fusionstitching.hlo.inline import inline_calls, nesting_depth
 from fusionstitching.hlo.ir import HloParseError
 from fusionstitching.hlo.parser import parse_file, parse_module, read_hlo_text
+from fusionstitching.hlo.verifier import module_problem
 from fusionstitching.pipeline import Options, stitch_module
 from fusionstitching.verification import random_inputs
 
@@ -273,6 +276,83 @@ def test_pipeline_fuzz_has_no_traceback():
 def test_pipeline_fuzz_over_the_corpus_has_no_traceback():
     paths = sorted(p for p in DATA.glob("*.hlo") if p.stat().st_size < 60_000)
     assert _fuzz_pipeline(paths, 8, "slow") > len(paths)
+
+
+# A fused computation that breaks one shape rule of HLO (XLA's verifier would reject it): the
+# graph leaves the fusion to XLA as malformed, where the code generator indexed past a list.
+_BROKEN_RULES = {
+    "broadcast into a dimension the result lacks":
+        ("f32[8,4]", "%r = f32[8,4]{1,0} broadcast(%p0), dimensions={2}", "f32[8]"),
+    "broadcast of a wrong size":
+        ("f32[8,4]", "%r = f32[8,4]{1,0} broadcast(%p0), dimensions={1}", "f32[8]"),
+    "iota without its dimension": ("s32[8,4]", "%r = s32[8,4]{1,0} iota()", "f32[8]"),
+    "reduce over a dimension the input lacks":
+        ("f32[8]", "%z = f32[] constant(0)\n  %r = f32[8]{0} reduce(%p0, %z), dimensions={3}, "
+                   "to_apply=%add", "f32[8,4]"),
+    "transpose by no permutation":
+        ("f32[4,8]", "%r = f32[4,8]{1,0} transpose(%p0), dimensions={0,0}", "f32[8,4]"),
+    "concatenate of sizes that do not add up":
+        ("f32[8,9]", "%r = f32[8,9]{1,0} concatenate(%p0, %p0), dimensions={1}", "f32[8,4]"),
+    "slice past the end":
+        ("f32[8,4]", "%r = f32[8,4]{1,0} slice(%p0), slice={[0:8], [2:6]}", "f32[8,4]"),
+    "reshape that changes the element count":
+        ("f32[30]", "%r = f32[30]{0} reshape(%p0)", "f32[8,4]"),
+    "elementwise op of two shapes": ("f32[8,4]", "%r = f32[8,4]{1,0} add(%p0, %p0)", "f32[4,8]"),
+    "pad config of another rank":
+        ("f32[10,4]", "%z = f32[] constant(0)\n  %r = f32[10,4]{1,0} pad(%p0, %z), padding=1_1",
+         "f32[8,4]"),
+    "dynamic-slice without start indices":
+        ("f32[2,4]", "%r = f32[2,4]{1,0} dynamic-slice(%p0), dynamic_slice_sizes={2,4}",
+         "f32[8,4]"),
+}
+
+
+def _broken_module(result: str, body: str, operand: str) -> str:
+    rank = operand.count(",") + 1
+    layout = "{" + ",".join(str(d) for d in reversed(range(rank))) + "}"
+    result_layout = "{" + ",".join(str(d) for d in reversed(range(result.count(",") + 1))) + "}"
+    return f"""HloModule broken
+
+%add (a: f32[], b: f32[]) -> f32[] {{
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}}
+
+%fused (p0: {operand}) -> {result} {{
+  %p0 = {operand}{layout} parameter(0)
+  {body}
+  ROOT %out = {result}{result_layout} negate(%r)
+}}
+
+ENTRY %main (x: {operand}) -> {result} {{
+  %x = {operand}{layout} parameter(0)
+  ROOT %f = {result}{result_layout} fusion(%x), kind=kLoop, calls=%fused
+}}
+"""
+
+
+@pytest.mark.parametrize("rule", sorted(_BROKEN_RULES))
+def test_a_fusion_breaking_a_shape_rule_is_left_to_xla_as_malformed(rule):
+    module = parse_module(_broken_module(*_BROKEN_RULES[rule]))
+    node = build_graph(module).nodes["f"]
+    assert node.refusal is not None and node.refusal.kind is RefusalKind.MALFORMED, rule
+    result = stitch_module(module, Options(ptxas=False))
+    assert result.kernels == [] and [f.stage for f in result.report.fallbacks] == ["graph"]
+
+
+def test_the_shape_rules_hold_in_the_fuzzed_corpus_modules():
+    """The rules are XLA's: no real module breaks them (the whole corpus: slow test below)."""
+    for name in _FUZZ_QUICK:
+        module = parse_file(DATA / name)
+        assert [c.name for c in module.computations if module_problem(module, c)] == []
+
+
+@pytest.mark.slow
+def test_the_shape_rules_hold_in_the_whole_corpus():
+    for path in sorted(p for p in DATA.rglob("*") if p.name.endswith((".hlo", ".hlo.gz"))):
+        module = parse_file(path)
+        assert [c.name for c in module.computations if module_problem(module, c)] == [], path
 
 
 # -- item 8: planning memory does not grow with tensor size -------------------------------

@@ -14,6 +14,7 @@ import enum
 from dataclasses import dataclass, field
 
 from ..hlo.ir import Computation, Instruction, Module, Shape
+from ..hlo.verifier import instruction_problem, module_problem
 from .demand import demanded_elements, elements
 from .refusal import Refusal, RefusalKind, internal
 
@@ -222,9 +223,12 @@ def check_instruction(inst: Instruction, module: Module,
         if numbers != set(range(len(inst.operands))):
             return malformed(f"{len(inst.operands)} operands for the parameters "
                              f"{sorted(numbers)} of %{fused.name}")
+        if (problem := module_problem(module, fused)) is not None:
+            return malformed(f"in %{fused.name}: {problem}")
     elif inst.opcode == "while" and len(inst.operands) != 1:
         return malformed("a while takes one operand")
-    return None
+    problem = instruction_problem(inst, [by_name[o].shape for o in inst.operands])
+    return None if problem is None else malformed(problem)
 
 
 INTEGER_DTYPES = {"s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64"}
