@@ -99,9 +99,9 @@ for region in memory_intensive_regions(graph):
                        "(the rest of the region's excess)"})
 alone = []
 for node in graph.memory_intensive_nodes():
-    ok, reason = codegen.can_stitch(module, [node.name])
-    if not ok:
-        alone.append({"bytes": sum(pattern_traffic(graph, [node.name])), "reason": reason})
+    refusal = codegen.can_stitch(module, [node.name])
+    if refusal is not None:
+        alone.append({"bytes": sum(pattern_traffic(graph, [node.name])), "reason": str(refusal)})
 print(json.dumps({"fs_bytes": report.fs.bytes, "compulsory": report.compulsory_bytes,
                   "levelled": levelled, "bound": acyclic_lower_bound_bytes(graph),
                   "xla_bytes": report.xla.bytes, "causes": causes, "alone": alone,

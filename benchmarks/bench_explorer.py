@@ -24,6 +24,7 @@ stable number).
 from __future__ import annotations
 
 import argparse
+import enum
 import glob
 import random
 import sys
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import costmodel  # noqa: E402
 from fusionstitching.explorer import Explorer, explore  # noqa: E402
 from fusionstitching.graph import Edge, Node, OpClass, OpGraph  # noqa: E402
+from fusionstitching.graph.refusal import Refusal  # noqa: E402
 from fusionstitching.hlo.ir import Shape  # noqa: E402
 
 WIDTH = 100
@@ -79,13 +81,18 @@ def layered_graph(num_nodes: int, seed: int = 0) -> OpGraph:
     return OpGraph(module=None, computation=None, nodes=nodes, edges=edges, outputs=previous)
 
 
+class Stub(enum.Enum):
+    NOT_LIGHT = "stub: only light elementwise ops and row reductions"
+    NOT_CONNECTED = "stub: not connected"
+
+
 def stub_can_stitch(graph: OpGraph):
     allowed = (OpClass.LIGHT_ELEMENTWISE, OpClass.REDUCTION)
 
-    def can_stitch(names: list[str]) -> tuple[bool, str]:
+    def can_stitch(names: list[str]) -> Refusal | None:
         inside = set(names)
         if any(graph.nodes[n].op_class not in allowed for n in names):
-            return False, "stub: only light elementwise ops and row reductions"
+            return Refusal(Stub.NOT_LIGHT, "")
         seen, stack = {names[0]}, [names[0]]
         while stack:
             node = graph.nodes[stack.pop()]
@@ -93,7 +100,7 @@ def stub_can_stitch(graph: OpGraph):
                 if m in inside and m not in seen:
                     seen.add(m)
                     stack.append(m)
-        return (True, "stub: ok") if seen == inside else (False, "stub: not connected")
+        return None if seen == inside else Refusal(Stub.NOT_CONNECTED, "")
 
     return can_stitch
 
@@ -118,8 +125,8 @@ def bench_sizes(sizes: list[int], device) -> None:
               f"{len(mem):>12}")
 
 
-def accept_every_pattern(nodes: list[str]) -> tuple[bool, str]:
-    return True, "stub: accepts every pattern"
+def accept_every_pattern(nodes: list[str]) -> Refusal | None:
+    return None
 
 
 def bench_corpus(device, codegen_kind: str, only: str) -> None:

@@ -7,7 +7,7 @@ Each stitched kernel is assembled by ptxas for sm_90 and disassembled with nvdis
 or from ``pip install nvidia-cuda-nvdisasm``). Only straight-line kernels are compared: SASS
 without a backward branch, where every thread runs each instruction at most once, so the
 static count of integer instructions is what a thread executes (at most: some sit under a
-branch). Prints per kernel the model's ``int`` count (`profile.kernel_profile`) and the SASS's
+branch). Prints per kernel the model's ``int`` count (`kernel_profile`) and the SASS's
 integer ALU instructions, and the sums.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from costmodel.instructions import overlapped
 from fusionstitching import codegen
-from fusionstitching.codegen.profile import kernel_profile
+from fusionstitching.codegen.cost.kernel_profile import kernel_profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_regs import corpus_kernels  # noqa: E402
@@ -90,7 +90,8 @@ def main(paths: list[str]) -> None:
         if sass is None:
             looped += 1
             continue
-        counts = kernel_profile(spec).instructions  # waiting on a chain or issued behind it
+        # waiting on a chain or issued behind it
+        counts = kernel_profile(spec.kernel, spec.read_bytes, spec.write_bytes).instructions
         model = counts.get("int", 0.0) + counts.get(overlapped("int"), 0.0)
         model_total += model
         sass_total += sass

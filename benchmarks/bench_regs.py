@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from fusionstitching import codegen, pipeline
-from fusionstitching.codegen.profile import register_model
+from fusionstitching.codegen.cost.registers import register_model
 from fusionstitching.hlo.parser import parse_file
 
 ARCHS = ("sm_80", "sm_90")
@@ -47,7 +47,7 @@ def main(paths: list[str]) -> None:
         text = str(spec.kernel).replace(spec.name, "")
         if text not in measured:  # the same kernel from another capture of the same model
             measured[text] = {arch: codegen.compile_nvptx(spec, arch).regs for arch in ARCHS}
-        model, regs = register_model(spec), measured[text]
+        model, regs = register_model(spec.kernel), measured[text]
         ratios = [model / regs[arch] for arch in ARCHS]
         rows.append(ratios)
         print(f"{name[:44]:44} {spec.name[-28:]:28} {model:5d} {regs['sm_80']:5d} "

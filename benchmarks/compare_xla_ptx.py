@@ -30,7 +30,7 @@ generated for) and the table shows:
   access counted for every launched thread (a guarded row store as often as the row has
   threads).
 
-What the code generator does for these rows (codegen/schedule.py): warp and block schedules
+What the code generator does for these rows (codegen/schedules/): warp and block schedules
 read aligned rows in 128-bit chunks, loop schedules may take 4 elements per thread (ld/st
 .global.v4, explicit f32x4 values in the kernel IR, so the latency-evaluator counts one
 access); a grid that covers its elements in one pass has no loop (straight-line code under a

@@ -29,12 +29,13 @@ sys.path.insert(0, str(ROOT))
 
 from fusionstitching import pipeline  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
-from fusionstitching.hlo.printer import print_module  # noqa: E402
+from fusionstitching.hlo.ir import print_module  # noqa: E402
+from fusionstitching.hlo.normalize import normalize_for_xla  # noqa: E402
 from fusionstitching.hlo.xla_runner import cudnn_calls_as_hlo  # noqa: E402
 from fusionstitching.runtime import gpu  # noqa: E402
-from fusionstitching.runtime.rewrite import (normalize_for_xla,  # noqa: E402
-                                             refuse_configured_custom_calls, replace_patterns,
-                                             rewrite_module)
+from fusionstitching.runtime.ffi import TARGET_PREFIX  # noqa: E402
+from fusionstitching.runtime.rewrite import (refuse_configured_custom_calls,  # noqa: E402
+                                             replace_patterns, rewrite_module)
 
 DATA = ROOT / "tests" / "data" / "hlo"
 # Micro models at sizes whose buffers exceed the H100's 50 MB L2 several times over.
@@ -116,7 +117,7 @@ def with_convolutions(module, result=None) -> str:
     replaced = replace_patterns(module, kernels, [k.spec.name for k in kernels], configs)
     plain = parse_module(cudnn_calls_as_hlo(print_module(replaced)))
     refuse_configured_custom_calls(plain)
-    return print_module(normalize_for_xla(plain))
+    return print_module(normalize_for_xla(plain, pinned_prefix=TARGET_PREFIX))
 
 
 def prepare(job: tuple[str, str, str], out: Path) -> str:

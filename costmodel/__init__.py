@@ -2,7 +2,7 @@
 
 Every constant carries its source. Times produced here are *modeled*, never measured.
 """
-from .devices import Device, load_device, TARGETS
+from .devices import WARP, Device, load_device, TARGETS
 from .kernel_time import LAUNCH_US, KernelCost, kernel_cost, plan_time_us
 from .occupancy import Occupancy, occupancy
 from .latency import KernelProfile, LatencyBreakdown, estimate_registers, kernel_latency_us

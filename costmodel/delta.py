@@ -2,23 +2,11 @@
 
     f = T_reduced_mem + T_reduced_calls - T_penalty
 
-T_reduced_mem: the intermediates the pattern keeps on chip no longer go through global
-    memory. Each memory level is priced by a line t(bytes) = latency + bytes / bandwidth, with
-    latency and bandwidth from published data (data/cpi.json: global and shared-memory load
-    latency, 128 B/clock/SM shared-memory bandwidth; the device's DRAM bandwidth). A register
-    is an instruction operand and moves nothing, so it costs 0. The paper fits its line to
-    latencies it measured offline; with no GPU here, the line's two coefficients come from the
-    published numbers instead.
-T_reduced_calls: 1 us (XLA's kernel launch cost, kernel_time.LAUNCH_US) per kernel removed.
-T_penalty: the simplified latency-evaluator of the fused kernel, with 16 registers per thread
-    and the pattern's largest shared-memory use (paper: occupancy is the costly part of the
-    full evaluator, so registers are fixed and no liveness analysis runs). The unfused
-    kernels are memory-intensive, so each ran at its memory floor; the fused kernel's penalty
-    is the time it spends above its own floor (global bytes / bandwidth): the price of the
-    parallelism or latency hiding that fusion gave up.
-
-It runs inside the explorer's search, so a call is plain float arithmetic: per-device
-constants are computed once and occupancy is cached per (threads per block, shared memory).
+T_reduced_mem prices the intermediates kept on chip by a line latency + bytes / bandwidth per
+memory level (published numbers, data/cpi.json); T_reduced_calls is 1 us per kernel removed;
+T_penalty is the fused kernel's time above its memory floor by the simplified
+latency-evaluator (16 registers, the pattern's largest shared-memory use). It runs inside
+the explorer's search: plain float arithmetic, per-device constants and occupancy cached.
 """
 from __future__ import annotations
 

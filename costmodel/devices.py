@@ -14,6 +14,9 @@ from functools import lru_cache
 from pathlib import Path
 
 DATA_DIR = Path(__file__).parent / "data"
+# Threads per warp on every NVIDIA GPU (each target config's threads_per_warp says 32): the
+# code generator's schedules are built around it, so it is a constant, not a device field read.
+WARP = 32
 TARGETS = {"h100": "h100_sxm.txtpb", "a100": "a100_sxm_40.txtpb", "v100": "v100.txtpb",
            "t4": "t4.json"}
 

@@ -1,16 +1,9 @@
 """Instructions per element of an HLO elementwise op, by latency-evaluator op class.
 
-Both views of a kernel use this table: the stitched kernel's IR (fusionstitching/codegen/
-profile.py) and XLA's fused computations (fusionstitching/graph/profile.py), so the two plans
-are priced by the same instruction counts.
-
-Source: the PTX that fusionstitching's NVPTX backend emits (LLVM O3, libdevice linked, sm_90)
-for a one-op kernel, minus the same kernel without the op, counted by op class (ex2/lg2/rcp
-approx -> sfu; f32 arithmetic, compare, select, cvt -> fp32; integer and predicate logic,
-moves, shifts -> int). exp, log, tanh and pow are libdevice's __nv_expf/__nv_logf/
-__nv_tanhf/__nv_powf. div.rn.f32, sqrt.rn.f32 and rcp.rn.f32 are single PTX instructions
-that ptxas expands into an SFU approximation and Newton-Raphson correction; the 4 fp32
-instructions charged for that correction are an assumption (no SASS disassembler here).
+Both plans are priced by this one table: the stitched kernel's IR (codegen) and XLA's fused
+computations (graph). The counts are the PTX our NVPTX backend emits (LLVM O3, libdevice,
+sm_90) for a one-op kernel, minus the same kernel without the op; the 4 fp32 instructions
+charged for the correction of div/sqrt/rcp .rn.f32 are an assumption.
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """Kernel time from bytes alone: memory roofline plus launch cost (modeled, not measured).
 
-The bound every model here keeps: a kernel moving N bytes takes at least N / bandwidth.
-
-Assumption: a grid of B blocks runs on min(B, SM count) SMs, and each SM draws at most its
-fair share of the device's bandwidth (bandwidth / SM count), so a grid smaller than the device
-streams at min(B, SMs) / SMs of the bandwidth (one block on an H100: 1/132, ~25 GB/s). One SM
-alone can draw more than its share, so this is conservative for small grids.
-latency.py (the paper's latency-evaluator) uses ``kernel_cost`` as its memory term and adds
-compute from occupancy, waves and CPI; use it when the kernel's launch and instructions are
-known, and this when only its bytes are.
+A kernel moving N bytes takes at least N / bandwidth, where a grid of B blocks runs on
+min(B, SMs) SMs, each drawing its fair share bandwidth / SMs (conservative for small grids).
+latency.py uses ``kernel_cost`` as its memory term where a kernel's launch and instructions
+are known; this alone prices a kernel known only by its bytes.
 """
 from __future__ import annotations
 

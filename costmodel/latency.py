@@ -1,23 +1,12 @@
 """The latency-evaluator (paper section 4.3): modeled time of one kernel from a plain profile.
 
-    L      = N_wave * L_warp
-    N_wave = ceil(N_warp / (occupancy warps per SM * SM count))
+    L = N_wave * L_warp,  N_wave = ceil(grid / (blocks per SM * SMs)),
     L_warp = sum over op classes of N_instruction * CPI
 
-Blocks are scheduled whole, so N_wave is counted in blocks: ceil(grid / (blocks per SM * SMs)).
-
-CPI. The microbenchmark papers measure the latency of dependent instructions: the CPI of a
-warp running alone. In a wave, W warps share each warp scheduler, and a scheduler issues a
-class of instruction only as fast as its units allow (an SFU instruction takes 8 cycles
-of a scheduler's 4 SFU lanes). The wave then advances one instruction per
-max(latency, W * issue cycles): latency-bound with few warps, throughput-bound with many.
-With W = 1 this is the paper's CPI. Numbers and sources: data/cpi.json.
-
-Global memory. A kernel moving N bytes cannot beat N / bandwidth (kernel_time.kernel_cost),
-the bandwidth of the min(grid, SMs) SMs its blocks run on (each SM its fair share).
-Compute C and memory M overlap as in XLA's GPU performance model
-(xla/service/gpu/model/gpu_performance_model_base.cc, memory_compute_parallelism = 0.95):
-    total = C + M - 0.95 * min(C, M) = max(C, M) + 0.05 * min(C, M), plus 1 us launch.
+CPI per op class comes from published microbenchmarks (data/cpi.json), throughput-bound when
+many warps share a scheduler; memory is bounded below by kernel_time.kernel_cost; compute C
+and memory M overlap as in XLA's GPU performance model, max(C, M) + 0.05 min(C, M), plus a
+1 us launch.
 """
 from __future__ import annotations
 
@@ -92,7 +81,7 @@ def op_costs(sm_arch: str) -> dict[str, OpCost]:
 
 
 # The latencies that rank dependency chains (which one is longest) in both views of a kernel,
-# the stitched IR (codegen/profile.py) and XLA's fused computations (graph/profile.py); the
+# the stitched IR (codegen/cost/) and XLA's fused computations (graph/xla_kernel_model.py); the
 # device's own costs then price the instructions. The default target's: sm_80's rank alike.
 CHAIN_ARCH = "sm_90"
 

@@ -1,23 +1,10 @@
 """Occupancy: how many blocks of a kernel one SM holds at once.
 
-A port of NVIDIA's occupancy calculator, ``cudaOccMaxActiveBlocksPerMultiprocessor`` in
-``cuda_occupancy.h`` (CUDA 13.0, read at /usr/local/cuda-13.0/include/cuda_occupancy.h),
-for the case the code generator launches: dynamic shared memory with the per-function
-opt-in set, and the maximum shared-memory carveout. Four limits, the smallest wins:
-
-- warps:         max_warps_per_sm // warps_per_block
-- blocks:        the per-architecture cap on resident blocks
-- registers:     registers are given to warps in units of 256 and split evenly across the
-                 SM's four sub-partitions (one per warp scheduler), so an SM holds
-                 4 * ((regs_per_sm / 4) // regs_per_warp) warps. A block also fails to
-                 launch when its registers, with warps rounded up to a multiple of 4,
-                 exceed the per-block limit (the header's "hardware check").
-- shared memory: (bytes + driver-reserved bytes per block) rounded up to the allocation
-                 unit; the SM holds shared_memory_per_sm // that many blocks.
-
-The header's partitioned-global-caching branch only concerns sm_52-class GPUs, and its
-block-barrier limit (sm_90+) never binds for a kernel with one named barrier (2 barriers
-per block slot), so neither appears here.
+A port of NVIDIA's occupancy calculator (``cudaOccMaxActiveBlocksPerMultiprocessor`` in
+``cuda_occupancy.h``, CUDA 13.0) for what the code generator launches: dynamic shared memory
+with the per-function opt-in and the maximum carveout. The smallest of four limits wins:
+warps, resident blocks, registers (per warp, in units of 256, across the four
+sub-partitions) and shared memory (with the driver's reserved bytes per block).
 """
 from __future__ import annotations
 

@@ -1,35 +1,11 @@
 """Capture XLA's optimized HLO text, the input of every FusionStitching stage.
 
-- ``jax_hlo(fn, *args, target=...)``: ``jax.jit(fn)`` compiled by XLA:CPU (``target="cpu"``)
-  or by XLA:GPU for a named GPU (``"h100"``, ``"a100"``, ``"v100"``) without a GPU.
-- ``tf_hlo(fn, *args)``: XLA:CPU optimized HLO of a ``tf.function(jit_compile=True)``.
-- ``tf_hlo_for_gpu(fn, *args, target=...)``: TF's pre-optimization HLO compiled by XLA:GPU.
-- ``hlo_for_gpu(text, target=...)``: any pre-optimization HLO text compiled by XLA:GPU.
-
-GPU targets use XLA's deviceless compilation: the JAX CUDA plugin
-(``pip install fusionstitching[xla-gpu]``) compiles for a ``GpuTargetConfigProto`` from
-``costmodel/data/`` instead of a real device. That only works when JAX was started with
-``JAX_PLATFORMS=cpu`` (otherwise the plugin looks for a driver and does not register), and
-JAX reads that setting once, when it initializes its backends. So when this process's JAX is
-not set up that way, the compile runs in a child process, ``python -m fusionstitching.capture``,
-which gets only shapes and dtypes. The child must import ``fn`` by name: define ``fn`` at the
-top level of an importable module (not in ``__main__``, not a lambda or closure); its
-arguments may be arrays or ``jax.ShapeDtypeStruct`` (nested in lists/tuples/dicts) and JSON
-values (for static arguments), and ``jit_kwargs`` must be JSON values (e.g. ``static_argnums``).
-
-``classic=True`` disables XLA:GPU's ``triton-softmax-rewriter``, which gives the classic
-(non-Triton) reduction and loop fusions. ``dump_to=DIR`` makes XLA write its dump there
-(``--xla_dump_to=DIR --xla_dump_hlo_as_text``): HLO before/after optimization and, for GPU,
-LLVM IR and PTX per kernel.
-
-CLI (also the child process)::
-
-    python -m fusionstitching.capture jax MODULE:QUALNAME ARG... [--target h100] [--classic]
-        [--dump-to DIR] [--jit-kwargs JSON] [-o OUT]
-    python -m fusionstitching.capture hlo FILE|- [--target h100] [--classic] [--dump-to DIR] [-o OUT]
-
-``ARG`` is an HLO-style array type such as ``f32[64,256]``, or JSON: a list/dict of those, or
-``{"value": v}`` for a static Python value.
+``jax_hlo(fn, *args, target=...)`` (XLA:CPU, or XLA:GPU for a named GPU without a GPU),
+``tf_hlo(fn, *args)``, ``tf_hlo_for_gpu(fn, *args, target=...)`` and ``hlo_for_gpu(text,
+target=...)``. GPU targets use XLA's deviceless compile (the JAX CUDA plugin), which works
+only in a JAX started with ``JAX_PLATFORMS=cpu``; otherwise it runs in a child process
+(``python -m fusionstitching.capture``, given only shapes: ``fn`` must be importable by name).
+``classic=True`` turns off XLA:GPU's Triton softmax rewriter; ``dump_to`` keeps XLA's dump.
 """
 from __future__ import annotations
 
@@ -375,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     jax_cmd = sub.add_parser("jax", help="jax.jit(MODULE:QUALNAME) for the given argument types")
     jax_cmd.add_argument("function", help="module:qualname of a top-level function")
-    jax_cmd.add_argument("args", nargs="*", help="f32[64,256], or JSON (see module docstring)")
+    jax_cmd.add_argument("args", nargs="*", help='f32[64,256], or JSON: a list or dict of '
+                         'those, or {"value": v} for a static Python value')
     jax_cmd.add_argument("--jit-kwargs", default="{}", help="JSON object of jax.jit keywords")
     hlo_cmd = sub.add_parser("hlo", help="compile pre-optimization HLO text for a GPU target")
     hlo_cmd.add_argument("file", help="HLO text file, or - for stdin")

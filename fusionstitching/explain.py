@@ -2,22 +2,22 @@
 
 ``explain_text`` prints the plan (each stitched kernel and why), what stops further fusion
 (``blocked_edges``: every producer -> consumer edge between memory-intensive kernels left in
-different kernels, counted by the verdict on the smallest candidate that held both) and, for
-one node, every decision involving it and each of its neighbours in the kernel DAG
-(producers and consumers seen through no-ops). ``plan_dot`` draws XLA's kernels as nodes
-(name, op class, shape) and each stitched kernel as a cluster around them, like the paper's
-Figure 1; ``write_svg`` renders it with Graphviz's ``dot`` when that program is installed.
+different kernels, counted by the kind of verdict on the smallest candidate that held both)
+and, for one node, every decision involving it and each of its neighbours in the kernel DAG.
+``plan_dot`` draws XLA's kernels as nodes and each stitched kernel as a cluster around them,
+like the paper's Figure 1; ``write_svg`` renders it with Graphviz's ``dot`` when installed.
 """
 from __future__ import annotations
 
 import collections
-import re
+import enum
 import shutil
 
 from . import child_processes
 from .explorer import FusionPlan
 from .explorer.index import GraphIndex
 from .graph import OpClass, OpGraph
+from .graph.refusal import kind_text
 
 
 def explain_text(graph: OpGraph, plan: FusionPlan, node: str | None = None) -> str:
@@ -30,8 +30,8 @@ def explain_text(graph: OpGraph, plan: FusionPlan, node: str | None = None) -> s
     blocked = blocked_edges(index, plan)
     if blocked:
         lines.append(f"edges between memory-intensive kernels left unfused: "
-                     f"{sum(blocked.values())}, by reason (names and numbers as #)")
-        lines += [f"  {count:4d}  {reason}" for reason, count in blocked.most_common()]
+                     f"{sum(blocked.values())}, by kind of reason")
+        lines += [f"  {count:4d}  {kind_text(kind)}" for kind, count in blocked.most_common()]
     if node is None:
         return "\n".join(lines)
     if node not in graph.nodes:
@@ -62,15 +62,18 @@ def explain_text(graph: OpGraph, plan: FusionPlan, node: str | None = None) -> s
     return "\n".join(lines)
 
 
-NEVER_TOGETHER = "never in one candidate (pruned before the two met)"
-NOT_CHOSEN = "in a buildable candidate, but the plan took other patterns (by modeled time)"
+class Unrefused(enum.Enum):
+    """Why two kernels, or a kernel and its neighbours, stay apart when no refusal says why."""
+    NOT_CHOSEN = "in a buildable candidate, but the plan took other patterns (by modeled time)"
+    NEVER_TOGETHER = "never in one candidate (pruned before the two met)"
+    NO_NEIGHBOUR = "no memory-intensive producer or consumer to stitch with"
 
 
 def blocked_edges(index: GraphIndex, plan: FusionPlan) -> collections.Counter:
-    """Why each producer -> consumer edge between memory-intensive kernels crosses kernels:
-    the latest verdict on the smallest candidate holding both ends -- its reason when it was
-    rejected (kernel names and numbers as #, so equal reasons count together), or that the
-    plan preferred other patterns when it was accepted."""
+    """Why each producer -> consumer edge between memory-intensive kernels crosses kernels,
+    counted by kind: the latest verdict on the smallest candidate holding both ends -- its
+    refusal's kind when it was rejected, or ``Unrefused.NOT_CHOSEN`` when it was accepted
+    (the plan preferred other patterns)."""
     owner = {n: i for i, p in enumerate(plan.patterns) for n in p.nodes}
     verdict = _PairVerdicts(plan)
     counts: collections.Counter = collections.Counter()
@@ -82,30 +85,29 @@ def blocked_edges(index: GraphIndex, plan: FusionPlan) -> collections.Counter:
     return counts
 
 
-NO_NEIGHBOUR = "no memory-intensive producer or consumer to stitch with"
-
-
-def unstitched_reasons(index: GraphIndex, plan: FusionPlan) -> dict[str, str]:
-    """Why each memory-intensive kernel outside every stitched kernel was left to XLA: of the
-    verdicts on it with each memory-intensive producer and consumer (worded as in
-    ``blocked_edges``), a rejection's reason first, then "not chosen", then "never together"."""
+def unstitched_kinds(index: GraphIndex, plan: FusionPlan) -> dict[str, enum.Enum]:
+    """Why each memory-intensive kernel outside every stitched kernel was left to XLA, as a
+    kind: of the verdicts on it with each memory-intensive producer and consumer (as in
+    ``blocked_edges``), a refusal's kind first, then not chosen, then never together."""
     stitched = plan.stitched_nodes()
     participants = set(index.participants)
     verdict = _PairVerdicts(plan)
-    rank = {NOT_CHOSEN: 1, NEVER_TOGETHER: 2}
-    reasons = {}
+    rank = {Unrefused.NOT_CHOSEN: 1, Unrefused.NEVER_TOGETHER: 2}
+    kinds = {}
     for node in index.participants:
         if node in stitched:
             continue
         neighbours = [p for p in index.preds[node] if p in participants] + \
             index.consumers[node]
         verdicts = [verdict(node, other) for other in neighbours]
-        reasons[node] = min(verdicts, key=lambda v: rank.get(v, 0)) if verdicts else NO_NEIGHBOUR
-    return reasons
+        kinds[node] = (min(verdicts, key=lambda v: rank.get(v, 0)) if verdicts
+                       else Unrefused.NO_NEIGHBOUR)
+    return kinds
 
 
 class _PairVerdicts:
-    """The latest verdict on the smallest candidate pattern holding two given nodes."""
+    """The kind of the latest verdict on the smallest candidate pattern holding two given
+    nodes (``Unrefused.NOT_CHOSEN`` when it was accepted)."""
 
     def __init__(self, plan: FusionPlan):
         self.holding: dict[str, list] = {}
@@ -113,17 +115,12 @@ class _PairVerdicts:
             for n in d.nodes:
                 self.holding.setdefault(n, []).append(d)
 
-    def __call__(self, a: str, b: str) -> str:
+    def __call__(self, a: str, b: str) -> enum.Enum:
         both = [d for d in self.holding.get(a, ()) if b in d.nodes]
         if not both:
-            return NEVER_TOGETHER
+            return Unrefused.NEVER_TOGETHER
         smallest = min(both, key=lambda d: len(d.nodes))
-        return NOT_CHOSEN if smallest.ok else generic_reason(smallest.reason)
-
-
-def generic_reason(reason: str) -> str:
-    """A reason without its instance: instruction names (``fusion.12``) and numbers as #."""
-    return re.sub(r"%?[\w.\-]+\.\d+|[+-]?\b\d+(\.\d+)?\b", "#", reason)
+        return Unrefused.NOT_CHOSEN if smallest.ok else smallest.kind
 
 
 def _describe(graph: OpGraph, name: str) -> str:

@@ -6,6 +6,7 @@ never fails the module: the pattern is left to XLA and listed in ``Report.fallba
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 import time
 from dataclasses import dataclass, field
@@ -14,17 +15,24 @@ import costmodel
 from costmodel.latency import MAX_REGISTERS_PER_THREAD
 
 from . import codegen
-from .codegen.profile import modeled_kernel_us
-from .explain import NEVER_TOGETHER, NO_NEIGHBOUR, NOT_CHOSEN, generic_reason, unstitched_reasons
+from .codegen import modeled_kernel_us
+from .explain import Unrefused, unstitched_kinds
 from .explorer import FusionPlan, Pattern, explore
 from .explorer.index import GraphIndex
 from .graph import OpClass, OpGraph, build_graph
-from .graph.refusal import Refusal, internal
-from .graph.profile import xla_kernel_profile
+from .graph.refusal import Refusal, internal, kind_text
+from .graph.xla_kernel_model import xla_kernel_profile
 from .graph.traffic import memory_intensive_regions, pattern_traffic, plan_bytes
 from .hlo.ir import Module
 from .report import Fallback, KernelReport, LeftToXla, PlanSummary, Report, Times
 from .verification import stitched_steps, verify
+
+
+class PlanRefusal(enum.Enum):
+    """Why the pipeline refuses a pattern the code generator can build."""
+
+    SLOWER_THAN_XLA = "stitched kernel modeled no faster than XLA's kernels"
+    SPILLS = "ptxas spills the pattern's fastest schedule"
 
 
 @dataclass
@@ -121,26 +129,27 @@ def plan_module(graph: OpGraph, options: Options, device,
             xla_us[node] = _xla_kernel_us(graph, node, device)
         return xla_us[node]
 
-    def can_stitch(nodes: list[str]) -> tuple[bool, str]:
+    def can_stitch(nodes: list[str]) -> Refusal | None:
         try:
-            spec = codegen.generate(graph.module, nodes, "probe", {"name": options.target})
+            spec = codegen.generate(graph.module, nodes, "probe", device)
         except codegen.CodegenError as exc:
-            return False, str(exc)
+            return Refusal(exc.kind, exc.detail)
         except Exception as exc:  # a defect of ours: the pattern is refused, with the reason
-            return False, f"code generator: {internal(exc)}"
+            return internal(exc)
         slower = _slower_than_xla(graph, spec, device, options.target, xla_kernel_us)
         if slower:
-            return False, slower
+            return Refusal(PlanRefusal.SLOWER_THAN_XLA, slower)
         if options.ptxas and spec.regs_model >= MAX_REGISTERS_PER_THREAD and \
                 codegen.find_ptxas():
             # At the register model's cap it cannot tell whether ptxas spills: ask ptxas
             # (the chosen schedule only: trying the others here made planning minutes longer).
             spills = codegen.compile_nvptx(spec, device.sm_arch).spills
             if spills:
-                return False, f"ptxas ({device.sm_arch}) spills the pattern's fastest " \
-                              f"schedule: {spills} B of spill stores"
+                return Refusal(PlanRefusal.SPILLS,
+                               f"ptxas ({device.sm_arch}) spills the pattern's fastest "
+                               f"schedule: {spills} B of spill stores")
         built[frozenset(nodes)] = spec
-        return True, f"ok: {spec.why}; {', '.join(spec.schemes)}"
+        return None
 
     def profile_of(nodes: list[str]) -> costmodel.KernelProfile:
         if len(nodes) == 1:
@@ -178,10 +187,12 @@ def _build_kernel(graph, pattern, name, options, device, times, fallbacks, probe
     t0 = time.perf_counter()
     try:
         spec = _renamed(probed, name) if probed is not None else codegen.generate(
-            graph.module, pattern.nodes, name, {"name": options.target})
+            graph.module, pattern.nodes, name, device)
     except Exception as exc:  # any codegen failure leaves the pattern to XLA
         times.codegen += time.perf_counter() - t0
-        fallbacks.append(Fallback("codegen", list(pattern.nodes), _reason(exc)))
+        why = str(Refusal(exc.kind, exc.detail)) if isinstance(exc, codegen.CodegenError) \
+            else str(internal(exc))
+        fallbacks.append(Fallback("codegen", list(pattern.nodes), why))
         return None
     slower = _slower_than_xla(graph, spec, device, options.target)
     if slower:
@@ -190,8 +201,8 @@ def _build_kernel(graph, pattern, name, options, device, times, fallbacks, probe
         return None
     try:
         host = codegen.compile_host(spec) if options.verify or options.host else None
-    except Exception as exc:
-        fallbacks.append(Fallback("host", list(pattern.nodes), _reason(exc)))
+    except Exception as exc:  # LLVM refused our host IR: a defect of ours
+        fallbacks.append(Fallback("host", list(pattern.nodes), str(internal(exc))))
         return None
     finally:
         times.codegen += time.perf_counter() - t0
@@ -222,13 +233,12 @@ def _fewest_spills(graph: OpGraph, spec: codegen.KernelSpec, nv: codegen.NvptxKe
     only estimates what ptxas allocates (BERT train TF's unrolled 4-phase kernel over 4
     blocks: 179 registers modeled with loads in place, 255 and 20 B of spill stores in
     ptxas). The first that does not spill, else the one spilling least."""
-    excluded: dict[str, str] = {}
+    excluded: dict[codegen.Schedule, str] = {}
     best = spec, nv
     while nv.spills and len(excluded) < MAX_SPILL_RETRIES:
-        excluded[spec.why] = f"ptxas ({device.sm_arch}): {nv.spills} B of spill stores"
+        excluded[spec.schedule] = f"ptxas ({device.sm_arch}): {nv.spills} B of spill stores"
         try:
-            spec = codegen.generate(graph.module, spec.nodes, spec.name,
-                                    {"name": options.target}, excluded)
+            spec = codegen.generate(graph.module, spec.nodes, spec.name, device, excluded)
         except codegen.CodegenError:
             break
         nv = codegen.compile_nvptx(spec, device.sm_arch)
@@ -294,17 +304,17 @@ def make_report(result: StitchResult, options: Options, device, times: Times) ->
         fs=summary(fs_patterns, fs_times, with_patterns=True),
         compulsory_bytes=plan_bytes(graph, memory_intensive_regions(graph)),
         times_s=times, kernels=kernels, fallbacks=result.fallbacks,
-        left_to_xla=_left_to_xla(result, options))
+        left_to_xla=_left_to_xla(result, device))
 
 
-def _left_to_xla(result: StitchResult, options: Options) -> list[LeftToXla]:
+def _left_to_xla(result: StitchResult, device: costmodel.Device) -> list[LeftToXla]:
     """Why each memory-intensive XLA kernel outside the stitched kernels stays XLA's, grouped
     by reason: its pattern was given back (a fallback), the code generator cannot build it
-    even alone (asked only when the explorer rejected it with every neighbour), or the plan's
-    verdict on it and its neighbours (``explain.unstitched_reasons``)."""
+    even alone (asked only when the explorer rejected it with every neighbour), or the kind
+    of the plan's verdict on it and its neighbours (``explain.unstitched_kinds``)."""
     stitched = {n for k in result.kernels for n in k.pattern.nodes}
     given_back = {n: f.stage for f in result.fallbacks for n in f.nodes}
-    verdicts = unstitched_reasons(GraphIndex(result.graph), result.plan)
+    verdicts = unstitched_kinds(GraphIndex(result.graph), result.plan)
     groups: dict[str, list[str]] = {}
     for node in (n.name for n in result.graph.memory_intensive_nodes()):
         if node in stitched:
@@ -312,16 +322,17 @@ def _left_to_xla(result: StitchResult, options: Options) -> list[LeftToXla]:
         if node in given_back:
             reason = f"its stitched kernel was given back to XLA ({given_back[node]}, listed above)"
         else:
-            reason = verdicts.get(node, NO_NEIGHBOUR)
-            if reason not in (NOT_CHOSEN, NEVER_TOGETHER, NO_NEIGHBOUR):
+            kind = verdicts.get(node, Unrefused.NO_NEIGHBOUR)
+            reason = f"code generator: {kind_text(kind)}" if isinstance(kind, codegen.Refusal) \
+                else kind_text(kind)
+            if not isinstance(kind, Unrefused):
                 try:
-                    ok, why = codegen.can_stitch(result.module, [node],
-                                                 {"name": options.target})
+                    refusal = codegen.can_stitch(result.module, [node], device)
                 except Exception as exc:  # a defect of ours: say so instead of failing
-                    ok, why = False, str(internal(exc))
-                if not ok:
+                    refusal = internal(exc)
+                if refusal is not None:
                     reason = f"the code generator cannot build it even alone: " \
-                             f"{generic_reason(why)}"
+                             f"{kind_text(refusal.kind)}"
         groups.setdefault(reason, []).append(node)
     return [LeftToXla(reason, nodes)
             for reason, nodes in sorted(groups.items(), key=lambda g: -len(g[1]))]

@@ -74,8 +74,8 @@ class Fallback:
 
 @dataclass
 class LeftToXla:
-    """Memory-intensive XLA kernels outside every stitched kernel, for one reason (names and
-    numbers in it as #, so that equal causes group)."""
+    """Memory-intensive XLA kernels outside every stitched kernel, for one reason: one kind of
+    refusal or verdict (``explain.unstitched_kinds``), in words."""
     reason: str
     nodes: list[str]
 

@@ -14,6 +14,7 @@ import enum
 import networkx as nx
 import numpy as np
 
+from .hlo import gpu_library  # noqa: F401 - the evaluator runs XLA:GPU's library calls
 from .hlo.elided import elided_constants, fill_elided
 from .hlo.evaluator import UnsupportedOp, evaluate, evaluate_computation
 from .hlo.ir import NUMPY_DTYPES, Computation, Instruction, Module, Shape

@@ -52,7 +52,7 @@ import numpy as np
 import jax
 import fusionstitching
 sys.path.insert(0, {tests!r})
-from test_runtime_faults import args, layernorm
+from helpers import args, layernorm
 fn = fusionstitching.jit(layernorm, cache_dir=sys.argv[1], keep="stitched")
 a = args()
 out = np.asarray(fn(*a))
@@ -87,8 +87,8 @@ def test_two_processes_share_one_cache_dir(tmp_path):
 def test_corrupted_cache_file_is_rebuilt(tmp_path, caplog):
     import jax
 
-    from fusionstitching.jit import jit
-    from test_runtime_faults import args, layernorm
+    from fusionstitching.stitched_jit import jit
+    from helpers import args, layernorm
 
     a = args(rows=8)
     want = np.asarray(jax.jit(layernorm)(*a))

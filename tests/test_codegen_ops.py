@@ -17,43 +17,17 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from costmodel import load_device  # noqa: E402
 from fusionstitching.capture import jax_hlo  # noqa: E402
-from fusionstitching.codegen import (can_stitch, compile_host, compile_nvptx,  # noqa: E402
-                                     find_ptxas, generate)
+from fusionstitching.codegen import Refusal, can_stitch, compile_host, generate  # noqa: E402
 from fusionstitching.codegen.flatten import flatten  # noqa: E402
-from fusionstitching.codegen.schedule import (build_kernel, enumerate_schedules,  # noqa: E402
-                                              reduction_space, resolve_device,
-                                              reuse_shared_memory)
+from fusionstitching.codegen.schedules.candidates import enumerate_schedules  # noqa: E402
+from fusionstitching.codegen.schedules.choose import build_kernel  # noqa: E402
+from fusionstitching.codegen.schedules.shared_memory import reuse_shared_memory  # noqa: E402
+from fusionstitching.codegen.schedules.space import reduction_space  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
-from fusionstitching.hlo.xla_runner import run_hlo_with_xla  # noqa: E402
-
-TRIVIAL = {"parameter", "constant", "tuple", "get-tuple-element"}
-
-
-def kernel_nodes(module) -> list[str]:
-    """The entry instructions that launch or compute something: a whole module as one
-    pattern."""
-    return [i.name for i in module.entry.instructions if i.opcode not in TRIVIAL]
-
-ADD = """
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-%max (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] maximum(%a, %b)
-}
-"""
-
-
-def module_text(params: str, body: str) -> str:
-    # The entry signature is left out: XLA's parser derives it from the parameters and ROOT.
-    del params
-    return f"HloModule m\n{ADD}\nENTRY %main {{\n{body}\n}}\n"
-
+from helpers_codegen import (assert_assembles_without_spills, check_against_xla,  # noqa: E402
+                             kernel_nodes, module_text)
 
 # name -> (entry parameters, entry body); every non-trivial instruction is one pattern.
 SNIPPETS = {
@@ -225,50 +199,12 @@ SNIPPETS = {
 }
 
 
-def _inputs(module, rng):
-    out = []
-    for p in module.entry.parameters:
-        dtype = p.shape.numpy_dtype
-        if p.shape.dtype.startswith("s"):  # indices and divisors: small, some negative/zero
-            out.append(rng.integers(-3, 18, p.shape.dims).astype(dtype))
-        elif p.shape.dtype.startswith("u"):  # random bits: the whole range, and some zeros
-            bits = rng.integers(0, np.iinfo(dtype).max, p.shape.dims, dtype=dtype,
-                                endpoint=True)
-            out.append(np.where(rng.random(p.shape.dims) < 0.1, 0, bits).astype(dtype))
-        else:
-            out.append(rng.standard_normal(p.shape.dims).astype(np.float32).astype(dtype))
-    return out
-
-
-def _entry_outputs(module) -> list[str]:
-    root = module.entry.root
-    return list(root.operands) if root.opcode == "tuple" else [root.name]
-
-
 @functools.cache
 def snippet(name: str):
     params, body = SNIPPETS[name]
     module = parse_module(module_text(params, body))
     nodes = kernel_nodes(module)
     return module, nodes, generate(module, nodes, name)
-
-
-def check_against_xla(module, spec, kernel=None, rtol=2e-6, atol=1e-6):
-    rng = np.random.default_rng(0)
-    args = _inputs(module, rng)
-    expected = dict(zip(_entry_outputs(module), run_hlo_with_xla(str(module), args)))
-    if kernel is not None:
-        spec = dataclasses.replace(spec, kernel=kernel, grid=kernel.grid, block=kernel.block)
-    number = {p.name: p.parameter_number for p in module.entry.parameters}
-    got = compile_host(spec)(*[args[number[n]] for n, _ in spec.inputs])
-    assert len(got) == len(expected)
-    for (name, _), value in zip(spec.outputs, got):
-        want = np.asarray(expected[name])
-        if want.dtype.kind == "f" or want.dtype.name in ("bfloat16",):
-            np.testing.assert_allclose(value.astype(np.float32), want.astype(np.float32),
-                                       rtol=rtol, atol=atol, err_msg=name)
-        else:
-            np.testing.assert_array_equal(value, want, err_msg=name)
 
 
 @pytest.mark.parametrize("name", list(SNIPPETS))
@@ -299,7 +235,7 @@ def test_unrelated_shapes_are_packed():
 def test_every_schedule_kind_matches_xla(name, kind):
     module, nodes, spec = snippet(name)
     pattern = flatten(module, nodes)
-    schedules = [s for s in enumerate_schedules(reduction_space(pattern), resolve_device(None),
+    schedules = [s for s in enumerate_schedules(reduction_space(pattern), load_device("h100"),
                                                 [x.num_elements for _, x in pattern.outputs])
                  if s.kind == kind]
     kernel, _ = build_kernel(pattern, schedules[-1], name)
@@ -316,7 +252,7 @@ def test_narrow_tiles_combine_with_sub_warp_shuffles(width, depth):
     through the host backend and assemble without spills."""
     module, nodes, spec = snippet("column_reduction_with_consumer")
     pattern = flatten(module, nodes)
-    tile = next(s for s in enumerate_schedules(reduction_space(pattern), resolve_device(None), [])
+    tile = next(s for s in enumerate_schedules(reduction_space(pattern), load_device("h100"), [])
                 if s.kind == "tile" and (s.groups_per_block, s.threads_per_group) == (width, depth))
     kernel, _ = build_kernel(pattern, tile, "narrow_tile")
     text = str(kernel)
@@ -343,7 +279,7 @@ def test_candidates_carry_modeled_times_and_the_choice_is_the_fastest():
 def test_shared_memory_buffers_are_reused_along_the_dominance_tree():
     module, nodes, _ = snippet("column_reduction_with_consumer")
     pattern = flatten(module, nodes)
-    tile = next(s for s in enumerate_schedules(reduction_space(pattern), resolve_device(None), [])
+    tile = next(s for s in enumerate_schedules(reduction_space(pattern), load_device("h100"), [])
                 if s.kind == "tile")
     kernel, _ = build_kernel(pattern, tile, "k")
     before = reuse_shared_memory(kernel)
@@ -357,32 +293,23 @@ def test_unsupported_ops_are_refused_with_a_reason():
   %x = f32[8,8]{1,0} parameter(0)
   %y = f32[8,8]{1,0} exponential(%x)
   ROOT %s = f32[8,8]{1,0} sort(%y), dimensions={1}, to_apply=%add""")
-    ok, reason = can_stitch(parse_module(text), ["y", "s"])
-    assert not ok and "sort s calls a computation" in reason
+    refusal = can_stitch(parse_module(text), ["y", "s"])
+    assert refusal.kind is Refusal.UNSUPPORTED_OP and "sort s calls a computation" in str(refusal)
     text = module_text("x: f32[8,8]", """
   %x = f32[8,8]{1,0} parameter(0)
   %y = f32[8,8]{1,0} exponential(%x)
   ROOT %s = f32[8,8]{1,0} reduce-precision(%y), exponent_bits=5, mantissa_bits=10""")
-    ok, reason = can_stitch(parse_module(text), ["y", "s"])
-    assert not ok and reason == "reduce-precision s: op not supported by the code generator"
+    refusal = can_stitch(parse_module(text), ["y", "s"])
+    assert refusal.kind is Refusal.UNSUPPORTED_OP
+    assert str(refusal) == "reduce-precision s: op not supported by the code generator"
     # Bounded-dynamic arrays carry their run-time size beside the data (XLA's kernels write it).
     text = module_text("x: f32[<=8]", """
   %x = f32[<=8]{0} parameter(0)
   %y = f32[<=8]{0} exponential(%x)
   ROOT %s = f32[<=8]{0} negate(%y)""")
-    ok, reason = can_stitch(parse_module(text), ["y", "s"])
-    assert not ok and reason.startswith("parameter x: bounded-dynamic shape f32[<=8]")
-
-
-def assert_assembles_without_spills(specs, arch: str) -> None:
-    """Each KernelSpec assembles with ptxas for ``arch``: no spills, the shared memory the code
-    generator planned. Skips only where no ptxas exists."""
-    if find_ptxas() is None:
-        pytest.skip("find_ptxas() is None: no ptxas on PATH or in nvidia-cuda-nvcc")
-    for spec in specs:
-        kernel = compile_nvptx(spec, arch)
-        assert kernel.cubin and kernel.spills == 0, spec.name
-        assert kernel.smem_bytes == spec.smem_bytes, spec.name
+    refusal = can_stitch(parse_module(text), ["y", "s"])
+    assert refusal.kind is Refusal.DYNAMIC_SHAPE
+    assert refusal.detail.startswith("parameter x: bounded-dynamic shape f32[<=8]")
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 import costmodel
-from fusionstitching.codegen import can_stitch, count_traffic, generate
+from fusionstitching.codegen import Refusal, Schedule, can_stitch, count_traffic, generate
 from fusionstitching.codegen.flatten import flatten
-from fusionstitching.codegen.schedule import Schedule, Space, build_phased_kernel
+from fusionstitching.codegen.schedules.phased import build_phased_kernel
+from fusionstitching.codegen.schedules.space import Space
 from fusionstitching.hlo.parser import parse_module
 
-from test_codegen_ops import (kernel_nodes, assert_assembles_without_spills, check_against_xla,
-                              module_text)
+from helpers_codegen import (kernel_nodes, assert_assembles_without_spills, check_against_xla,
+                             module_text)
 
 # LayerNorm backward over [16,32] rows: the row statistics (mean, variance; O=16 R=32), the row
 # sums of the input gradient's terms (a later stage, reading the statistics), and the column
@@ -112,9 +113,10 @@ def wide_layernorm_backward():
 
 def _assert_phased(spec, phases: int) -> None:
     assert spec.why.startswith(f"phased schedule: one block of {spec.block[0]} threads, "
-                               f"{phases} phases"), spec.why
+                              f"{phases} phases"), spec.why
     assert spec.grid == (1,) and "block_composition" in spec.schemes
-    # The one-space schedules were refused for the spaces, each with its reason.
+    # The one-space schedules were refused for the spaces, with the reason.
+    assert any(r.schedule is None and r.kind is Refusal.DIFFERENT_SPACES for r in spec.refused)
     assert any("reductions over different spaces" in why and t == float("inf")
                for why, t in spec.candidates)
 
@@ -168,7 +170,7 @@ def test_last_phase_spreads_over_blocks_that_each_compute_the_row_statistics(
     # Each output element is stored once over the grid; the blocks' statistics re-read x.
     rng = np.random.default_rng(0)
     traffic = count_traffic(spec, *[rng.standard_normal(s.dims).astype(np.float32)
-                                    for _, s in spec.inputs])
+                                   for _, s in spec.inputs])
     assert (traffic.read_bytes, traffic.write_bytes) == (spec.read_bytes, spec.write_bytes)
     assert traffic.raw_write_bytes == spec.write_bytes
     assert traffic.raw_read_bytes == spec.raw_read_bytes > spec.read_bytes
@@ -222,8 +224,7 @@ def test_a_phase_loop_of_few_trips_is_unrolled_in_a_variant(wide_layernorm_backw
     modeled = {re.split(r"; grid |; refused: ", why)[0]: t for why, t in spec.candidates}
     assert modeled[tile.why] < math.inf and modeled[tile.why + ", short loops unrolled"] < math.inf
     _, no_loops = _generate(NO_LOOPS)
-    assert any(why.endswith("refused: no short loop to unroll (the same kernel as without)")
-               for why, _ in no_loops.candidates)
+    assert any(r.kind is Refusal.SAME_KERNEL and r.schedule.unrolled for r in no_loops.refused)
 
 
 def test_an_output_reading_spread_results_elsewhere_refuses_the_spread():
@@ -235,28 +236,29 @@ def test_an_output_reading_spread_results_elsewhere_refuses_the_spread():
         "  ROOT %out = (f32[16,512]{1,0}, f32[512]{0}) tuple(%dxg, %dbeta)")
     module, spec = _generate(body)
     assert spec.grid == (1,), spec.why
-    assert any(why.startswith("phased schedule: 4 blocks") and t == float("inf") and
-               "reads results spread over blocks (512): needs cross-block communication" in why
-               for why, t in spec.candidates)
+    assert any(r.schedule.why.startswith("phased schedule: 4 blocks") and
+               r.kind is Refusal.CROSS_BLOCK and
+               "reads results spread over blocks (512)" in r.detail
+               for r in spec.refused if r.schedule is not None)
     check_against_xla(module, spec, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_phased_kernels_assemble_without_spills(arch, layernorm_backward, centered_column_sum,
-                                                wide_layernorm_backward):
+                                               wide_layernorm_backward):
     assert_assembles_without_spills([layernorm_backward[1], centered_column_sum[1],
-                                     wide_layernorm_backward[1]], arch)
+                                    wide_layernorm_backward[1]], arch)
 
 
 def test_too_much_work_for_one_block_is_refused_with_its_reason():
     body = CENTERED_COLUMN_SUM.replace("64,48", "1024,512").replace("f32[64]", "f32[1024]") \
         .replace("f32[48]", "f32[512]")
     module = parse_module(module_text("", body))
-    ok, reason = can_stitch(module, kernel_nodes(module))
-    assert not ok and reason.startswith("reductions over different spaces")
+    refusal = can_stitch(module, kernel_nodes(module))
+    assert refusal.kind is Refusal.DIFFERENT_SPACES
     points = 3 * 1024 * 512 + 2 * 512 + 1  # three reductions' operands, the outputs
     assert f"phased schedule: {points} points (reduction operands and outputs) are too many " \
-           f"for one block" in reason
+           f"for one block" in refusal.detail
 
 
 def test_a_one_space_pattern_keeps_its_schedule():
@@ -285,7 +287,7 @@ def test_a_small_grid_streams_at_its_share_of_the_bandwidth():
     assert costmodel.kernel_cost(nbytes, device, 4 * device.sm_count).memory_us == \
         pytest.approx(whole)
     profile = costmodel.KernelProfile(grid_blocks=1, threads_per_block=256, regs_per_thread=16,
-                                      smem_bytes=0, instructions={"ld_global": 1},
-                                      bytes_read=nbytes, bytes_written=0)
+                                     smem_bytes=0, instructions={"ld_global": 1},
+                                     bytes_read=nbytes, bytes_written=0)
     assert costmodel.kernel_latency_us(profile, device).memory_us == pytest.approx(
         whole * device.sm_count)

@@ -12,14 +12,16 @@ import re
 import numpy as np
 import pytest
 
-from fusionstitching.codegen import compile_nvptx, count_traffic, find_ptxas, generate
+from costmodel import load_device
+from fusionstitching.codegen import Schedule, compile_nvptx, count_traffic, find_ptxas, generate
 from fusionstitching.codegen.flatten import flatten
+from fusionstitching.codegen.schedules.candidates import enumerate_schedules
+from fusionstitching.codegen.schedules.choose import build_kernel
+from fusionstitching.codegen.schedules.shared_memory import reuse_shared_memory
+from fusionstitching.codegen.schedules.space import reduction_space
 from fusionstitching.codegen.traffic import global_traffic
-from fusionstitching.codegen.schedule import (Schedule, build_kernel, enumerate_schedules,
-                                              reduction_space, resolve_device,
-                                              reuse_shared_memory)
 from fusionstitching.hlo.parser import parse_file, parse_module
-from test_codegen_ops import check_against_xla, kernel_nodes, module_text
+from helpers_codegen import check_against_xla, kernel_nodes, module_text
 
 HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
 
@@ -90,7 +92,8 @@ def test_vector_schedules_assemble_to_128_bit_accesses(kind, threads, vector, ca
 
 def test_aligned_remainders_fold_so_lanes_stay_visible():
     # floor((a*y + s) / k) = floor(y / (k/a)) when a | k and 0 <= s < a, checked at every point.
-    from fusionstitching.codegen.kernel_ir import Var, add, div, mod, scale, vector_group
+    from fusionstitching.codegen.index_expr import Var, add, div, mod, scale
+    from fusionstitching.codegen.kernel_ir import vector_group
     from fusionstitching.hlo.ir import Shape
     bid, tid, chunk = Var("bid", 64), Var("tid", 128), Var("c", 1024)
     env = {"bid": np.arange(64)[:, None], "tid": np.arange(128)[None, :]}
@@ -152,7 +155,7 @@ def test_short_row_loops_are_enumerated_unrolled_with_their_loads_in_flight(cols
     module = parse_module(module_text("", ROW_SUM.replace("COLS", str(cols))))
     spec = generate(module, ["e", "r"], "k")
     pattern = flatten(module, ["e", "r"])
-    warp = [s for s in enumerate_schedules(reduction_space(pattern), resolve_device(None), [64])
+    warp = [s for s in enumerate_schedules(reduction_space(pattern), load_device("h100"), [64])
             if s.kind == "warp" and s.vector == 4 and s.groups_per_block == 1]
     assert [s.unrolled for s in warp] == ([False, True] if unrolled else [False])
     kernel, _ = build_kernel(pattern, warp[-1], "k")

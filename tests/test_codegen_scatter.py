@@ -1,4 +1,4 @@
-"""Scatter in the code generator (gather form, schedule.py): embedding-gradient scatter-adds
+"""Scatter in the code generator (gather form, `IndexMaps.scatter`): embedding-gradient scatter-adds
 with duplicate and out-of-bounds indices, their operands, updates' producers and consumers
 stitched into one kernel, run on the host backend and compared with XLA:CPU (jaxlib) running
 the same module, bit for bit (the gather form combines in XLA:CPU's order; the producers here
@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fusionstitching.codegen import can_stitch, compile_host, generate
+from fusionstitching.codegen import Refusal, can_stitch, compile_host, generate
 from fusionstitching.codegen.kernel_ir import Loop
 from fusionstitching.graph import build_graph
 from fusionstitching.graph.traffic import pattern_traffic
 from fusionstitching.hlo.parser import parse_file, parse_module
 from fusionstitching.hlo.xla_runner import run_hlo_with_xla
-from test_codegen_ops import (ADD, kernel_nodes, _inputs, assert_assembles_without_spills,
-                              check_against_xla)
+from helpers_codegen import (ADD, kernel_nodes, snippet_inputs, assert_assembles_without_spills,
+                             check_against_xla)
 
 DATA = Path(__file__).parent / "data" / "hlo"
 
@@ -35,7 +35,7 @@ COMBINERS = ADD + """%add_s32 (a: s32[], b: s32[]) -> s32[] {
 }
 """
 
-# The test inputs (`_inputs`, seed 0) draw s32 parameters from -3..17: with 40 indices into
+# The test inputs (`snippet_inputs`, seed 0) draw s32 parameters from -3..17: with 40 indices into
 # 8 rows, rows repeat (duplicates are summed in order) and many windows fall outside the
 # table (skipped); `test_indices_repeat_and_fall_outside` checks that they do.
 ONE_HOT = """
@@ -139,7 +139,7 @@ def test_an_iota_indexed_scatter_reads_only_the_window_of_its_own_row():
 def test_indices_repeat_and_fall_outside():
     """The inputs the comparisons above run on exercise both sides of XLA's scatter rules."""
     m, _, _ = snippet("embedding_gradient")
-    idx = _inputs(m, np.random.default_rng(0))[1].reshape(-1)
+    idx = snippet_inputs(m, np.random.default_rng(0))[1].reshape(-1)
     inside = idx[(idx >= 0) & (idx < 8)]
     assert len(np.unique(inside)) < len(inside)  # duplicates
     assert ((idx < 0) | (idx >= 8)).any()  # out of bounds
@@ -160,7 +160,7 @@ def test_rows_no_window_reaches_keep_a_negative_zero_operand():
     m = module(SNIPPETS["zero_table_inserted_dim"].replace("constant(0)", "constant(-0.0)"))
     nodes = kernel_nodes(m)
     spec = generate(m, nodes, "k")
-    args = _inputs(m, np.random.default_rng(0))
+    args = snippet_inputs(m, np.random.default_rng(0))
     (want,) = run_hlo_with_xla(str(m), args)
     number = {p.name: p.parameter_number for p in m.entry.parameters}
     (got,) = compile_host(spec)(*[args[number[n]] for n, _ in spec.inputs])
@@ -184,21 +184,24 @@ def test_corpus_embedding_gradient_is_one_kernel_with_its_zero_table_and_adam_st
 
 
 REFUSED = {
-    "assign": ("%add", "%assign", "scatter sc: to_apply assign is not a single "
-                                  "add/maximum/minimum/multiply/and/or (returns its parameter b)"),
+    "assign": ("%add", "%assign", Refusal.UNSUPPORTED_COMBINER,
+               "scatter sc: to_apply assign is not a single "
+               "add/maximum/minimum/multiply/and/or (returns its parameter b)"),
     "s64 indices": ("s32[40]{0} parameter(0)", "s64[40]{0} parameter(0)",
+                    Refusal.UNSUPPORTED_TYPE,
                     "scatter sc: s64 indices are not supported (s32 only)"),
-    "too many windows": ("40", "2000", "scatter sc: 2000 update windows; every output element "
-                                       "would scan them all (at most 1024)"),
+    "too many windows": ("40", "2000", Refusal.TOO_MANY_WINDOWS,
+                         "scatter sc: 2000 update windows; every output element "
+                         "would scan them all (at most 1024)"),
 }
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_unsupported_scatters_are_refused_with_a_reason(case):
-    old, new, reason = REFUSED[case]
+    old, new, kind, reason = REFUSED[case]
     m = module(SNIPPETS["zero_table_inserted_dim"].replace(old, new))
-    ok, why = can_stitch(m, ["z", "t", "sc"])
-    assert not ok and why == reason
+    refusal = can_stitch(m, ["z", "t", "sc"])
+    assert refusal.kind is kind and refusal.detail == reason
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

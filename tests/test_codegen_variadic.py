@@ -15,11 +15,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from fusionstitching.capture import jax_hlo  # noqa: E402
-from fusionstitching.codegen import can_stitch, compile_host, generate  # noqa: E402
+from fusionstitching.codegen import Refusal, can_stitch, compile_host, generate  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
 from fusionstitching.hlo.xla_runner import run_hlo_with_xla  # noqa: E402
 from fusionstitching.pipeline import Options, stitch_module  # noqa: E402
-from test_codegen_ops import kernel_nodes, assert_assembles_without_spills  # noqa: E402
+from helpers_codegen import kernel_nodes, assert_assembles_without_spills  # noqa: E402
 
 
 def ties_and_nans(shape, seed=0):
@@ -241,17 +241,20 @@ def test_a_layout_that_would_change_the_combining_order_is_refused():
     module = parse_module(SUM_PAIRS.replace("f32[6,COLS]{1,0}", "f32[4,6,8]{0,1,2}")
                           .replace("dimensions={1}", "dimensions={1,2}")
                           .replace("f32[6]{0}", "f32[4]{0}"))
-    ok, reason = can_stitch(module, ["e", "r"])
-    assert not ok and reason == ("reduce r: reduced dimensions [1, 2] are not row-major in the "
-                                 "operand's layout (0, 1, 2); the combining order would depend "
-                                 "on the layout")
+    refusal = can_stitch(module, ["e", "r"])
+    assert refusal.kind is Refusal.VARIADIC_ORDER
+    assert refusal.detail == ("reduce r: reduced dimensions [1, 2] are not row-major in the "
+                              "operand's layout (0, 1, 2); the combining order would depend "
+                              "on the layout")
 
 
 def test_schedules_combining_across_threads_are_refused_with_a_reason():
     """Warp, block and tile schedules are enumerated and refused, each with the reason."""
-    refused = [d for d, t in stitched("argmax_rows").candidates if t == float("inf")]
-    assert all("combined by one thread per result only" in d for d in refused)
-    assert {d.split(" ")[1] for d in refused} == {"warp", "block", "tile"}
+    spec = stitched("argmax_rows")
+    assert [d for d, t in spec.candidates if t == float("inf")] == \
+        [f"{r.what}; refused: {r.detail}" for r in spec.refused]
+    assert all(r.kind is Refusal.VARIADIC_ACROSS_THREADS for r in spec.refused)
+    assert {r.schedule.kind for r in spec.refused} == {"warp", "block", "tile"}
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

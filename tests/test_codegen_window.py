@@ -1,4 +1,4 @@
-"""Reduce-window in the code generator (schedule.py `_Emitter.reduce_window`): computed at any
+"""Reduce-window in the code generator (`IndexMaps.reduce_window`): computed at any
 output index, so max pooling stitches with its producer and consumer, and SAME-padded windows,
 cumulative sums, strides, base and window dilation and windows large enough for the loop form
 build too. Each snippet (one XLA kernel per instruction) is planned by the pipeline into one
@@ -22,13 +22,13 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 from fusionstitching.capture import jax_hlo  # noqa: E402
-from fusionstitching.codegen import can_stitch, compile_host, generate  # noqa: E402
+from fusionstitching.codegen import Refusal, can_stitch, compile_host, generate  # noqa: E402
 from fusionstitching.codegen.kernel_ir import Loop  # noqa: E402
 from fusionstitching.hlo.evaluator import evaluate  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
 from fusionstitching.hlo.xla_runner import run_hlo_with_xla  # noqa: E402
 from fusionstitching.pipeline import Options, stitch_module  # noqa: E402
-from test_codegen_ops import ADD, kernel_nodes, assert_assembles_without_spills  # noqa: E402
+from helpers_codegen import ADD, kernel_nodes, assert_assembles_without_spills  # noqa: E402
 
 COMBINERS = ADD + """%add_s32 (a: s32[], b: s32[]) -> s32[] {
   %a = s32[] parameter(0)
@@ -232,18 +232,21 @@ REFUSED = {
   %z = f32[] constant(0)
   %zi = s32[] constant(0)
   ROOT %w = (f32[8]{0}, s32[8]{0}) reduce-window(%e, %y, %z, %zi), window={size=2}, to_apply=%pair""",
+                 Refusal.UNSUPPORTED_OP,
                  "reduce-window w: variadic reduce-windows are not supported"),
     "f16 sum": ("""
   %x = f16[8]{0} parameter(0)
   %e = f16[8]{0} exponential(%x)
   %z = f16[] constant(0)
   ROOT %w = f16[8]{0} reduce-window(%e, %z), window={size=2}, to_apply=%add_f16""",
+                Refusal.UNSUPPORTED_COMBINER,
                 "reduce-window w: combiner add over f16 is not supported"),
     "too many positions": ("""
   %x = f32[40,40]{1,0} parameter(0)
   %e = f32[40,40]{1,0} exponential(%x)
   %z = f32[] constant(0)
   ROOT %w = f32[40,40]{1,0} reduce-window(%e, %z), window={size=40x40 pad=39_0x39_0}, to_apply=%add""",
+                           Refusal.TOO_MANY_WINDOWS,
                            "reduce-window w: 1600 positions per window; every output element "
                            "would combine them all (at most 1024)"),
 }
@@ -261,10 +264,10 @@ PAIR = """%pair (a: f32[], i: s32[], b: f32[], j: s32[]) -> (f32[], s32[]) {
 
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_unsupported_reduce_windows_are_refused_with_a_reason(case):
-    body, reason = REFUSED[case]
+    body, kind, reason = REFUSED[case]
     m = parse_module(f"HloModule m\n{COMBINERS}{PAIR}\nENTRY %main {{\n{body}\n}}\n")
-    ok, why = can_stitch(m, ["e", "w"])
-    assert not ok and why == reason
+    refusal = can_stitch(m, ["e", "w"])
+    assert refusal.kind is kind and refusal.detail == reason
 
 
 def test_evaluator_skips_padding_and_holes_as_xla_cpu_does():

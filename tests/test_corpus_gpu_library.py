@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks.models import library
 from fusionstitching.hlo import evaluator, gpu_library
-from fusionstitching.hlo.evaluator import UnsupportedOp
+from fusionstitching.hlo.eval_values import UnsupportedOp
 from fusionstitching.hlo.parser import parse_file, parse_module
 
 DATA = Path(__file__).parent / "data" / "hlo"

@@ -230,18 +230,18 @@ def test_report_says_why_each_memory_intensive_kernel_was_left_to_xla():
     reason (the beam explorer tried it as a pack of two launch-bound kernels: remote fusion),
     the comparison's kernel is named as unbuildable even alone, and a kernel with no
     memory-intensive neighbour is counted with its own reason."""
-    from fusionstitching.explain import NO_NEIGHBOUR
+    from fusionstitching.codegen import Refusal
+    from fusionstitching.explain import Unrefused
     from fusionstitching.hlo.parser import parse_module
 
     report = stitch_module(parse_module(LEFT_TO_XLA), Options(ptxas=False)).report
     groups = {group.reason: group.nodes for group in report.left_to_xla}
     assert report.fs.mem_kernels == report.xla.mem_kernels == 3
+    unsupported = Refusal.UNSUPPORTED_OP.value
     assert groups == {
-        "the code generator cannot build it even alone: compare b/c: total-order comparisons "
-        "are not supported": ["b"],
-        "remote fusion: code generator: compare b/c: total-order comparisons are not "
-        "supported": ["a"],
-        NO_NEIGHBOUR: ["c"]}, groups
+        f"the code generator cannot build it even alone: {unsupported}": ["b"],
+        f"code generator: {unsupported}": ["a"],
+        Unrefused.NO_NEIGHBOUR.value: ["c"]}, groups
     assert "memory-intensive XLA kernels not stitched: 3, by reason" in format_summary(report)
 
 

@@ -12,7 +12,9 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from fusionstitching.hlo.evaluator import UnsupportedOp, evaluate, parse_literal  # noqa: E402
+from fusionstitching.hlo.attrs import parse_literal  # noqa: E402
+from fusionstitching.hlo.eval_values import UnsupportedOp  # noqa: E402
+from fusionstitching.hlo.evaluator import evaluate  # noqa: E402
 from fusionstitching.hlo.ir import Shape  # noqa: E402
 from fusionstitching.hlo.parser import parse_file, parse_module, read_hlo_text  # noqa: E402
 from fusionstitching.hlo.xla_runner import (  # noqa: E402

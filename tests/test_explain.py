@@ -1,17 +1,19 @@
 """``fusionstitching explain``: reasons per neighbour, the plan as DOT (and SVG with dot)."""
+import enum
 import shutil
 
 import pytest
 
 import costmodel
 from fusionstitching.cli import main
-from fusionstitching.explain import NOT_CHOSEN, blocked_edges, explain_text, plan_dot, write_svg
+from fusionstitching.explain import Unrefused, blocked_edges, explain_text, plan_dot, write_svg
 from fusionstitching.explorer import explore
 from fusionstitching.explorer.index import GraphIndex
 from fusionstitching.graph import build_graph
+from fusionstitching.graph.refusal import Refusal
 from fusionstitching.hlo.parser import parse_module
 
-from test_explorer import CYCLE, accept_all, producer_with_two_consumers
+from helpers import CYCLE, accept_all, producer_with_two_consumers
 
 
 def plan_of(text):
@@ -36,22 +38,26 @@ def test_plan_text_counts_the_edges_left_unfused_by_reason():
     # the plan is {a, b} or {b, c} (by cost); the other pair was buildable but not taken,
     # and the edges to the dot are not between memory-intensive kernels
     assert "edges between memory-intensive kernels left unfused: 1," in text
-    assert f"     1  {NOT_CHOSEN}" in text
+    assert f"     1  {Unrefused.NOT_CHOSEN.value}" in text
 
 
-def test_code_generator_refusals_are_counted_with_their_reason():
+class Stub(enum.Enum):
+    LAUNCHES = "needs more launches"
+
+
+def test_code_generator_refusals_are_counted_by_their_kind():
     graph = build_graph(parse_module(producer_with_two_consumers(64, 4096)))
 
     def not_c(nodes):
-        return ("c" not in nodes), ("ok" if "c" not in nodes else "c needs 3 launches")
+        return Refusal(Stub.LAUNCHES, "c needs 3 launches") if "c" in nodes else None
 
     plan = explore(graph, not_c, "beam", costmodel.load_device("h100"))
     assert [set(p.nodes) for p in plan.patterns] == [{"a", "b"}]
     blocked = blocked_edges(GraphIndex(graph), plan)
-    # the edge a -> c, by the code generator's reason (the latest query on {a, c} may be
+    # the edge a -> c, by the code generator's kind (the latest query on {a, c} may be
     # remote fusion's)
-    [(reason, count)] = blocked.items()
-    assert count == 1 and reason.endswith("code generator: c needs # launches")
+    assert blocked == {Stub.LAUNCHES: 1}
+    assert f"     1  {Stub.LAUNCHES.value}" in explain_text(graph, plan)
 
 
 def test_dot_draws_kernels_and_stitched_clusters(tmp_path):

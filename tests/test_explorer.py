@@ -1,6 +1,7 @@
 """The paper's explorer (explorer/search.py): plans pinned on LayerNorm, a producer whose two
 consumers cannot share a kernel, a reduction whose consumers belong elsewhere; cycles,
 traffic, remote fusion and the no-negative-optimization guard."""
+import enum
 import glob
 
 import pytest
@@ -8,29 +9,24 @@ import pytest
 import costmodel
 from fusionstitching import codegen
 from fusionstitching.explorer import Explorer, explore
-from fusionstitching.explorer.plan import Pattern
-from fusionstitching.codegen.profile import modeled_kernel_us
+from fusionstitching.explorer.plan import ExplorerRefusal, Pattern
+from fusionstitching.codegen import modeled_kernel_us
 from fusionstitching.graph import build_graph
-from fusionstitching.graph.profile import xla_kernel_profile
+from fusionstitching.graph.xla_kernel_model import xla_kernel_profile
+from fusionstitching.graph.refusal import Refusal
 from fusionstitching.graph.traffic import memory_intensive_regions, pattern_traffic
 from fusionstitching.hlo.parser import parse_file, parse_module
 from fusionstitching.pipeline import Options, stitch_module
-from test_graph_explorer import INTERLOCKED, kernels_form_a_cycle
+from helpers import (CYCLE, HEAD_WITH_ADD, INTERLOCKED, accept_all, kernels_form_a_cycle,
+                     producer_with_two_consumers)
 
 H100 = costmodel.load_device("h100")
 CORPUS = sorted(glob.glob("tests/data/hlo/*.hlo*"))
 
-ADD = """HloModule t
-%add (a: f32[], b: f32[]) -> f32[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}
-"""
-
-
-def accept_all(nodes):
-    return True, "ok: test stub"
+class Stub(enum.Enum):
+    """The kinds of refusal of the code generator stubs below."""
+    DIFFERENT_LAUNCHES = "the kernels need different launches"
+    NO_PACKING = "no kernel packing"
 
 
 def kernels_of(plan, graph):
@@ -51,28 +47,14 @@ def test_layernorm_is_one_kernel_with_the_real_code_generator():
     assert any(n.startswith("chose beam") for n in plan.notes)
 
 
-def producer_with_two_consumers(rows: int, cols: int) -> str:
-    return ADD + f"""
-ENTRY %main (x: f32[{rows},{cols}], y: f32[{rows},{cols}]) -> (f32[{rows}], f32[{rows},{cols}]) {{
-  %x = f32[{rows},{cols}]{{1,0}} parameter(0)
-  %y = f32[{rows},{cols}]{{1,0}} parameter(1)
-  %a = f32[{rows},{cols}]{{1,0}} exponential(%x)
-  %zero = f32[] constant(0)
-  %b = f32[{rows}]{{0}} reduce(%a, %zero), dimensions={{1}}, to_apply=%add
-  %c = f32[{rows},{cols}]{{1,0}} add(%a, %y)
-  ROOT %t = (f32[{rows}]{{0}}, f32[{rows},{cols}]{{1,0}}) tuple(%b, %c)
-}}
-"""
-
-
 @pytest.mark.parametrize("rows,cols", [(64, 4096), (4, 262144)])
 def test_consumers_that_cannot_share_a_kernel_the_cheaper_pair_wins(rows, cols):
     graph = build_graph(parse_module(producer_with_two_consumers(rows, cols)))
 
     def not_b_with_c(nodes):
         if {"b", "c"} <= set(nodes):
-            return False, "b and c need different launches"
-        return True, "ok"
+            return Refusal(Stub.DIFFERENT_LAUNCHES, "b and c need different launches")
+        return None
 
     explorer = Explorer(graph, not_b_with_c, H100)
     plan = explorer.run()
@@ -84,12 +66,11 @@ def test_consumers_that_cannot_share_a_kernel_the_cheaper_pair_wins(rows, cols):
     refused = explorer.decisions[frozenset("abc")]
     # refused by the code generator, or earlier by the cost model when it cannot pay
     assert not refused.ok
-    assert ("b and c need different launches" in refused.reason
-            or refused.reason.startswith("no gain"))
+    assert refused.kind in (Stub.DIFFERENT_LAUNCHES, ExplorerRefusal.NO_GAIN)
 
 
 def reduction_then_normalize(rows: int, cols: int) -> str:
-    return ADD + f"""
+    return HEAD_WITH_ADD + f"""
 ENTRY %main (x: f32[{rows},{cols}]) -> f32[{rows},{cols}] {{
   %x = f32[{rows},{cols}]{{1,0}} parameter(0)
   %zero = f32[] constant(0)
@@ -127,7 +108,7 @@ def test_the_final_choice_follows_the_model_the_report_prices_kernels_with():
     result = stitch_module(module, Options(explorer="beam", ptxas=False))
     assert [p.nodes for p in result.plan.patterns] == [["r", "bc", "d"]]
     report = result.report
-    split_spec = codegen.generate(module, ["bc", "d"], "split", {"name": "h100"})
+    split_spec = codegen.generate(module, ["bc", "d"], "split", H100)
     assert report.fs.modeled_us < (
         modeled_kernel_us(split_spec, H100)
         + costmodel.kernel_latency_us(xla_kernel_profile(graph, "r", H100), H100).total_us)
@@ -142,19 +123,6 @@ def test_many_short_rows_fuse_the_same_structure():
     assert [set(p.nodes) for p in plan.patterns] == [{"r", "bc", "d"}]
 
 
-CYCLE = ADD + """
-ENTRY %main (x: f32[64,256], w: f32[256,256]) -> f32[64,256] {
-  %x = f32[64,256]{1,0} parameter(0)
-  %w = f32[256,256]{1,0} parameter(1)
-  %a = f32[64,256]{1,0} negate(%x)
-  %v = f32[64,256]{1,0} bitcast(%a)
-  %b = f32[64,256]{1,0} abs(%v)
-  %d = f32[64,256]{1,0} dot(%a, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-  ROOT %c = f32[64,256]{1,0} add(%b, %d)
-}
-"""
-
-
 def test_cycles_through_an_outside_kernel_are_rejected_and_bitcasts_are_transparent():
     graph = build_graph(parse_module(CYCLE))
     explorer = Explorer(graph, accept_all, H100)
@@ -166,7 +134,7 @@ def test_cycles_through_an_outside_kernel_are_rejected_and_bitcasts_are_transpar
     plan = explorer.run()
     # either acyclic pair, by cost; never a pattern holding both a and c
     assert [set(p.nodes) for p in plan.patterns] in ([{"a", "b"}], [{"b", "c"}])
-    assert "cycle" in explorer.decisions[frozenset("abc")].reason
+    assert explorer.decisions[frozenset("abc")].kind is ExplorerRefusal.CYCLE
 
 
 @pytest.mark.parametrize("path", CORPUS[::7])
@@ -176,7 +144,6 @@ def test_traffic_index_agrees_with_pattern_traffic(path):
     for region in memory_intensive_regions(graph):
         for pattern in [region] + [[n] for n in region] + [region[:2]]:
             assert index.traffic(frozenset(pattern))[:2] == pattern_traffic(graph, pattern)
-
 
 
 @pytest.mark.parametrize("name", ["layernorm_64x256_jax_cpu.hlo", "bert_train_small_jax_h100.hlo.gz",
@@ -255,8 +222,7 @@ def test_remote_fusion_packs_nothing_into_a_cycle_with_another_kernel():
     assert explorer.remote_fusion(units) == [[d, d2], [c, c2]]
     # The latency-evaluator and the code generator accepted {d, d2, c}; the cycle refused it.
     assert explorer._packs[(d, d2, c)][0]
-    assert explorer._latest[d | d2 | c] == (False, "remote fusion: a cycle with another "
-                                                   "kernel of the plan")
+    assert explorer._latest[d | d2 | c][0] is ExplorerRefusal.PLAN_CYCLE
 
 
 def test_a_beam_takes_no_candidate_that_forms_a_cycle_with_its_patterns():
@@ -286,9 +252,10 @@ def test_the_plans_mix_where_each_is_fastest():
 
 def test_remote_fusion_asks_the_code_generator():
     graph = build_graph(parse_module(TWO_REGIONS))
-    plan = explore(graph, lambda nodes: (False, "no kernel packing"), "beam", H100)
+    plan = explore(graph, lambda nodes: Refusal(Stub.NO_PACKING, "no kernel packing"), "beam",
+                   H100)
     assert plan.patterns == []
-    assert any("no kernel packing" in d.reason for d in plan.decisions)
+    assert any(d.kind is Stub.NO_PACKING for d in plan.decisions)
 
 
 def test_no_negative_optimization_keeps_xlas_plan():

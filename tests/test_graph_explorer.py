@@ -1,12 +1,15 @@
 """Op graph classes, traffic accounting and the baseline plan on small HLO snippets."""
+import enum
 from pathlib import Path
 
 from fusionstitching.explorer import Decision, KernelDag, connected_region_plan
 from fusionstitching.graph import OpClass, build_graph
+from fusionstitching.graph.refusal import Refusal
 from fusionstitching.graph.traffic import (acyclic_lower_bound_bytes, memory_intensive_regions,
                                           pattern_traffic, plan_bytes)
 from fusionstitching.hlo.parser import parse_file, parse_module
 from fusionstitching.pipeline import Options, stitch_module
+from helpers import INTERLOCKED, kernels_form_a_cycle
 
 DATA = Path(__file__).parent / "data" / "hlo"
 
@@ -102,20 +105,23 @@ def test_cycle_through_outside_node_is_detected():
 
 def test_baseline_merges_a_buildable_region_and_records_why():
     graph = build_graph(parse_module(LAYERNORM))
-    plan = connected_region_plan(graph, lambda nodes: (True, "ok: test"))
+    plan = connected_region_plan(graph, lambda nodes: None)
     assert [p.nodes for p in plan.patterns] == [["sum", "center", "sq", "rs", "out"]]
-    assert plan.decisions[0] == Decision(("sum", "center", "sq", "rs", "out"), True, "ok: test")
+    assert plan.decisions[0] == Decision(("sum", "center", "sq", "rs", "out"), None, "buildable")
 
 
 def test_baseline_cuts_an_unbuildable_region_greedily():
     graph = build_graph(parse_module(LAYERNORM))
 
+    class Stub(enum.Enum):
+        TOO_MANY_REDUCTIONS = "too many reductions"
+
     def at_most_two(nodes):
-        return (len(nodes) <= 2, "ok" if len(nodes) <= 2 else "too many reductions")
+        return None if len(nodes) <= 2 else Refusal(Stub.TOO_MANY_REDUCTIONS, "3 or more")
 
     plan = connected_region_plan(graph, at_most_two)
     assert [p.nodes for p in plan.patterns] == [["sum", "center"], ["sq", "rs"]]
-    assert any(not d.ok and d.reason == "too many reductions" for d in plan.decisions)
+    assert any(d.kind is Stub.TOO_MANY_REDUCTIONS for d in plan.decisions)
 
 
 def test_a_bitcast_between_pattern_kernels_is_not_a_cycle():
@@ -178,50 +184,6 @@ def test_lower_bound_is_below_xlas_plan_on_the_gpu_corpus():
         graph = build_graph(parse_file(path))
         xla = plan_bytes(graph, [[n.name] for n in graph.memory_intensive_nodes()])
         assert acyclic_lower_bound_bytes(graph) <= xla, path.name
-
-
-# Two packs of unrelated kernels, {a, b} and {c, d}: each alone is acyclic, but a reaches d
-# and c reaches b through GEMMs, so together they form a cycle. With the chains after c and d,
-# {c, c2, d, d2} enters that cycle at d (from g1) and leaves it at c2 (to g2).
-INTERLOCKED = """
-HloModule interlocked
-
-ENTRY %main (x: f32[16,16], y: f32[16,16], w: f32[16,16]) -> (f32[16,16], f32[16,16]) {
-  %x = f32[16,16]{1,0} parameter(0)
-  %y = f32[16,16]{1,0} parameter(1)
-  %w = f32[16,16]{1,0} parameter(2)
-  %a = f32[16,16]{1,0} exponential(%x)
-  %g1 = f32[16,16]{1,0} dot(%a, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-  %d = f32[16,16]{1,0} negate(%g1)
-  %d2 = f32[16,16]{1,0} exponential(%d)
-  %c = f32[16,16]{1,0} exponential(%y)
-  %c2 = f32[16,16]{1,0} negate(%c)
-  %g2 = f32[16,16]{1,0} dot(%c2, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-  %b = f32[16,16]{1,0} negate(%g2)
-  ROOT %t = (f32[16,16]{1,0}, f32[16,16]{1,0}) tuple(%d2, %b)
-}
-"""
-
-
-def kernels_form_a_cycle(dag: KernelDag, kernels) -> bool:
-    """The tests' own check, apart from ``KernelDag.split_cycles``: a topological sort of the
-    kernel DAG with each of ``kernels`` one node gets stuck."""
-    owner = {n: i for i, kernel in enumerate(kernels) for n in kernel}
-    unit = lambda n: owner.get(n, n)
-    edges = {(unit(n), unit(s)) for n in dag.kernels for s in dag.succs[n] if unit(n) != unit(s)}
-    waiting = {unit(n): 0 for n in dag.kernels}
-    for _, v in edges:
-        waiting[v] += 1
-    ready, sorted_units = [u for u, count in waiting.items() if count == 0], 0
-    while ready:
-        u = ready.pop()
-        sorted_units += 1
-        for a, v in edges:
-            if a == u:
-                waiting[v] -= 1
-                if waiting[v] == 0:
-                    ready.append(v)
-    return sorted_units < len(waiting)
 
 
 def test_kernels_acyclic_alone_can_form_a_cycle_together():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 import random
 import re
@@ -18,7 +19,7 @@ import pytest
 
 from fusionstitching.cli import main as cli_main
 from fusionstitching.graph.opgraph import build_graph
-from fusionstitching.graph.refusal import RefusalKind
+from fusionstitching.graph.refusal import RefusalKind, defects
 from fusionstitching.hlo import parser as hlo_parser
 from fusionstitching.hlo.evaluator import evaluate, evaluate_computation
 from fusionstitching.hlo.inline import inline_calls, nesting_depth
@@ -178,8 +179,9 @@ def test_deep_nesting_is_planned_without_recursion(kind):
     assert result.report.xla.mem_kernels == (2 if kind == "fusion" else 1)
     if kind == "fusion":  # too long a chain for one kernel: left to XLA, saying why
         from fusionstitching import codegen
-        ok, why = codegen.can_stitch(result.module, ["a"])
-        assert not ok and "chain of more than" in why
+        refusal = codegen.can_stitch(result.module, ["a"])
+        assert refusal.kind is codegen.Refusal.CHAIN_TOO_LONG
+        assert "chain of more than" in str(refusal)
 
 
 @pytest.mark.parametrize("kind", ["fusion", "call"])
@@ -243,9 +245,11 @@ def _pipeline_mutant(text: str, rng: random.Random) -> str:
     return text[:m.start()] + new + text[m.end():]
 
 
-def _fuzz_pipeline(paths: list[Path], mutants: int, seed: str) -> int:
+def _fuzz_pipeline(paths: list[Path], mutants: int, seed: str, caplog) -> int:
     """Plans every mutant that parses; returns how many did. Any exception out of the
-    pipeline fails the test (a stage must refuse with a Fallback instead)."""
+    pipeline fails the test, and so does a defect the pipeline stopped at a stage's boundary
+    (an internal error): a stage must refuse what it does not understand, with its kind."""
+    caplog.set_level(logging.DEBUG, logger=defects.name)
     planned = 0
     for path in paths:
         text = read_hlo_text(path)
@@ -258,6 +262,8 @@ def _fuzz_pipeline(paths: list[Path], mutants: int, seed: str) -> int:
                 continue
             result = stitch_module(module, Options(ptxas=False))
             assert result.report is not None, (path.name, number)
+            assert [r.getMessage() for r in caplog.records if r.name == defects.name] == [], \
+                (path.name, number)
             planned += 1
     return planned
 
@@ -267,15 +273,15 @@ _FUZZ_QUICK = ["softmax_64x256_jax_h100.hlo", "layernorm_64x256_jax_cpu.hlo",
                "batchnorm_train_4x8x8x32_tf_cpu.hlo"]
 
 
-def test_pipeline_fuzz_has_no_traceback():
+def test_pipeline_fuzz_has_no_traceback(caplog):
     """Fixed seed, a few small modules: under 30 s."""
-    assert _fuzz_pipeline([DATA / n for n in _FUZZ_QUICK], 12, "quick") >= 20
+    assert _fuzz_pipeline([DATA / n for n in _FUZZ_QUICK], 12, "quick", caplog) >= 20
 
 
 @pytest.mark.slow
-def test_pipeline_fuzz_over_the_corpus_has_no_traceback():
+def test_pipeline_fuzz_over_the_corpus_has_no_traceback(caplog):
     paths = sorted(p for p in DATA.glob("*.hlo") if p.stat().st_size < 60_000)
-    assert _fuzz_pipeline(paths, 8, "slow") > len(paths)
+    assert _fuzz_pipeline(paths, 8, "slow", caplog) > len(paths)
 
 
 # A fused computation that breaks one shape rule of HLO (XLA's verifier would reject it): the
@@ -482,22 +488,22 @@ def test_periodic_traffic_count_equals_thread_by_thread(monkeypatch, max_points,
     (period 15 of 41 blocks). A loop start that moves with the block, or max_points below a
     period's threads, counts block by block; max_points 4 also slices the expanded loop
     (within one thread's iterations too)."""
-    from fusionstitching.codegen import kernel_ir as k
+    from fusionstitching.codegen import index_expr as x, kernel_ir as k
     from fusionstitching.codegen import traffic
     monkeypatch.setattr(traffic, "MAX_POINTS", max_points)
-    tid, bid = k.Var("tid", 24), k.Var("bid", 41)
-    flat = k.add(k.scale(bid, 24), tid)
-    row, col = k.Var("row", 10**6), k.Var("c", 10**6)
+    tid, bid = x.Var("tid", 24), x.Var("bid", 41)
+    flat = x.add(x.scale(bid, 24), tid)
+    row, col = x.Var("row", 10**6), x.Var("c", 10**6)
     f32, vec = k.Value("a", "f32"), k.Value("v", "f32x4")
     body = [
-        k.IndexLet(row, k.div(flat, 36)),  # period 3 blocks
-        k.If(k.ix(row), k.ix(20), [k.GlobalLoad(f32, 0, k.ix(row))], cmp="lt"),
-        k.If(k.ix(7), k.ix(row), [k.GlobalStore(1, k.ix(row), vec)], cmp="lt"),
-        k.If(k.mod(flat, 5), k.ix(2), [k.GlobalStore(1, k.ix(0), f32)]),  # period 15
-        k.If(k.scale(bid, 2), k.ix(row), [k.GlobalLoad(vec, 0, k.ix(0))]),
-        k.Loop(col, k.mod(tid, 8), 30, 8, [k.GlobalLoad(f32, 0, k.ix(col))]),
-        k.Loop(col, k.add(bid, tid) if loop_start_moves else k.ix(tid), 50, 7, [
-            k.If(k.ix(col), k.add(row, 3), [k.GlobalLoad(f32, 0, k.ix(col))], cmp="lt")]),
+        k.IndexLet(row, x.div(flat, 36)),  # period 3 blocks
+        k.If(x.ix(row), x.ix(20), [k.GlobalLoad(f32, 0, x.ix(row))], cmp="lt"),
+        k.If(x.ix(7), x.ix(row), [k.GlobalStore(1, x.ix(row), vec)], cmp="lt"),
+        k.If(x.mod(flat, 5), x.ix(2), [k.GlobalStore(1, x.ix(0), f32)]),  # period 15
+        k.If(x.scale(bid, 2), x.ix(row), [k.GlobalLoad(vec, 0, x.ix(0))]),
+        k.Loop(col, x.mod(tid, 8), 30, 8, [k.GlobalLoad(f32, 0, x.ix(col))]),
+        k.Loop(col, x.add(bid, tid) if loop_start_moves else x.ix(tid), 50, 7, [
+            k.If(x.ix(col), x.add(row, 3), [k.GlobalLoad(f32, 0, x.ix(col))], cmp="lt")]),
     ]
     kernel = k.Kernel("t", [], (41,), (24,), [], body, tid, bid)
     assert traffic.global_traffic(kernel) == _brute_force_traffic(kernel)
@@ -511,26 +517,26 @@ def test_moving_loop_start_is_counted_over_repeats(monkeypatch, max_points, coef
     does), under guards on the block that cut the repeats of a period (period 5 of 37 blocks):
     the trip counts are summed over the repeats in closed form, equal to the count thread by
     thread. The division by 4 doubles the period to 10 (3 or 4 repeats)."""
-    from fusionstitching.codegen import kernel_ir as k
+    from fusionstitching.codegen import index_expr as x, kernel_ir as k
     from fusionstitching.codegen import traffic
     monkeypatch.setattr(traffic, "MAX_POINTS", max_points)
     counted, blocks = [], traffic._blocks
     monkeypatch.setattr(traffic, "_blocks", lambda kernel, first, period, repeats: (
         counted.append(period) or blocks(kernel, first, period, repeats)))
-    tid, bid = k.Var("tid", 6), k.Var("bid", 37)
-    flat = k.add(k.scale(bid, 6), tid)
-    col = k.Var("c", 10**6)
+    tid, bid = x.Var("tid", 6), x.Var("bid", 37)
+    flat = x.add(x.scale(bid, 6), tid)
+    col = x.Var("c", 10**6)
     f32, vec = k.Value("a", "f32"), k.Value("v", "f32x4")
-    start = k.add(k.scale(bid, coeff), k.scale(tid, 2), -40 if coeff < 0 else 0)
+    start = x.add(x.scale(bid, coeff), x.scale(tid, 2), -40 if coeff < 0 else 0)
     body = [
-        k.If(k.mod(flat, 10), k.ix(7), [  # period 5 blocks
+        k.If(x.mod(flat, 10), x.ix(7), [  # period 5 blocks
             k.Loop(col, start, 60, 4, [  # by trips: guards on the block only
-                k.GlobalLoad(f32, 0, k.ix(col)),
-                k.If(k.ix(bid), k.ix(23), [k.GlobalStore(1, k.ix(0), vec)], cmp="lt"),
-                k.If(k.ix(4), k.scale(bid, 2), [k.GlobalLoad(vec, 0, k.ix(0))], cmp="lt")]),
+                k.GlobalLoad(f32, 0, x.ix(col)),
+                k.If(x.ix(bid), x.ix(23), [k.GlobalStore(1, x.ix(0), vec)], cmp="lt"),
+                k.If(x.ix(4), x.scale(bid, 2), [k.GlobalLoad(vec, 0, x.ix(0))], cmp="lt")]),
             k.Loop(col, start, 50, 3, [  # expanded: a guard on the loop variable
-                k.If(k.ix(col), k.add(k.div(flat, 4), 5), [
-                    k.GlobalStore(1, k.ix(col), f32)], cmp="lt")])],
+                k.If(x.ix(col), x.add(x.div(flat, 4), 5), [
+                    k.GlobalStore(1, x.ix(col), f32)], cmp="lt")])],
             cmp="lt"),
     ]
     kernel = k.Kernel("t", [], (37,), (6,), [], body, tid, bid)

@@ -148,7 +148,7 @@ def test_the_quiet_start_keeps_the_users_choice_and_a_real_driver(tmp_path, monk
 
 CRASHING_JOB = """
 import numpy as np, jax
-from fusionstitching.jit import jit
+from fusionstitching.stitched_jit import jit
 from fusionstitching.runtime import cache
 real_ir = cache.host_ir
 def crashing_ir(spec):  # a store through a null pointer at the kernel's entry

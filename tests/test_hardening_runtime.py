@@ -7,7 +7,6 @@ g+w / o+w mode bits."""
 from __future__ import annotations
 
 import grp
-import importlib
 import itertools
 import json
 import os
@@ -20,13 +19,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from fusionstitching.jit import jit  # noqa: E402
-from fusionstitching.runtime import cache, files  # noqa: E402
+from fusionstitching.stitched_jit import jit  # noqa: E402
+from fusionstitching.runtime import cache, files, lifecycle  # noqa: E402
 from tf_hooks import flags  # noqa: E402
 
-from test_runtime_faults import args, expected, layernorm  # noqa: E402
+from helpers import args, expected, layernorm  # noqa: E402
 
-jit_module = importlib.import_module("fusionstitching.jit")  # the package exports jit()
 OTHER_UID = 12345
 
 
@@ -45,7 +43,7 @@ def fresh_process_state(monkeypatch):
     for name in ("_refused", "_groups", "_maintained"):  # cache.py's per-process state
         if hasattr(cache, name):
             monkeypatch.setattr(cache, name, {})
-    monkeypatch.setattr(jit_module, "_dump_counter", itertools.count())
+    monkeypatch.setattr(lifecycle, "_dump_counter", itertools.count())
 
 
 def warnings_of(caplog) -> list[str]:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import gzip
 import random
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from fusionstitching.hlo.ir import HloParseError, Shape
+from fusionstitching.hlo.ir import (HloParseError, Shape, format_shape, print_instruction,
+                                     print_module)
 from fusionstitching.hlo.parser import parse_file, parse_module, parse_shape, read_hlo_text
-from fusionstitching.hlo.printer import format_shape, print_instruction, print_module
 
 DATA = Path(__file__).parent / "data"
 
@@ -410,3 +412,21 @@ def test_deep_nesting_is_an_error_not_a_crash():
     with pytest.raises(HloParseError):
         parse_module(_module("  ROOT %a = f32[] constant(" + "{" * 100000 + ")"))
     assert time.perf_counter() - start < 2.0
+
+
+def _fresh_python(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).resolve().parent.parent).stdout.strip()
+
+
+def test_importing_the_ir_loads_no_llvm():
+    """The package's ``jit`` loads on first use: a stage's import leaves llvmlite out."""
+    assert _fresh_python("import fusionstitching.hlo.ir, sys; "
+                         "print('llvmlite' in sys.modules)") == "False"
+
+
+def test_jit_stays_the_function_once_its_module_is_loaded():
+    code = ("from fusionstitching.stitched_jit import jit as function; import fusionstitching; "
+            "from fusionstitching import jit; "
+            "print(fusionstitching.jit is function is jit)")
+    assert _fresh_python(code) == "True"

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from test_hook_jax_libraries import plain_and_stitched
+from helpers_hook import plain_and_stitched
 
 # Dense, BatchNormalization (non-trainable state), Dropout (the seed generator's state), Adam:
 # 4 train steps, then 4 test and 4 predict steps; a fixed seed, so every run is the same job.

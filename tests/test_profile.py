@@ -10,21 +10,23 @@ import pytest
 
 import costmodel
 from fusionstitching import codegen, pipeline
+from fusionstitching.codegen import modeled_kernel_us
+from fusionstitching.codegen.cost.kernel_profile import kernel_profile
+from fusionstitching.codegen.cost.lowered import unrolled_trips
+from fusionstitching.codegen.cost.registers import register_model
+from fusionstitching.codegen.index_expr import Var, add, div, ix, mod, scale
 from fusionstitching.codegen.kernel_ir import (Accumulate, Barrier, BlockReduce, Buffer,
                                                Compute, Const, DynamicIndex, GlobalLoad,
                                                GlobalStore, If, IndexLet, Kernel, Loop,
-                                               SharedArray, Value, Var, add, div, ix, mod,
-                                               scale)
-from fusionstitching.codegen.profile import (kernel_profile, modeled_kernel_us, register_model,
-                                              unrolled_trips)
+                                               SharedArray, Value)
 from fusionstitching.graph import build_graph
-from fusionstitching.graph.profile import fused_instructions, load_levels, xla_kernel_profile
+from fusionstitching.graph.xla_kernel_model import fused_instructions, load_levels, xla_kernel_profile
 from fusionstitching.graph.traffic import pattern_traffic
 from fusionstitching.hlo.ir import Shape
 from fusionstitching.hlo.parser import parse_file, parse_module
+from helpers import kernel_spec, needs_ptxas, within_a_quarter
 
 HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
-needs_ptxas = pytest.mark.skipif(codegen.find_ptxas() is None, reason="ptxas not installed")
 
 
 def _row_sum_kernel(threads: int, cols: int, start_of, step: int | None = None) -> Kernel:
@@ -44,20 +46,15 @@ def _row_sum_kernel(threads: int, cols: int, start_of, step: int | None = None) 
                   (threads,), [scratch], body, tid, bid)
 
 
-def _spec(kernel: Kernel) -> codegen.KernelSpec:
-    inputs = [(b.name, b.shape) for b in kernel.buffers if not b.is_output]
-    outputs = [(b.name, b.shape) for b in kernel.buffers if b.is_output]
-    return codegen.KernelSpec(
-        name=kernel.name, nodes=[], inputs=inputs, outputs=outputs, schemes=[],
-        grid=kernel.grid, block=kernel.block, smem_bytes=kernel.smem_bytes, kernel=kernel,
-        read_bytes=sum(s.byte_size for _, s in inputs),
-        write_bytes=sum(s.byte_size for _, s in outputs), regs_model=0, why="test")
+def _profile(kernel: Kernel):
+    spec = kernel_spec(kernel)
+    return kernel_profile(kernel, spec.read_bytes, spec.write_bytes)
 
 
 def test_instructions_follow_trip_counts_and_block_reduce():
     # 2048 columns over 512 threads starting at tid: 4 trips, which LLVM leaves a loop (it
     # unrolls by 8), so 4 iterations each wait for their load.
-    profile = kernel_profile(_spec(_row_sum_kernel(512, 2048, ix)))
+    profile = _profile(_row_sum_kernel(512, 2048, ix))
     counts = profile.instructions
     assert counts["ld_global"] == 4 and "ld_global_overlapped" not in counts
     assert counts["shfl"] == 10  # two butterflies of a block reduce
@@ -72,9 +69,8 @@ def test_instructions_follow_trip_counts_and_block_reduce():
 def test_unrolled_loop_overlaps_its_loads():
     # A lane start (tid % 32) with 8 iterations for every lane: LLVM unrolls it fully.
     kernel = _row_sum_kernel(64, 256, lambda tid: mod(tid, 32), step=32)
-    counts = kernel_profile(_spec(kernel)).instructions
+    counts = _profile(kernel).instructions
     assert counts["ld_global"] == 1 and counts["ld_global_overlapped"] == 7
-
 
 
 def test_index_arithmetic_is_counted_once_per_sub_expression():
@@ -84,7 +80,7 @@ def test_index_arithmetic_is_counted_once_per_sub_expression():
     compare-and-branch and pointer."""
     def ints(cols: int, start_of, step: int | None, threads: int) -> float:
         kernel = _row_sum_kernel(threads, cols, start_of, step)
-        return kernel_profile(_spec(kernel)).instructions["int"]
+        return _profile(kernel).instructions["int"]
 
     lane = lambda tid: mod(tid, 32)
     assert ints(256, lane, 32, 64) <= ints(32, lane, 32, 64)  # 8 copies against one
@@ -108,7 +104,7 @@ def test_copies_of_an_unrolled_body_issue_behind_the_first():
             If(ix(tid), ix(0), [GlobalStore(1, ix(bid), partial)])]
     kernel = Kernel("k", [Buffer("x", x, False), Buffer("out", out, True)], (4,), (64,), [],
                     body, tid, bid)
-    counts = kernel_profile(_spec(kernel)).instructions
+    counts = _profile(kernel).instructions
     assert counts["fp32"] == 1 + 8 and counts["fp32_overlapped"] == 7
 
 @needs_ptxas
@@ -122,7 +118,7 @@ def test_unrolled_loops_are_the_ones_llvm_unrolls(threads, cols, start, step):
     2-7 trips keep one load in a loop."""
     kernel = _row_sum_kernel(threads, cols, start, step)
     loop = next(s for s in kernel.body if isinstance(s, Loop))
-    ptx = codegen.compile_nvptx(_spec(kernel), "sm_90").ptx
+    ptx = codegen.compile_nvptx(kernel_spec(kernel), "sm_90").ptx
     straight = ptx.count("ld.global") > 1 and "bra" not in ptx.split("ld.global")[1]
     assert (unrolled_trips(loop, kernel) is not None) == straight, ptx
 
@@ -135,10 +131,10 @@ def test_unknown_ir_nodes_are_counted_generically():
 
     kernel = _row_sum_kernel(512, 2048, ix)
     kernel.body.insert(1, Prefetch(0, ix(kernel.tid)))
-    spec = _spec(kernel)
-    profile = kernel_profile(spec)
+    spec = kernel_spec(kernel)
+    profile = _profile(kernel)
     assert profile.instructions["other"] == 1
-    assert register_model(spec) == register_model(_spec(_row_sum_kernel(512, 2048, ix)))
+    assert register_model(spec.kernel) == register_model(_row_sum_kernel(512, 2048, ix))
     for target in costmodel.TARGETS:
         assert modeled_kernel_us(spec, costmodel.load_device(target)) > 0
 
@@ -165,14 +161,12 @@ def test_loads_are_hoisted_while_the_block_size_keeps_its_occupancy():
     """The same straight-line kernel: one-warp blocks (an SM holds 32 of them, so 64 registers
     keep its occupancy) hold all 48 loads issued early; blocks of 128 threads stay at 32
     registers with loads issued where they are used."""
-    one_warp, four_warps = (_spec(_chained_inputs_kernel(t)) for t in (32, 128))
-    assert register_model(one_warp) > 40 and register_model(four_warps) == 32
+    one_warp, four_warps = (kernel_spec(_chained_inputs_kernel(t)) for t in (32, 128))
+    assert register_model(one_warp.kernel) > 40 and register_model(four_warps.kernel) == 32
     for spec in (one_warp, four_warps):
         for arch in ("sm_80", "sm_90"):
-            assert _within(register_model(spec), codegen.compile_nvptx(spec, arch).regs), \
-                (spec.name, arch)
-
-
+            assert within_a_quarter(register_model(spec.kernel),
+                                    codegen.compile_nvptx(spec, arch).regs), (spec.name, arch)
 
 
 @needs_ptxas
@@ -183,16 +177,16 @@ def test_a_one_wave_kernel_may_take_every_register_for_its_loads():
     once, against 40 registers and 3 waits without it) and the model waits one latency."""
     kernel = _chained_inputs_kernel(128)
     kernel.min_blocks_per_sm = 1
-    spec = _spec(kernel)
-    loads = kernel_profile(spec).instructions
+    spec = kernel_spec(kernel)
+    loads = _profile(spec.kernel).instructions
     assert loads["ld_global"] == 1 and loads["ld_global_overlapped"] == 47
-    assert register_model(spec) > 40
+    assert register_model(spec.kernel) > 40
     for arch in ("sm_80", "sm_90"):
         assembled = codegen.compile_nvptx(spec, arch)
         assert ".minnctapersm 1" in assembled.ptx and assembled.spills == 0
-        assert _within(register_model(spec), assembled.regs), arch
+        assert within_a_quarter(register_model(spec.kernel), assembled.regs), arch
     assert ".minnctapersm" not in codegen.compile_nvptx(
-        _spec(_chained_inputs_kernel(128)), "sm_90").ptx
+        kernel_spec(_chained_inputs_kernel(128)), "sm_90").ptx
 
 
 def test_only_grids_of_one_block_per_sm_are_marked_so():
@@ -217,9 +211,9 @@ def test_straight_line_loads_overlap_while_their_registers_allow():
     """48 independent loads in one straight-line block: in one-warp blocks, where ptxas hoists
     them all, the block waits one load latency; in blocks of 128 threads, capped at 32
     registers, only a window of them is in flight at once, so it waits once per window."""
-    one_warp = kernel_profile(_spec(_chained_inputs_kernel(32))).instructions
+    one_warp = _profile(_chained_inputs_kernel(32)).instructions
     assert one_warp["ld_global"] == 1 and one_warp["ld_global_overlapped"] == 47
-    four_warps = kernel_profile(_spec(_chained_inputs_kernel(128))).instructions
+    four_warps = _profile(_chained_inputs_kernel(128)).instructions
     assert 1 < four_warps["ld_global"] < 48
     assert four_warps["ld_global"] + four_warps["ld_global_overlapped"] == 48
 
@@ -240,21 +234,21 @@ def _gather_kernel(barrier: bool = False) -> Kernel:
 
 
 def test_a_load_at_a_loaded_index_waits_for_it():
-    counts = kernel_profile(_spec(_gather_kernel())).instructions
+    counts = _profile(_gather_kernel()).instructions
     assert counts["ld_global"] == 2 and counts["ld_global_overlapped"] == 1
 
 
 def test_a_barrier_ends_the_block_of_loads_in_flight():
-    counts = kernel_profile(_spec(_gather_kernel(barrier=True))).instructions
+    counts = _profile(_gather_kernel(barrier=True)).instructions
     # idx and x overlap before the barrier; the table's load after it waits on its own.
     assert counts["ld_global"] == 2 and counts["ld_global_overlapped"] == 1
-    spec = _spec(_gather_kernel(barrier=True))
+    spec = kernel_spec(_gather_kernel(barrier=True))
     spec.kernel.body.remove(next(s for s in spec.kernel.body if isinstance(s, Barrier)))
     spec.kernel.body.insert(1, Barrier())  # now between idx and x: x overlaps the table
-    counts = kernel_profile(spec).instructions
+    counts = _profile(spec.kernel).instructions
     assert counts["ld_global"] == 2 and counts["ld_global_overlapped"] == 1
     spec.kernel.body.insert(0, Barrier())  # a barrier before every load changes no load
-    again = kernel_profile(spec).instructions
+    again = _profile(spec.kernel).instructions
     assert (again["ld_global"], again["ld_global_overlapped"]) == (2, 1)
 
 @needs_ptxas
@@ -271,10 +265,10 @@ def test_a_dead_let_takes_no_register():
                         [IndexLet(e, add(scale(bid, 32), tid)),
                          GlobalStore(0, ix(0), zero), GlobalStore(1, ix(0), zero)], cmp="lt")],
                     tid, bid)
-    spec = _spec(kernel)
+    spec = kernel_spec(kernel)
     for arch in ("sm_80", "sm_90"):
-        assert _within(register_model(spec), codegen.compile_nvptx(spec, arch).regs), arch
-
+        assert within_a_quarter(register_model(spec.kernel),
+                                codegen.compile_nvptx(spec, arch).regs), arch
 
 
 @needs_ptxas
@@ -293,8 +287,8 @@ def test_a_block_of_stores_holds_its_addresses(stores):
                      If(add(scale(bid, 32), tid), ix(1),
                         [GlobalStore(i, ix(0), zero) for i in range(stores)], cmp="lt")],
                     tid, bid)
-    spec = _spec(kernel)
-    assert _within(register_model(spec), codegen.compile_nvptx(spec, "sm_90").regs)
+    spec = kernel_spec(kernel)
+    assert within_a_quarter(register_model(spec.kernel), codegen.compile_nvptx(spec, "sm_90").regs)
 
 def _stitched(paths: list[str]):
     # greedy: the kernels the floors below were measured on, planned 3x faster than beam's
@@ -310,15 +304,11 @@ def _one_capture_per_model() -> tuple:
     return tuple(_stitched(sorted(glob.glob(os.path.join(HLO, "*_jax_cpu.hlo*")))))
 
 
-def _within(model: int, regs: int) -> bool:
-    return abs(model - regs) <= 0.25 * regs
-
-
 def _check_registers(specs, archs, share_within: float) -> None:
-    outcomes = [(spec.name, arch, register_model(spec), codegen.compile_nvptx(spec, arch).regs)
-                for spec in specs for arch in archs]
+    outcomes = [(spec.name, arch, register_model(spec.kernel),
+                 codegen.compile_nvptx(spec, arch).regs) for spec in specs for arch in archs]
     assert outcomes, "no stitched kernels in the corpus"
-    misses = [o for o in outcomes if not _within(o[2], o[3])]
+    misses = [o for o in outcomes if not within_a_quarter(o[2], o[3])]
     assert len(misses) <= (1 - share_within) * len(outcomes), f"model vs ptxas misses: {misses}"
 
 
@@ -423,7 +413,7 @@ def test_only_the_longest_chain_of_a_block_waits():
             GlobalStore(1, ix(tid), y)]
     kernel = Kernel("k", [Buffer("x", shape, False), Buffer("y", shape, True)], (1,), (128,),
                     [], body, tid, bid)
-    counts = kernel_profile(_spec(kernel)).instructions
+    counts = _profile(kernel).instructions
     assert (counts["sfu"], counts["fp32"], counts["fp32_overlapped"]) == (1, 8 + 1, 1)
 
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 from fusionstitching import codegen
+from fusionstitching.codegen.cost.registers import register_model
+from fusionstitching.codegen.index_expr import Var, add, ix, mod, scale
 from fusionstitching.codegen.kernel_ir import (Accumulate, Barrier, Buffer, Compute, Const,
                                                ConstArray, ConstLoad, GlobalLoad, GlobalStore,
                                                If, Kernel, Loop, SharedArray, SharedLoad,
-                                               SharedStore, Value, Var, add, ix, mod, scale)
-from fusionstitching.codegen.profile import register_model
+                                               SharedStore, Value)
 from fusionstitching.hlo.ir import Shape
 from fusionstitching.hlo.parser import parse_module
 
-from test_profile import _spec, _within, needs_ptxas
+from helpers import kernel_spec, needs_ptxas, within_a_quarter
 
 
 LAYERNORM_ROWS = """HloModule layernorm_rows
@@ -65,7 +66,7 @@ def test_loads_after_a_warp_reduction_are_issued_in_its_latency_not_at_the_block
              if i.opcode not in ("parameter", "constant")]
     spec = codegen.generate(module, nodes, "layernorm_rows")
     assert "warp schedule" in spec.why
-    assert _within(register_model(spec), codegen.compile_nvptx(spec, "sm_90").regs)
+    assert within_a_quarter(register_model(spec.kernel), codegen.compile_nvptx(spec, "sm_90").regs)
 
 
 @needs_ptxas
@@ -89,8 +90,8 @@ def test_stores_to_one_buffer_at_constant_distances_share_one_address():
                  GlobalStore(1, add(tid, rows * k), centered)]
     kernel = Kernel("centered_columns", [Buffer("x", shape, False), Buffer("out", shape, True)],
                     (1,), (64,), [], [If(ix(tid), ix(rows), body, cmp="lt")], tid, bid)
-    spec = _spec(kernel)
-    assert _within(register_model(spec), codegen.compile_nvptx(spec, "sm_90").regs)
+    spec = kernel_spec(kernel)
+    assert within_a_quarter(register_model(spec.kernel), codegen.compile_nvptx(spec, "sm_90").regs)
 
 
 def _one_wave(name: str, buffers: list, body: list, shared=(), constants=()) -> Kernel:
@@ -116,9 +117,10 @@ def _fold(n: int, term, combine: str) -> tuple[list, Value]:
 
 
 def _assert_within_ptxas(kernel: Kernel) -> None:
-    spec = _spec(kernel)
+    spec = kernel_spec(kernel)
     for arch in ("sm_80", "sm_90"):
-        assert _within(register_model(spec), codegen.compile_nvptx(spec, arch).regs), arch
+        assert within_a_quarter(register_model(spec.kernel),
+                                codegen.compile_nvptx(spec, arch).regs), arch
 
 
 @needs_ptxas

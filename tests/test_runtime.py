@@ -19,7 +19,7 @@ import pytest
 
 from fusionstitching.hlo.evaluator import evaluate
 from fusionstitching.hlo.parser import parse_module, parse_shape
-from fusionstitching.hlo.printer import print_module
+from fusionstitching.hlo.ir import print_module
 from fusionstitching.runtime import ffi, rewrite, xla
 
 _engines = []  # the test kernels' code must outlive every executable that calls it
@@ -394,7 +394,7 @@ needs_codegen = pytest.mark.skipif(
 def test_jit_layernorm_matches_jax_and_runs_our_kernels():
     import jax
 
-    from fusionstitching.jit import jit
+    from fusionstitching.stitched_jit import jit
 
     args = layernorm_args()
     stitched = jit(layernorm, cache_dir=None, keep="stitched")
@@ -412,7 +412,7 @@ def test_jit_pytrees_in_and_out():
     import jax
     import jax.numpy as jnp
 
-    from fusionstitching.jit import jit
+    from fusionstitching.stitched_jit import jit
 
     def fn(params, x):
         h = layernorm(x, params["g"], params["b"])
@@ -433,7 +433,7 @@ def test_jit_falls_back_to_xla_with_one_warning(monkeypatch, caplog):
     import jax
 
     from fusionstitching import pipeline
-    from fusionstitching.jit import jit
+    from fusionstitching.stitched_jit import jit
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected failure")
@@ -455,7 +455,7 @@ def test_jit_falls_back_to_xla_with_one_warning(monkeypatch, caplog):
 def test_jit_kernel_that_fails_to_build_is_left_to_xla(monkeypatch):
     import jax
 
-    from fusionstitching.jit import jit
+    from fusionstitching.stitched_jit import jit
     from fusionstitching.runtime import cache
 
     def broken(text):

@@ -12,25 +12,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from fusionstitching.jit import jit  # noqa: E402
+from fusionstitching.stitched_jit import jit  # noqa: E402
 from fusionstitching.runtime import build, cache, executor, ffi, xla  # noqa: E402
-
-
-def layernorm(x, g, b):
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) * jax.lax.rsqrt(var + 1e-5) * g + b
-
-
-def args(rows=16, cols=128):
-    rng = np.random.default_rng(3)
-    return [rng.standard_normal((rows, cols)).astype(np.float32),
-            rng.standard_normal(cols).astype(np.float32),
-            rng.standard_normal(cols).astype(np.float32)]
-
-
-def expected(*a):
-    return np.asarray(jax.jit(layernorm)(*a))
+from helpers import args, expected, layernorm  # noqa: E402
 
 
 def run_twice(fn, a):

@@ -74,7 +74,7 @@ def test_async_swap_during_the_loop(cache_dir):
         params, loss = step(params, x, onehot, SIZES.lr)
         losses.append(float(loss))
         (compiled,) = step._compiled.values()
-        states.append((compiled.executor.info.state, compiled.builder.is_alive()))
+        states.append((compiled.executor.info.state, compiled.lifecycle.builder.is_alive()))
         if states[-1][0] != "building" and len(states) >= states.index(states[-1]) + 3:
             break
         time.sleep(0.2)  # a training step's worth of time: the build runs meanwhile

@@ -200,7 +200,7 @@ X64_SCRIPT = textwrap.dedent("""
     if hooked:
         from tf_hooks import tf_hook
         compiled = tf_hook.last_compiled(step)
-        compiled.builder.join()
+        compiled.lifecycle.builder.join()
     results.append(step(x))  # starts the trial on a background thread
     if hooked:
         compiled.executor.trial_thread.join()

@@ -17,10 +17,12 @@ import fusionstitching
 from fusionstitching import codegen
 from fusionstitching.cli import main as cli_main
 from fusionstitching.graph import build_graph
-from fusionstitching.graph.profile import xla_kernel_profile
+from fusionstitching.graph.xla_kernel_model import xla_kernel_profile
 from fusionstitching.graph.traffic import pattern_traffic
+from fusionstitching.hlo import gpu_library  # noqa: F401 - evaluates the cuDNN calls below
+from fusionstitching.hlo.attrs import parse_literal
 from fusionstitching.hlo.elided import elided_constants, fill_elided
-from fusionstitching.hlo.evaluator import evaluate, parse_literal
+from fusionstitching.hlo.evaluator import evaluate
 from fusionstitching.hlo.parser import parse_file, parse_module
 from fusionstitching.hlo.xla_runner import (drift_problems, optimized_hlo_text, run_hlo_with_xla,
                                              widened_to_f64)
@@ -95,8 +97,8 @@ ENTRY main {
 
 def test_an_elided_constant_inside_a_fusion_is_left_to_xla_with_a_reason():
     module = parse_module(ELIDED_INSIDE_FUSION)
-    ok, why = codegen.can_stitch(module, ["f", "g"], {"name": "h100"})
-    assert not ok and "elided" in why
+    refusal = codegen.can_stitch(module, ["f", "g"], costmodel.load_device("h100"))
+    assert refusal.kind is codegen.Refusal.ELIDED_CONSTANT
     result = stitch_module(module, Options(verify=True, ptxas=False))
     assert result.kernels == [] and result.report.verify.ok
 
@@ -178,7 +180,7 @@ ENTRY main {
 
 def test_a_kernel_in_a_cycle_is_left_to_xla_before_it_runs():
     module = parse_module(CYCLE)
-    spec = codegen.generate(module, ["a", "c"], "cyclic", {"name": "h100"})
+    spec = codegen.generate(module, ["a", "c"], "cyclic", costmodel.load_device("h100"))
     kernel = StitchedKernel(pattern=dataclasses.make_dataclass("P", ["nodes"])(["a", "c"]),
                             spec=spec)
     steps, stuck = stitched_steps(module, [kernel])
@@ -311,8 +313,9 @@ ENTRY main {
 
 def test_a_row_split_by_xlas_tree_reduction_is_one_row_reduction():
     module = parse_module(SPLIT_ROW)
-    ok, why = codegen.can_stitch(module, ["partial", "rows", "d"], {"name": "h100"})
-    assert ok and "[8]x[4096]" in why, why
+    spec = codegen.generate(module, ["partial", "rows", "d"], "split_row",
+                            costmodel.load_device("h100"))
+    assert spec.why.startswith("[8]x[4096]"), spec.why
     result = stitch_module(module, Options(verify=True, ptxas=False))
     assert result.report.verify.ok and result.report.fs.mem_kernels == 1
     assert result.report.fs.bytes == result.report.compulsory_bytes
@@ -420,9 +423,9 @@ ENTRY main {
 
 def test_a_gather_at_an_iota_row_reads_its_own_rows_reduction():
     module = parse_module(PICK_AFTER_ROW_MAX)
-    ok, why = codegen.can_stitch(module, ["m", "mb", "d", "rows", "l", "idx", "g"],
-                                 {"name": "h100"})
-    assert ok and "[8]x[1000]" in why, why
+    spec = codegen.generate(module, ["m", "mb", "d", "rows", "l", "idx", "g"], "pick",
+                            costmodel.load_device("h100"))
+    assert spec.why.startswith("[8]x[1000]"), spec.why
     result = stitch_module(module, Options(verify=True, ptxas=False))
     assert result.report.verify.ok and result.report.fs.mem_kernels == 1
 

@@ -2,24 +2,10 @@
 
     FUSIONSTITCHING=1 FUSIONSTITCHING_FLAGS="--async --verify --report=/tmp/fs.json" python train.py
 
-Flags (shared by every framework hook):
-
-    --async            build stitched executables on a background thread (XLA's runs meanwhile)
-    --verify           check the stitched outputs against XLA's on the first real call
-    --target=NAME      GPU the plan is made for (h100, a100, v100; default h100)
-    --explorer=NAME    fusion plan: beam (default, the paper's explorer) or greedy (one
-                       pattern per connected region: plans large modules ~3x faster)
-    --cache_dir=DIR    kernel cache directory (default ~/.cache/fusionstitching), private to
-                       this user (0700; others' entries are refused)
-    --cache_group=GRP  share the kernel cache with this group (name or gid): its directories
-                       are group-writable and entries of the group's members are loaded
-    --dump_to=DIR      write each module's optimized HLO, rewritten HLO, kernels and Report
-    --report=PATH      write a JSON list of Reports (one per compiled function) at exit;
-                       the processes of one job each add theirs
-    --keep=WHICH       fastest (default: time both executables, keep the faster) or stitched
-
-An unknown or malformed flag gives one warning naming it and is otherwise ignored: a typo in
-an environment variable must not stop a training job.
+The flags (--async, --verify, --target, --explorer, --cache_dir, --cache_group, --dump_to,
+--report, --keep; README.md says what each does) are shared by every framework hook. An
+unknown or malformed flag gives one warning naming it and is otherwise ignored: a typo in an
+environment variable must not stop a training job.
 """
 from __future__ import annotations
 

@@ -1,57 +1,17 @@
-"""Run TF's XLA-compiled functions with stitched kernels, in a process started with
-FUSIONSTITCHING=1.
+"""Run TF's XLA-compiled functions with stitched kernels (processes with FUSIONSTITCHING=1).
 
-What is intercepted: every call of a ``tf.function(jit_compile=True)``, whichever way it was
-made (``@tf.function``, methods, Keras's ``train_function`` when the model is compiled with
-``jit_compile=True``). ``install`` wraps ``Function.__call__`` of TF's polymorphic function
-class once, so ``isinstance`` checks, ``get_concrete_function`` and everything else about
-the function stay TF's own.
-
-Per concrete function (one input signature), the first call builds a ``TfCompiled``:
-
-1. TF's pre-optimization HLO (``experimental_get_compiler_ir(...)(stage="hlo")``): the
-   function's flat inputs, then its captured resource variables, as parameters; its flat
-   outputs, then the updated values of the variables it writes, as the result tuple (the
-   header's ``input_output_alias`` says which variable each of those is);
-2. that module becomes a jax function (``HloFunction``: a jax primitive whose lowering is
-   the module converted to StableHLO), so ``jax.jit(...).lower().compile()`` gives XLA's
-   optimized module and a ``jax.stages.Compiled`` of TF's program (the reference);
-3. ``runtime.build.build_stitched`` stitches, compiles and swaps exactly as for JAX.
-
-Calls run TF's own function until the stitched executable is built (at once, or on a
-background thread with ``--async``). Which one then runs is decided by
-``runtime.executor.Executor`` (``TfExecutor``), as for JAX: the next call is answered by
-TF and keeps copies of the module's parameters (its inputs and the variables, read *before*
-TF's call writes them) and of TF's outputs and updated variables; on those copies the
-stitched executable's outputs and variable updates are compared with TF's (always: a
-training step that drifts is worse than a slow one) and, unless ``--keep=stitched``, timed
-against TF's module compiled by jaxlib, in that call or, with ``--async``, on a background
-thread while calls keep running TF; a candidate faster there is confirmed on real calls
-that each run one of TF's function and the stitched executable. Once swapped in, a call
-reads the variables, runs the stitched executable on tensors shared through DLPack (no
-copies on the CPU) and assigns the updated values back to the variables, so the training
-state is TF's as if TF had run the step.
-
-TF's module has 64-bit values (Keras's iteration counter), so jax traces, compiles and runs
-it inside ``jax.enable_x64(True)``, a per-thread context: the rest of the process (a user's
-own JAX code) keeps its 32-bit default.
-
-A call made while another tf.function is being traced (Keras: ``one_step_on_data`` inside
-``multi_step_on_iterator``) puts a ``tf.py_function`` into that graph that does the same.
-Functions that cannot be handled run as TF would, with one warning naming the reason and a
-``fallbacks`` entry in the report: calls under a gradient tape that watches the inputs
-(differentiated from outside), calls inside another XLA cluster, inputs without static
-shapes, resource or variant inputs that are not captured variables, a module whose
-parameters or results do not match the function, and any failure of the build or of a
-stitched call.
+``install`` wraps ``Function.__call__`` of TF's tf.function class once, so every call of a
+``tf.function(jit_compile=True)`` (Keras's ``train_function`` included) comes here. Per
+concrete function a ``TfCompiled`` takes TF's pre-optimization HLO (inputs, then captured
+variables; outputs, then variable updates), makes it a jax function whose compile is the
+reference, and builds as for JAX (``runtime.lifecycle``); calls run TF until a ``TfExecutor``
+settles, with 64-bit values inside ``jax.enable_x64``. What it cannot handle runs as TF
+would, with one warning and a ``fallbacks`` entry.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import itertools
 import logging
-import os
 import re
 import sys
 import threading
@@ -310,39 +270,34 @@ def hlo_function(hlo_text: str, module):
 
 # -- one concrete function ------------------------------------------------------------------
 
-_dump_counter = itertools.count()
-
 
 class TfCompiled:
-    """One concrete function of a jit-compiled tf.function: its build and which executable
-    runs its calls."""
+    """One concrete function of a jit-compiled tf.function: which executable runs its calls
+    (its build, dumps and report: ``runtime.lifecycle.Lifecycle``, as for JAX)."""
 
     def __init__(self, function, concrete, flags: flag_parsing.Flags):
         from fusionstitching import pipeline
         from fusionstitching.runtime.cache import default_dir
-        from fusionstitching.runtime.executor import RuntimeInfo
+        from fusionstitching.runtime.lifecycle import Lifecycle, share_cache
 
         self.function, self.concrete, self.flags = function, concrete, flags
         self.name = concrete.name.decode() if isinstance(concrete.name, bytes) \
             else str(concrete.name)
-        self.options = pipeline.Options(target=flags.target, explorer=flags.explorer,
-                                        ptxas=False)
-        self.cache_dir = flags.cache_dir if flags.cache_dir is not None else default_dir()
+        cache_dir = flags.cache_dir if flags.cache_dir is not None else default_dir()
         if flags.cache_group is not None:
-            from fusionstitching.jit import share_cache
-
-            share_cache(self.cache_dir, flags.cache_group)
-        self.info = RuntimeInfo(mode="async" if flags.async_compile else "sync")
-        self.fallbacks: list = []
+            share_cache(cache_dir, flags.cache_group)
+        options = pipeline.Options(target=flags.target, explorer=flags.explorer, ptxas=False)
+        self.lifecycle = Lifecycle(self.name, options, cache_dir, flags.async_compile,
+                                   flags.dump_to, module_name=self.name)
+        self.info = self.lifecycle.info
         self.unsupported: str | None = None
         self.signature: Signature | None = None
-        self.executor = None  # tf_executor(), set once built: until then TF runs calls
-        self.builder: threading.Thread | None = None
         self._noted: set = set()
-        self.dump_prefix = None
-        if flags.dump_to and _dump_dir_usable(flags.dump_to):
-            self.dump_prefix = os.path.join(flags.dump_to, f"{_file_name(self.name)}."
-                                                           f"{next(_dump_counter)}")
+
+    @property
+    def executor(self):
+        """The ``tf_executor()`` of this function, set once built: until then TF runs calls."""
+        return self.lifecycle.executor
 
     # -- build ------------------------------------------------------------------------
     def start(self, args, kwargs) -> None:
@@ -356,12 +311,7 @@ class TfCompiled:
         except Exception as exc:
             self._unsupported("tf-hlo", f"{type(exc).__name__}: {_first_line(exc)}")
             return
-        if self.flags.async_compile:
-            self.builder = threading.Thread(target=self._background_build, args=(hlo_text,),
-                                            daemon=True, name=f"fusionstitching-{self.name}")
-            self.builder.start()
-        else:
-            self._build(hlo_text)
+        self.lifecycle.start(self._build, hlo_text)
 
     def _tf_hlo(self, args, kwargs) -> str:
         import tensorflow as tf
@@ -382,22 +332,15 @@ class TfCompiled:
                 args, kwargs = tf.nest.map_structure(example, (args, kwargs))
             return self.function.experimental_get_compiler_ir(*args, **kwargs)(stage="hlo")
 
-    def _background_build(self, hlo_text: str) -> None:
-        from fusionstitching.runtime.executor import lower_thread_priority
-
-        lower_thread_priority()  # the build takes only the CPU the training loop leaves
-        self._build(hlo_text)
-
     def _build(self, hlo_text: str) -> None:
         import jax
 
         from fusionstitching.hlo.parser import parse_module
         from fusionstitching.hlo.xla_runner import optimized_hlo_text
-        from fusionstitching.jit import original_jax_jit
-        from fusionstitching.runtime.build import build_stitched
+        from fusionstitching.stitched_jit import original_jax_jit
 
         started = time.perf_counter()
-        with jax.enable_x64(True):
+        with jax.enable_x64(True), self.lifecycle.dumps() as dump_prefix:
             try:
                 text, alias = split_alias(hlo_text)
                 module = parse_module(text, source=f"<tf {self.name}>")
@@ -406,8 +349,8 @@ class TfCompiled:
                 # jax's own jit also when the jax hook has replaced jax.jit (FUSIONSTITCHING=1)
                 lowered = original_jax_jit()(run, keep_unused=True).lower(*in_avals)
                 reference = lowered.compile()  # TF's module compiled by XLA:CPU (jaxlib)
-                if self.dump_prefix:
-                    self._dump(hlo_text, optimized_hlo_text(reference))
+                if dump_prefix:
+                    self._dump(dump_prefix, hlo_text, optimized_hlo_text(reference))
             except Unsupported as exc:
                 self._unsupported("signature", str(exc))
                 return
@@ -417,32 +360,25 @@ class TfCompiled:
             executor = tf_executor()(reference, self.name, verify=True, keep=self.flags.keep,
                                     background=self.flags.async_compile, reference="tf",
                                     info=self.info, compiled=self)
-            try:
-                built = build_stitched(lowered, reference, self.options, self.cache_dir,
-                                       self.dump_prefix)
-            except Exception as exc:  # never fail the user's job: TF's own function runs
-                executor.build_failed(exc)
-                self.info.build_s = round(time.perf_counter() - started, 3)
-            else:
-                executor.built_ok(built, time.perf_counter() - started)
-        self.executor = executor  # last: the next call may start the trial
-        self._dump_report()
+            self.lifecycle.build(executor, lowered, reference, started, dump_prefix)
+            self.lifecycle.executor = executor  # last: the next call may start the trial
 
-    def _dump(self, tf_hlo: str, optimized: str) -> None:
+    def _dump(self, dump_prefix: str, tf_hlo: str, optimized: str) -> None:
         """The modules ``fusionstitching replay`` reads back: TF's module before
         optimization, XLA:CPU's optimized module, and XLA:GPU's for the target when the
         deviceless compiler is there (replay picks ``*after_optimizations.txt``)."""
         from fusionstitching.capture import CaptureError, hlo_for_gpu
 
-        _write(self.dump_prefix + ".tf.before_optimizations.txt", tf_hlo)
-        _write(self.dump_prefix + ".cpu.after_optimizations.txt", optimized)
+        self.lifecycle.write_dump(dump_prefix + ".tf.before_optimizations.txt", tf_hlo)
+        self.lifecycle.write_dump(dump_prefix + ".cpu.after_optimizations.txt", optimized)
         try:
             gpu = hlo_for_gpu(tf_hlo, target=self.flags.target)
         except (CaptureError, ValueError, RuntimeError) as exc:
             log.info("fusionstitching: %s: no XLA:GPU plan dumped: %s", self.name,
                      _first_line(exc))
         else:
-            _write(f"{self.dump_prefix}.{self.flags.target}.after_optimizations.txt", gpu)
+            self.lifecycle.write_dump(
+                f"{dump_prefix}.{self.flags.target}.after_optimizations.txt", gpu)
 
     # -- outcomes ---------------------------------------------------------------------
     def _unsupported(self, stage: str, why: str) -> None:
@@ -450,7 +386,7 @@ class TfCompiled:
 
         log.warning("fusionstitching: %s runs as TF (%s): %s", self.name, stage, why)
         self.unsupported = why
-        self.fallbacks.append(Fallback(stage, [], why))
+        self.lifecycle.fallbacks.append(Fallback(stage, [], why))
         self.info.state, self.info.kept, self.info.why = "fallback", "tf", f"{stage}: {why}"
 
     def note_tf_call(self, why: str) -> None:
@@ -460,7 +396,7 @@ class TfCompiled:
         if why not in self._noted:
             self._noted.add(why)
             log.warning("fusionstitching: %s: a call runs as TF: %s", self.name, why)
-            self.fallbacks.append(Fallback("call", [], why))
+            self.lifecycle.fallbacks.append(Fallback("call", [], why))
 
     # -- calls ------------------------------------------------------------------------
     def __call__(self, flat: list) -> list:
@@ -509,39 +445,12 @@ class TfCompiled:
         return tensors[:sig.num_outputs]
 
     # -- report -----------------------------------------------------------------------
-    def reports(self, wait_s: float = 0.0) -> list:
-        deadline = time.monotonic() + wait_s
-        for thread in (self.builder, self.executor and self.executor.trial_thread):
-            if thread is not None:
-                thread.join(max(0.0, deadline - time.monotonic()))
-        return [self.report()]
-
     def report(self):
-        from fusionstitching.jit import JitReport, _fallback_report
+        return self.lifecycle.report()
 
-        executor = self.executor
-        built = executor.built if executor is not None else None
-        fallbacks = self.fallbacks + (executor.fallbacks if executor is not None else [])
-        if built is None:
-            base, cache = _fallback_report(self.name, self.options, fallbacks), None
-        else:
-            base = built.stitched_report if executor.runs_stitched() else built.xla_report
-            cache = dataclasses.asdict(built.cache)
-        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)
-                  if f.name in {g.name for g in dataclasses.fields(JitReport)}}
-        fields["module"] = self.name
-        fields["fallbacks"] = fallbacks
-        if executor is not None and executor.checked.ran:
-            fields["verify"] = executor.checked
-        fields.update(runtime=dataclasses.asdict(self.info), cache=cache)
-        return JitReport(**fields)
-
-    def _dump_report(self) -> None:
-        if self.dump_prefix:
-            import json
-
-            _write(self.dump_prefix + ".report.json",
-                   json.dumps(self.report().to_json(), indent=1))
+    def reports(self, wait_s: float = 0.0) -> list:
+        self.lifecycle.wait_built(wait_s)
+        return [self.report()]
 
 
 def _to_jax(tensor):
@@ -560,40 +469,3 @@ def _to_tf(array):
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _file_name(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:80]
-
-
-def _dump_dir_usable(dump_to: str) -> bool:
-    """Dumps are optional: a ``--dump_to`` we cannot create is one warning, no dumps."""
-    from fusionstitching.runtime import files
-
-    try:
-        files.ensure_directory(dump_to)
-    except OSError as exc:
-        _dump_failed(dump_to, exc)
-        return False
-    return True
-
-
-def _write(path: str, text: str) -> None:
-    """By atomic rename (a symlink at ``path`` is replaced, not followed); a failure is one
-    warning per directory."""
-    from fusionstitching.runtime import files
-
-    directory = os.path.dirname(path) or "."
-    try:
-        files.ensure_directory(directory)
-        files.write_atomic(path, text)
-    except OSError as exc:
-        _dump_failed(directory, exc)
-
-
-def _dump_failed(directory: str, exc: OSError) -> None:
-    from fusionstitching.runtime import files
-
-    files.warn_once(("dump_to", directory), "fusionstitching: cannot write dumps to %s "
-                    "(%s: %s); the job goes on without them", directory, type(exc).__name__,
-                    exc)

@@ -1,30 +1,20 @@
 """Flatten a pattern (entry instructions: XLA fusions or unfused ops) into one list of ops.
 
 XLA's fusions are inlined, so the schedule sees one dataflow graph whose only boundary is
-what the pattern reads from and writes to global memory:
-
-* inputs: entry values read by the pattern and computed outside it (parameters, other
-  kernels' results, get-tuple-element of a multi-output fusion outside the pattern); each
-  becomes a `parameter` op whose parameter_number is its position in `inputs`. Entry-level
-  constants are inlined as `constant` ops instead, except elided ones (``{...}``): inputs.
-* outputs: pattern values used outside the pattern or part of the entry ROOT. Outputs are
-  always arrays. A multi-output fusion's results leave the pattern through its
-  get-tuple-element users (the output is named after that get-tuple-element); if the tuple
-  itself is used outside (e.g. it is the ROOT), each element is an output named ``name#i``.
-* a variadic reduce (argmax: values and indices) is one tuple-shaped `reduce` op carrying its
-  to_apply computation as a `Combiner`, followed by one `get-tuple-element` op per result
-  (named ``reduce#i``), through which everything reads its results.
+what the pattern reads from and writes to global memory: inputs become `parameter` ops (in
+`inputs` order; entry constants are inlined unless elided), outputs are the values used
+outside the pattern or in the entry ROOT, always arrays (a multi-output fusion's results
+named after their get-tuple-element users, or ``name#i``). A variadic reduce is one
+tuple-shaped `reduce` op carrying its `Combiner`, read through ``reduce#i`` ops.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..hlo.evaluator import parse_literal
+from ..hlo.attrs import Window, parse_literal
 from ..hlo.ir import Instruction, Module, Shape
-
-
-class CodegenError(Exception):
-    """The code generator cannot build this pattern; the message is the reason."""
+from .errors import CodegenError, Refusal
+from .ops import REDUCERS, REDUCIBLE, identity
 
 
 @dataclass
@@ -68,10 +58,6 @@ class Pattern:
         return {op.name: op for op in self.ops}
 
 
-# Combiners a reduction (or a scatter) may use: a single binary op over the computation's two
-# parameters.
-REDUCERS = {"add", "maximum", "minimum", "multiply", "and", "or"}
-
 _NO_OPS = {"get-tuple-element", "tuple", "parameter"}
 
 
@@ -83,7 +69,8 @@ def reducer_of(module: Module, inst: Instruction) -> str:
     if len(params) != 2 or body != [root] or set(root.operands) != params \
             or root.opcode not in REDUCERS:
         ops = ", ".join(i.opcode for i in body) or f"returns its parameter {root.name}"
-        raise CodegenError(f"{inst.opcode} {inst.name}: to_apply {comp.name} is not a single "
+        raise CodegenError(Refusal.UNSUPPORTED_COMBINER,
+                           f"{inst.opcode} {inst.name}: to_apply {comp.name} is not a single "
                            f"add/maximum/minimum/multiply/and/or ({ops})")
     return root.opcode
 
@@ -95,14 +82,16 @@ def combiner_of(module: Module, inst: Instruction) -> Combiner:
     params = sorted(comp.parameters, key=lambda p: p.parameter_number)
     root = comp.root
     if len(params) != 2 * n or root.opcode != "tuple" or len(root.operands) != n:
-        raise CodegenError(f"reduce {inst.name}: to_apply {comp.name} does not take {2 * n} "
+        raise CodegenError(Refusal.UNSUPPORTED_COMBINER,
+                           f"reduce {inst.name}: to_apply {comp.name} does not take {2 * n} "
                            f"scalars and return a tuple of {n}")
     ops = []
     for i in comp.instructions:
         if i.opcode == "parameter" or i.is_root:
             continue
         if i.shape.is_tuple or i.shape.rank or i.called_computations or i.opcode in _NO_OPS:
-            raise CodegenError(f"reduce {inst.name}: to_apply {comp.name} has {i.opcode} "
+            raise CodegenError(Refusal.UNSUPPORTED_COMBINER,
+                               f"reduce {inst.name}: to_apply {comp.name} has {i.opcode} "
                                f"{i.name} (only scalar ops are inlined)")
         ops.append(FlatOp(i.name, i.opcode, i.shape, list(i.operands), dict(i.attrs), i.literal))
     return Combiner([p.name for p in params], ops, list(root.operands))
@@ -112,7 +101,8 @@ def refuse_dynamic(inst: Instruction) -> None:
     """A bounded-dynamic array (``f32[<=8]``) holds its true size beside the data, written and
     read by XLA's own kernels; a stitched kernel would treat the bound as the size."""
     if any(any(leaf.dynamic) for leaf in inst.shape.leaves()):
-        raise CodegenError(f"{inst.opcode} {inst.name}: bounded-dynamic shape "
+        raise CodegenError(Refusal.DYNAMIC_SHAPE,
+                           f"{inst.opcode} {inst.name}: bounded-dynamic shape "
                            f"{inst.shape} (its size is known only at run time)")
 
 
@@ -121,7 +111,8 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
     by_name = entry.by_name()
     missing = [n for n in nodes if n not in by_name]
     if missing:
-        raise CodegenError(f"not in the entry computation: {', '.join(missing)}")
+        raise CodegenError(Refusal.NOT_IN_ENTRY,
+                           f"not in the entry computation: {', '.join(missing)}")
     # A multi-output fusion's get-tuple-elements are no-ops: they belong to its pattern.
     users = entry.users()
     in_pattern = set(nodes) | {u for n in nodes if by_name[n].shape.is_tuple for u in users[n]
@@ -135,7 +126,7 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
         if name in value:
             return value[name]
         if name in elements:
-            raise CodegenError(f"tuple {name} used other than by get-tuple-element")
+            raise CodegenError(Refusal.TUPLE, f"tuple {name} used other than by get-tuple-element")
         inst = by_name[name]
         if inst.opcode == "get-tuple-element" and by_name[inst.operands[0]].opcode == "tuple":
             # Read the tuple's element itself: through the tuple the kernel would wait for
@@ -147,7 +138,7 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
         if inst.opcode == "constant" and not inst.literal_elided:
             ops.append(FlatOp(name, "constant", inst.shape, [], literal=inst.literal))
         elif inst.shape.is_tuple:
-            raise CodegenError(f"input {name} is a tuple; read its elements through "
+            raise CodegenError(Refusal.TUPLE, f"input {name} is a tuple; read its elements through "
                                f"get-tuple-element")
         else:
             ops.append(FlatOp(name, "parameter", inst.shape, [], parameter_number=len(inputs)))
@@ -160,7 +151,8 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
     def add_op(inst: Instruction, name: str, operands: list[str]) -> str:
         refuse_dynamic(inst)
         if inst.opcode == "reduce-window" and len(operands) != 2:
-            raise CodegenError(f"reduce-window {inst.name}: variadic reduce-windows are not "
+            raise CodegenError(Refusal.UNSUPPORTED_OP,
+                               f"reduce-window {inst.name}: variadic reduce-windows are not "
                                f"supported")
         variadic = inst.opcode == "reduce" and inst.shape.is_tuple
         combiner = combiner_of(module, inst) if variadic else None
@@ -168,7 +160,8 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
             "reduce", "reduce-window", "scatter") else None
         if inst.opcode in ("fusion", "call", "while", "conditional") or (
                 inst.called_computations and reducer is None and combiner is None):
-            raise CodegenError(f"{inst.opcode} {inst.name} calls a computation; only fusions "
+            raise CodegenError(Refusal.UNSUPPORTED_OP,
+                               f"{inst.opcode} {inst.name} calls a computation; only fusions "
                                f"at entry level, reductions and scatters are stitched")
         ops.append(FlatOp(name, inst.opcode, inst.shape, operands, dict(inst.attrs),
                           inst.literal, reducer=reducer, combiner=combiner))
@@ -205,16 +198,18 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
             elif inst.opcode == "fusion":
                 results = yield inst, [local[o] for o in inst.operands]
                 if len(results) != 1:
-                    raise CodegenError(f"nested multi-output fusion {inst.name}")
+                    raise CodegenError(Refusal.TUPLE, f"nested multi-output fusion {inst.name}")
                 local[inst.name] = results[0]
             elif inst.opcode == "tuple" and inst.is_root:
                 return [local[o] for o in inst.operands]
             elif inst.opcode == "get-tuple-element" and local[inst.operands[0]] in parts:
                 local[inst.name] = parts[local[inst.operands[0]]][int(inst.attrs["index"])]
             elif inst.opcode in _NO_OPS:
-                raise CodegenError(f"{inst.opcode} {inst.name} inside fusion {fusion.name}")
+                raise CodegenError(Refusal.UNSUPPORTED_OP,
+                                   f"{inst.opcode} {inst.name} inside fusion {fusion.name}")
             elif inst.literal_elided:  # an entry-level one is read as an input instead
-                raise CodegenError(f"constant {inst.name} inside fusion {fusion.name} is "
+                raise CodegenError(Refusal.ELIDED_CONSTANT,
+                                   f"constant {inst.name} inside fusion {fusion.name} is "
                                    f"elided ('{{...}}'): its values are not in the module")
             else:
                 local[inst.name] = add_op(inst, f"{fusion.name}/{inst.name}",
@@ -238,7 +233,8 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
         elif inst.opcode == "tuple":
             elements[inst.name] = operands
         elif inst.opcode in _NO_OPS:
-            raise CodegenError(f"{inst.opcode} {inst.name} cannot be part of a kernel")
+            raise CodegenError(Refusal.UNSUPPORTED_OP,
+                               f"{inst.opcode} {inst.name} cannot be part of a kernel")
         else:
             name = add_op(inst, inst.name, operands)
             if name in parts:
@@ -257,14 +253,14 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
             if inst.is_root or outside:
                 for i, leaf in enumerate(inst.shape.tuple_shapes):
                     if leaf.is_tuple:
-                        raise CodegenError(f"nested tuple output {name}")
+                        raise CodegenError(Refusal.TUPLE, f"nested tuple output {name}")
                     outputs.append((f"{name}#{i}", leaf))
                     output_values.append(elements[name][i])
         elif outside or inst.is_root:
             outputs.append((name, inst.shape))
             output_values.append(value[name])
     if not outputs:
-        raise CodegenError("pattern has no outputs")
+        raise CodegenError(Refusal.NO_OUTPUTS, "pattern has no outputs")
 
     _fold_partial_reductions(ops)
     _transpose_before_reductions(ops, set(output_values))
@@ -296,22 +292,9 @@ def _refuse_long_chains(ops: list[FlatOp]) -> None:
     for op in ops:
         depth[op.name] = 1 + max((depth.get(o, 0) for o in op.operands), default=0)
         if depth[op.name] > MAX_CHAIN_OPS:
-            raise CodegenError(f"unsupported: a chain of more than {MAX_CHAIN_OPS} dependent "
+            raise CodegenError(Refusal.CHAIN_TOO_LONG,
+                               f"unsupported: a chain of more than {MAX_CHAIN_OPS} dependent "
                                f"ops (up to {op.name}); the code generator builds shorter ones")
-
-
-def _window(op: FlatOp) -> dict[str, list[int]] | None:
-    """size/stride/padding (low + high per dimension) of a reduce-window without dilation,
-    else None."""
-    fields = dict(f.split("=") for f in op.attrs.get("window", "").strip("{}").split())
-    if set(fields) - {"size", "stride", "pad"}:
-        return None
-    rank = op.shape.rank
-    window = {k: [int(v) for v in fields.get(k, "x".join(["1"] * rank)).split("x")]
-              for k in ("size", "stride")}
-    pads = fields["pad"].split("x") if "pad" in fields else ["0_0"] * rank
-    window["pad"] = [sum(int(v) for v in p.split("_")) for p in pads]
-    return window
 
 
 def _fold_partial_reductions(ops: list[FlatOp]) -> None:
@@ -411,12 +394,13 @@ def _folds_into(op: FlatOp, inner: FlatOp | None, by_name: dict[str, FlatOp]) ->
     if inner is None or inner.opcode != "reduce-window" or inner.reducer != op.reducer or \
             not _is_identity(by_name[inner.operands[1]], inner.reducer):
         return False
-    window, source = _window(inner), by_name[inner.operands[0]]
+    window = Window.parse(inner.attrs.get("window"), inner.shape.rank)
+    source, pad = by_name[inner.operands[0]], [low + high for low, high in window.padding]
     reduced = set(op.dimensions)
-    return window is not None and window["size"] == window["stride"] and all(
-        (size == 1 and pad == 0) or d in reduced
-        for d, (size, pad) in enumerate(zip(window["size"], window["pad"]))) and all(
-        inner.shape.dims[d] * window["size"][d] == source.shape.dims[d] + window["pad"][d]
+    return window.undilated and window.size == window.stride and all(
+        (size == 1 and p == 0) or d in reduced
+        for d, (size, p) in enumerate(zip(window.size, pad))) and all(
+        inner.shape.dims[d] * window.size[d] == source.shape.dims[d] + pad[d]
         for d in range(source.shape.rank))
 
 
@@ -446,8 +430,6 @@ def _splits_row_of(op: FlatOp, inner: FlatOp | None, by_name: dict[str, FlatOp])
 def _is_identity(init: FlatOp, kind: str) -> bool:
     """Folding drops the reduce-window's init value (each window's start and its padding): it
     must leave every combination unchanged."""
-    from .schedule import REDUCIBLE, identity  # schedule.py imports this module
-
     if init.opcode != "constant" or init.shape.rank or (init.shape.dtype, kind) not in REDUCIBLE:
         return False
     return parse_literal(init.literal or "", init.shape).reshape(-1)[0] == \

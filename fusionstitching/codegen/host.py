@@ -18,8 +18,9 @@ import numpy as np
 from llvmlite import ir
 
 from ..hlo.ir import Shape
+from .index_expr import Ix, add
 from .kernel_ir import DTYPE_BYTES, LANE_TYPES, VECTOR_LANES, WARP, Barrier, ConstArray, \
-    DynamicIndex, IndexLet, Ix, Kernel, SharedArray, Value, WarpReduce, add, defined_values, \
+    DynamicIndex, IndexLet, Kernel, SharedArray, Value, WarpReduce, defined_values, \
     expand_block_reduce, used_values
 from .llvm_lowering import F32, I8, I32, I64, PTR, STORAGE_TYPES, VALUE_TYPES, ThreadLowering, \
     optimize

@@ -1,12 +1,9 @@
 """Target-independent kernel IR: what one GPU thread does, with composition primitives first class.
 
-A `Kernel` is a per-thread program (like CUDA C) over SSA `Value`s. Integer index arithmetic is
-kept apart from data values as `Ix` expressions (quasi-affine: sums of variables, floor divisions
-and remainders by constants) that simplify as they are built, because index propagation through
-reshapes and bitcasts produces ``(row*256 + col) // 256``-style expressions that must fold back to
-``row`` for both readable IR and cheap code. Both backends (host.py, nvptx.py) lower exactly this
-IR; the composition primitives (`WarpReduce`, `BlockReduce`, `SharedStore/Load`, `Barrier`) are
-what lets values cross threads (paper section 4.1).
+A `Kernel` is a per-thread program (like CUDA C) over SSA `Value`s; integer index arithmetic
+is kept apart from data values as `Ix` expressions (index_expr.py). Both backends (host.py,
+nvptx.py) lower exactly this IR; the composition primitives (`WarpReduce`, `BlockReduce`,
+`SharedStore/Load`, `Barrier`) are what lets values cross threads (paper section 4.1).
 """
 from __future__ import annotations
 
@@ -16,9 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..hlo.ir import Shape
+from costmodel import WARP
 
-WARP = 32
+from ..hlo.ir import Shape
+from .index_expr import Ix, Var, div, ix, mod
+
 # NVPTX's LLVM unrolls loops by 8 (runtime unrolling): a loop of exactly 8 trips becomes
 # straight-line code; fewer trips stay a loop (measured: tid, tid % 32 and tid // k starts,
 # 2-7 trips one load in a loop, 8 trips eight loads and no loop). Only small bodies: the
@@ -26,225 +25,6 @@ WARP = 32
 UNROLL_FACTOR = 8
 
 
-# ---------------------------------------------------------------------------------------------
-# Index expressions
-# ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Var:
-    """An integer index variable taking the values 0 .. extent-1 (its range drives folding)."""
-
-    name: str
-    extent: int
-
-    def __str__(self) -> str:
-        return self.name
-
-
-@dataclass(frozen=True)
-class FloorDiv:
-    arg: "Ix"
-    k: int
-
-    def __str__(self) -> str:
-        return f"({self.arg} // {self.k})"
-
-
-@dataclass(frozen=True)
-class Mod:
-    arg: "Ix"
-    k: int
-
-    def __str__(self) -> str:
-        return f"({self.arg} % {self.k})"
-
-
-Atom = Var | FloorDiv | Mod
-
-
-@dataclass(frozen=True)
-class Ix:
-    """sum(coefficient * atom) + const, terms in a canonical order so that equal means equal."""
-
-    terms: tuple[tuple[Atom, int], ...] = ()
-    const: int = 0
-
-    def __str__(self) -> str:
-        parts = [str(a) if c == 1 else f"{c}*{a}" for a, c in self.terms]
-        if self.const or not parts:
-            parts.append(str(self.const))
-        return " + ".join(parts)
-
-    def vars(self) -> set[Var]:
-        out: set[Var] = set()
-        for atom, _ in self.terms:
-            out |= {atom} if isinstance(atom, Var) else atom.arg.vars()
-        return out
-
-    def evaluate(self, env: dict[str, np.ndarray]) -> np.ndarray:
-        total = np.int64(self.const)
-        for atom, c in self.terms:
-            if isinstance(atom, Var):
-                v = env[atom.name]
-            elif isinstance(atom, FloorDiv):
-                v = atom.arg.evaluate(env) // atom.k
-            else:
-                v = atom.arg.evaluate(env) % atom.k
-            total = total + c * v
-        return total
-
-
-def ix(x: int | Var | Ix) -> Ix:
-    if isinstance(x, Ix):
-        return x
-    if isinstance(x, Var):
-        return Ix(((x, 1),))
-    return Ix((), int(x))
-
-
-def _make(coeffs: dict[Atom, int], const: int) -> Ix:
-    terms = tuple(sorted(((a, c) for a, c in coeffs.items() if c), key=lambda t: repr(t[0])))
-    return Ix(terms, const)
-
-
-def add(*xs: int | Var | Ix) -> Ix:
-    coeffs: dict[Atom, int] = {}
-    const = 0
-    for x in map(ix, xs):
-        const += x.const
-        for a, c in x.terms:
-            coeffs[a] = coeffs.get(a, 0) + c
-    # Undo a delinearize-then-linearize round trip, one digit at a time:
-    # (a // k) * k + a % k == a, and ((a // k) % m) * k + a % k == a % (k*m) (the middle
-    # digits of a row of [4,8,8,32] reduced over its first three dimensions).
-    for atom in list(coeffs):
-        if not coeffs.get(atom):
-            continue
-        if isinstance(atom, FloorDiv):  # (a // k) * k
-            a, k, m = atom.arg, atom.k, None
-        elif isinstance(atom, Mod) and (digit := _bare_floordiv(atom.arg)) is not None:
-            a, k, m = digit.arg, digit.k, atom.k  # ((a // k) % m) * k
-        else:
-            continue
-        low = Mod(a, k)
-        c_low = coeffs.get(low, 0)
-        if c_low and coeffs[atom] == c_low * k:
-            del coeffs[atom], coeffs[low]
-            joined = a if m is None else mod(a, k * m)
-            return add(_make(coeffs, const), scale(joined, c_low))
-    return _make(coeffs, const)
-
-
-def _bare_floordiv(x: Ix) -> FloorDiv | None:
-    """The floor division ``x`` is, if it is one as is."""
-    if x.const == 0 and len(x.terms) == 1 and x.terms[0][1] == 1 \
-            and isinstance(x.terms[0][0], FloorDiv):
-        return x.terms[0][0]
-    return None
-
-
-def scale(x: int | Var | Ix, k: int) -> Ix:
-    x = ix(x)
-    return _make({a: c * k for a, c in x.terms}, x.const * k)
-
-
-def value_range(x: Ix) -> tuple[int, int]:
-    """Inclusive bounds of x over all values of its variables."""
-    lo = hi = x.const
-    for atom, c in x.terms:
-        if isinstance(atom, Var):
-            alo, ahi = 0, atom.extent - 1
-        elif isinstance(atom, FloorDiv):
-            alo, ahi = (b // atom.k for b in value_range(atom.arg))
-        else:
-            alo, ahi = value_range(atom.arg)
-            if alo < 0 or ahi >= atom.k:
-                alo, ahi = 0, atom.k - 1
-        lo, hi = lo + min(c * alo, c * ahi), hi + max(c * alo, c * ahi)
-    return lo, hi
-
-
-def _split(x: Ix, k: int) -> tuple[Ix, Ix]:
-    """x = k*q + r where q collects the terms divisible by k."""
-    q = {a: c // k for a, c in x.terms if c % k == 0}
-    r = {a: c for a, c in x.terms if c % k != 0}
-    return _make(q, x.const // k), _make(r, x.const % k)
-
-
-def _aligned(r: Ix, k: int) -> tuple[int, Ix, Ix] | None:
-    """r = a*y + s with a dividing k and 0 <= s < a for every value of the variables, for the
-    largest such coefficient a: then floor(r / k) = floor(y / (k/a)) and
-    r % k = a * (y % (k/a)) + s. Turns ``(128*bid + tid) // 256`` (tid < 128) into
-    ``bid // 2`` and ``(4*c + 3) % 256`` into ``4*(c % 64) + 3``, so that index arithmetic
-    is done once on the part that varies, and a vector lane stays visible as the constant
-    (128-bit accesses, see `vector_group`)."""
-    for a in sorted({c for _, c in r.terms if 1 < c < k and k % c == 0}, reverse=True):
-        high = {t: c // a for t, c in r.terms if c % a == 0}
-        low = _make({t: c for t, c in r.terms if c % a}, r.const % a)
-        lo, hi = value_range(low)
-        if 0 <= lo and hi < a:
-            return a, _make(high, r.const // a), low
-    return None
-
-
-def div(x: int | Var | Ix, k: int) -> Ix:
-    x = ix(x)
-    if k == 1:
-        return x
-    q, r = _split(x, k)  # floor((k*q + r) / k) == q + floor(r / k) for any integers
-    lo, hi = value_range(r)
-    if 0 <= lo and hi < k:
-        return q
-    if (aligned := _aligned(r, k)) is not None:
-        a, y, _ = aligned
-        return add(q, div(y, k // a))
-    if len(r.terms) == 1 and r.const == 0 and r.terms[0][1] == 1 and isinstance(r.terms[0][0], FloorDiv):
-        inner = r.terms[0][0]
-        return add(q, Ix(((FloorDiv(inner.arg, inner.k * k), 1),)))
-    return add(q, Ix(((FloorDiv(r, k), 1),)))
-
-
-def mod(x: int | Var | Ix, k: int) -> Ix:
-    x = ix(x)
-    _, r = _split(x, k)
-    lo, hi = value_range(r)
-    if 0 <= lo and hi < k:
-        return r
-    if (aligned := _aligned(r, k)) is not None:
-        a, y, low = aligned
-        return add(scale(mod(y, k // a), a), low)
-    if len(r.terms) == 1 and r.const == 0 and r.terms[0][1] == 1 and isinstance(r.terms[0][0], Mod) \
-            and r.terms[0][0].k % k == 0:
-        return Ix(((Mod(r.terms[0][0].arg, k), 1),))
-    return Ix(((Mod(r, k), 1),))
-
-
-def strides(shape: Shape) -> list[int]:
-    """Element strides of each logical dimension in the physical (minor_to_major) layout."""
-    out = [0] * shape.rank
-    step = 1
-    for d in shape.minor_to_major:
-        out[d] = step
-        step *= shape.dims[d]
-    return out
-
-
-def linearize(index: tuple[Ix, ...], shape: Shape) -> Ix:
-    """Physical element offset of a logical index."""
-    return add(*(scale(i, s) for i, s in zip(index, strides(shape))))
-
-
-def delinearize(offset: Ix, shape: Shape) -> tuple[Ix, ...]:
-    """Logical index of a physical element offset (inverse of linearize)."""
-    return tuple(mod(div(offset, s), d) for s, d in zip(strides(shape), shape.dims))
-
-
-def row_major(shape: Shape) -> Shape:
-    return Shape(shape.dtype, shape.dims, tuple(range(shape.rank - 1, -1, -1)))
-
-
-# ---------------------------------------------------------------------------------------------
-# Kernel IR
-# ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Value:
     """An SSA value of one thread. dtype: f32, f16, bf16, s32, s64, u32, u64 or pred (or a

@@ -7,14 +7,17 @@ where shared memory lives; those are the abstract hooks that host.py and nvptx.p
 """
 from __future__ import annotations
 
+import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 
-from .flatten import CodegenError
-from .kernel_ir import (LANE_TYPES, Accumulate, Barrier, BlockReduce, Compute, Const, ConstArray, ConstLoad,
-                        DynamicIndex, GlobalLoad, GlobalStore, If, IndexLet, IndexValue, Ix,
-                        Kernel, Loop, SharedArray, SharedLoad, SharedStore, Value, Var,
-                        VectorExtract, VectorPack, WarpReduce, FloorDiv, VECTOR_LANES)
+from .errors import CodegenError, Refusal
+from .index_expr import FloorDiv, Ix, Var
+from .kernel_ir import (LANE_TYPES, VECTOR_LANES, Accumulate, Barrier, BlockReduce, Compute,
+                        Const, ConstArray, ConstLoad, DynamicIndex, GlobalLoad, GlobalStore, If,
+                        IndexLet, IndexValue, Kernel, Loop, SharedArray, SharedLoad, SharedStore,
+                        Value, VectorExtract, VectorPack, WarpReduce)
+from .ops import MATH_OPS
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F32, F16 = ir.FloatType(), ir.HalfType()
@@ -27,9 +30,6 @@ VALUE_TYPES = {"f32": F32, "f16": F16, "bf16": I16, "s32": I32, "s64": I64, "u32
 INT_TYPES = {"s32": I32, "s64": I64, "u32": I32, "u64": I64}
 UNSIGNED = {"u32", "u64"}  # same registers as s32/s64; compare, divide, convert differ
 
-# Transcendental ops each backend calls (host: LLVM intrinsic or libm; GPU: libdevice).
-MATH_OPS = {"exponential", "log", "tanh", "power", "sine", "cosine", "tan", "atan2",
-            "exponential-minus-one", "log-plus-one", "cbrt", "erf"}
 _ROUNDING = {"floor": "llvm.floor.f32", "ceil": "llvm.ceil.f32",
              "round-nearest-even": "llvm.roundeven.f32", "round-nearest-afz": "llvm.round.f32"}
 STORAGE_TYPES = {**VALUE_TYPES, "pred": I8}
@@ -337,7 +337,7 @@ class ThreadLowering:
                 return self.convert(args[0], arg_types[0], dtype)
             case "bitcast-convert":
                 return b.bitcast(args[0], VALUE_TYPES[dtype])
-        raise CodegenError(f"{op}: no lowering for this op")
+        raise CodegenError(Refusal.NO_LOWERING, f"{op}: no lowering for this op")
 
     def integer_division(self, op: str, a: ir.Value, d: ir.Value) -> ir.Value:
         """XLA's integer divide/remainder: x/0 = -1, x%0 = x, INT_MIN/-1 = INT_MIN (no trap)."""
@@ -419,13 +419,12 @@ class ThreadLowering:
                 return b.fcmp_unordered("!=", x, ir.Constant(F32, 0.0))
             case _, "pred" if src in INT_TYPES:
                 return b.icmp_signed("!=", x, ir.Constant(INT_TYPES[src], 0))
-        raise CodegenError(f"convert {src} -> {dst}: no lowering for this conversion")
+        raise CodegenError(Refusal.NO_LOWERING,
+                           f"convert {src} -> {dst}: no lowering for this conversion")
 
 
 def optimize(module, target_machine, unroll_and_vectorize: bool = True) -> None:
     """Run LLVM's O3 pipeline (mem2reg, LICM, GVN, unrolling, ...) on a parsed module."""
-    import llvmlite.binding as llvm
-
     options = llvm.create_pipeline_tuning_options(speed_level=3)
     options.loop_unrolling = options.loop_vectorization = options.slp_vectorization = \
         unroll_and_vectorize

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kernel_ir import (DTYPE_BYTES, FloorDiv, GlobalLoad, GlobalStore, If, IndexLet, Ix, Kernel,
-                        Loop, Var)
+from .index_expr import FloorDiv, Ix, Var
+from .kernel_ir import DTYPE_BYTES, GlobalLoad, GlobalStore, If, IndexLet, Kernel, Loop
 
 # Threads (or loop instances) evaluated at once: 2^20 points hold a few int64 arrays of
 # 8 MiB each, and cover every kernel of the corpus in one piece.

@@ -5,7 +5,7 @@ dynamic programming, remote fusion, beam search, choice by the latency-evaluator
 ``greedy`` is the baseline (baseline.py: one pattern per connected region), kept for
 comparison.
 """
-from .plan import Decision, FusionPlan, Pattern
+from .plan import Decision, ExplorerRefusal, FusionPlan, Pattern
 from .index import KernelDag
 from .baseline import connected_region_plan
 from .search import Explorer, beam_plan
@@ -20,8 +20,8 @@ STRATEGIES = {
 
 def explore(graph, can_stitch, strategy: str = "beam", device=None,
             profile_of=None, other_space=None) -> FusionPlan:
-    """Plan ``graph``'s stitched kernels; ``can_stitch(nodes) -> (ok, reason)`` asks the code
-    generator whether a set of nodes can become one kernel; ``device`` (costmodel.Device,
+    """Plan ``graph``'s stitched kernels; ``can_stitch(nodes) -> Refusal | None`` asks the
+    code generator whether a set of nodes can become one kernel (None: it can); ``device`` (costmodel.Device,
     default H100) is what the cost model prices; ``profile_of(nodes) -> KernelProfile``, when
     given, is the kernel the plan's report will price for one XLA kernel or an accepted
     pattern (``Explorer``), so plans are compared by the report's model; ``other_space(nodes)``,

@@ -9,14 +9,10 @@ replaces this; the baseline stays selectable for comparison.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from ..graph import OpGraph
 from ..graph.traffic import memory_intensive_regions, opaque_depth
 from .index import KernelDag
-from .plan import Decision, FusionPlan, Pattern
-
-CanStitch = Callable[[list[str]], tuple[bool, str]]
+from .plan import CanStitch, Decision, ExplorerRefusal, FusionPlan, Pattern
 
 
 def connected_region_plan(graph: OpGraph, can_stitch: CanStitch,
@@ -25,10 +21,14 @@ def connected_region_plan(graph: OpGraph, can_stitch: CanStitch,
     does)."""
     dag = dag or KernelDag(graph)
 
-    def _check(nodes: list[str]) -> tuple[bool, str]:
+    def _check(nodes: list[str]) -> Decision:
         if dag.creates_cycle(frozenset(nodes)):
-            return False, "cycle: a path leaves the pattern and re-enters it through another kernel"
-        return can_stitch(nodes)
+            return Decision(tuple(nodes), ExplorerRefusal.CYCLE, "cycle: a path leaves the "
+                            "pattern and re-enters it through another kernel")
+        refusal = can_stitch(nodes)
+        if refusal is None:
+            return Decision(tuple(nodes), None, "buildable")
+        return Decision(tuple(nodes), refusal.kind, f"code generator: {refusal.detail}")
 
     patterns: list[Pattern] = []
     decisions: list[Decision] = []
@@ -37,10 +37,10 @@ def connected_region_plan(graph: OpGraph, can_stitch: CanStitch,
     for region in memory_intensive_regions(graph):
         if len(region) < 2:
             continue
-        ok, reason = _check(region)
-        decisions.append(Decision(tuple(region), ok, reason))
-        if ok:
-            patterns.append(Pattern(region, f"connected memory-intensive region: {reason}"))
+        decision = _check(region)
+        decisions.append(decision)
+        if decision.ok:
+            patterns.append(Pattern(region, "connected memory-intensive region"))
             continue
         levels: dict[int, list[str]] = {}
         for name in region:
@@ -51,20 +51,22 @@ def connected_region_plan(graph: OpGraph, can_stitch: CanStitch,
         for level in levels.values():
             if len(level) < 2:
                 continue
-            ok, reason = _check(level)
-            decisions.append(Decision(tuple(level), ok, reason))
-            if ok:
-                patterns.append(Pattern(level, f"the kernels of its region with as many "
-                                               f"opaque kernels before them: {reason}"))
+            decision = _check(level)
+            decisions.append(decision)
+            if decision.ok:
+                patterns.append(Pattern(level, "the kernels of its region with as many "
+                                               "opaque kernels before them"))
             else:
                 parts.append(level)
     for part in parts:
         current: list[str] = []
         for name in part:  # in topological order
             candidate = current + [name]
-            ok, reason = _check(candidate) if current else (True, "")
+            ok = True
             if current:
-                decisions.append(Decision(tuple(candidate), ok, reason))
+                decision = _check(candidate)
+                decisions.append(decision)
+                ok = decision.ok
             if ok:
                 current = candidate
                 continue
@@ -79,14 +81,15 @@ def connected_region_plan(graph: OpGraph, can_stitch: CanStitch,
     reasons: dict[frozenset[str], str] = {frozenset(p.nodes): p.reason for p in patterns}
 
     def buildable(nodes: frozenset[str]) -> bool:
-        ok, reason = _check(sorted(nodes, key=dag.order.__getitem__))
+        decision = _check(sorted(nodes, key=dag.order.__getitem__))
         reasons[nodes] = ("part of a run cut where the plan's kernels formed a cycle (a path "
-                          f"from each to the next): {reason}")
-        return ok
+                          f"from each to the next): {decision.reason}")
+        return decision.ok
 
     kernels, split = dag.split_cycles(list(reasons), [[k] for k in reasons], buildable)
     for nodes in split:
-        decisions.append(Decision(tuple(sorted(nodes, key=dag.order.__getitem__)), False,
+        decisions.append(Decision(tuple(sorted(nodes, key=dag.order.__getitem__)),
+                                  ExplorerRefusal.PLAN_CYCLE,
                                   "cut: with other kernels of the plan it forms a cycle (a "
                                   "path from each to the next)"))
     # each run in its place, or the parts it was cut into (each inside one run)

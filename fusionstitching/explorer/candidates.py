@@ -1,6 +1,6 @@
-"""Candidate patterns (paper 5.2, search.py's module docstring, point 1): PatternReduction
-per vertex, the top-k by the delta-evaluator's f with its bound, and the ones the code
-generator builds. A part of the Explorer (search.py), which holds the state it reads.
+"""Candidate patterns (paper 5.2, search.py's point 1): PatternReduction per vertex, the top-k
+by the delta-evaluator's f with its bound, and the ones the code generator builds. A part of
+the Explorer (search.py), which holds the state it reads.
 """
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 import costmodel
+
+from .plan import ExplorerRefusal
 
 TOP_K = 3  # paper 5.2
 BUILD_TRIES = 2 * TOP_K  # can_stitch queries per vertex beyond the accepted ones
@@ -41,7 +43,8 @@ class CandidatePatterns:
             entry = cache.get(s)
             if entry is None:
                 if len(s) > self.max_pattern:
-                    self.decide(s, False, f"more than {self.max_pattern} kernels")
+                    self.decide(s, ExplorerRefusal.TOO_LARGE,
+                                f"more than {self.max_pattern} kernels")
                     entry = cache[s] = None
                     continue
                 traffic = self.index.traffic(s, a, self._traffic[a])
@@ -55,8 +58,9 @@ class CandidatePatterns:
             if len(kept) == self.top_k and -negative_bound <= kept[-1].score:
                 for _, _, rest in bounded[position:]:
                     if rest not in self._latest:
-                        self.decide(rest, False, f"not in the top {self.top_k}: f <= "
-                                     f"{cache[rest][0]:.3f} us (bound) <= {kept[-1].score:.3f}")
+                        self.decide(rest, ExplorerRefusal.NOT_TOP_K,
+                                    f"not in the top {self.top_k}: f <= {cache[rest][0]:.3f} "
+                                    f"us (bound) <= {kept[-1].score:.3f}")
                 break
             entry = cache[s]
             score = entry[2]
@@ -65,24 +69,28 @@ class CandidatePatterns:
             if score == float("-inf"):
                 continue
             if len(kept) == self.top_k and score <= kept[-1].score:
-                self.decide(s, False, f"not in the top {self.top_k}: f = {score:.3f} us")
+                self.decide(s, ExplorerRefusal.NOT_TOP_K,
+                            f"not in the top {self.top_k}: f = {score:.3f} us")
                 continue
             kept.append(Candidate(s, score))
             self._traffic[s], self._facts[s] = entry[1], entry[5]  # later joins start here
             kept.sort(key=lambda c: -c.score)
-            self.decide(s, True, f"candidate: f = {score:+.3f} us (delta-evaluator)")
+            self.decide(s, None, f"candidate: f = {score:+.3f} us (delta-evaluator)")
             if len(kept) > self.top_k:
                 dropped = kept.pop()
-                self.decide(dropped.nodes, False,
-                             f"not in the top {self.top_k}: f = {dropped.score:.3f} us")
+                self.decide(dropped.nodes, ExplorerRefusal.NOT_TOP_K,
+                            f"not in the top {self.top_k}: f = {dropped.score:.3f} us")
         return kept
 
     def _score(self, s: frozenset[str], entry: list) -> float:
-        """f of one candidate (see the module docstring), -inf when it is cyclic."""
+        """f of one candidate, -inf when it is cyclic: T_reduced_mem + T_reduced_calls -
+        max(0, T_penalty(P) - sum of T_penalty({v})), the penalty relative to the kernels
+        alone (their own time above the memory floor is not fusion's cost), so f is at most
+        the bound that needs only the pattern's bytes."""
         bound, traffic, _, a, b, _ = entry
         if self.index.joins_cycle(a, b, s):
-            self.decide(s, False, "cycle: a path leaves the pattern and re-enters it "
-                                   "through an outside kernel")
+            self.decide(s, ExplorerRefusal.CYCLE, "cycle: a path leaves the pattern and "
+                                                  "re-enters it through an outside kernel")
             return float("-inf")
         facts = entry[5] = self.model.gather(s, a, self._facts[a])
         # fsum: exact, so the score does not depend on the set's iteration order (string
@@ -132,16 +140,17 @@ class CandidatePatterns:
             if len(ready) == self.top_k or tries >= self.top_k + BUILD_TRIES:
                 break
             if cand.score <= 0:
-                self.decide(cand.nodes, False, f"no gain: f = {cand.score:+.3f} us <= 0")
+                self.decide(cand.nodes, ExplorerRefusal.NO_GAIN,
+                            f"no gain: f = {cand.score:+.3f} us <= 0")
                 continue
             tries += 1
-            ok, reason = self.can_stitch(cand.nodes)
-            if ok:
+            refusal = self.can_stitch(cand.nodes)
+            if refusal is None:
                 ready.append(cand)
-                self.decide(cand.nodes, True, f"buildable, f = {cand.score:+.3f} us: {reason}")
+                self.decide(cand.nodes, None, f"buildable, f = {cand.score:+.3f} us")
             else:
                 refused.append(cand)
-                self.decide(cand.nodes, False, f"code generator: {reason}")
+                self.decide(cand.nodes, refusal.kind, f"code generator: {refusal.detail}")
         listed = {c.nodes for c in pool}
         for cand in refused:
             if len(ready) == self.top_k or self.other_space is None:
@@ -150,12 +159,13 @@ class CandidatePatterns:
             if part is None or part.nodes in listed:
                 continue
             listed.add(part.nodes)
-            ok, reason = self.can_stitch(part.nodes)
-            self.decide(part.nodes, ok, (f"buildable without the reductions in other spaces, "
-                                         f"f = {part.score:+.3f} us: {reason}") if ok
-                        else f"code generator: {reason}")
-            if ok:
+            refusal = self.can_stitch(part.nodes)
+            if refusal is None:
                 ready.append(part)
+                self.decide(part.nodes, None, f"buildable without the reductions in other "
+                                              f"spaces, f = {part.score:+.3f} us")
+            else:
+                self.decide(part.nodes, refusal.kind, f"code generator: {refusal.detail}")
         return ready
 
     def _without_other_spaces(self, vertex: str, nodes: frozenset[str]) -> Candidate | None:

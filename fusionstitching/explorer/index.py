@@ -1,25 +1,10 @@
 """What the explorer precomputes once per op graph so that each candidate costs O(its size).
 
-- The *kernel DAG*: XLA's kernels (memory-intensive and opaque) with edges seen through
-  no-op instructions (bitcast, get-tuple-element, tuple), in topological order, and each
-  kernel's *level* (longest path from a source). Only memory-intensive kernels take part in
-  patterns; no-ops are transparent, opaque kernels bound the regions but still carry paths.
-- Per-kernel traffic facts (the values it reads and writes, identified as in
-  ``graph.traffic``) so that a pattern's bytes are summed over the pattern's own edges, not
-  over the whole graph as ``traffic.pattern_traffic`` does (tests check both agree), and a
-  pattern grown from one whose bytes are known recounts only the values the new kernels
-  touch.
-
-Cycle check (paper Figure 6). Fusing a pattern P is cyclic iff some path leaves P and
-re-enters it through an outside kernel. A kernel u can reach a kernel w only if
-level(u) < level(w), and a path can only re-enter P at a kernel with a producer outside P,
-so a depth-first search from P's outside successors never needs to visit kernels at or above
-the highest such kernel's level. Cost per check: the kernels and edges reachable from P's
-boundary inside that level range -- in a layered graph, the one or two layers the
-pattern spans, whatever the graph's size. Worst case (a pattern spanning the whole graph's
-depth) it is O(V + E); patterns are capped in size (``MAX_PATTERN_KERNELS``), so in practice
-each check is local. Joining two acyclic patterns (``joins_cycle``) only searches from each
-side's own kernels towards the other's.
+The kernel DAG (XLA's kernels, edges seen through no-ops, topological order and levels) and
+per-kernel traffic facts, so that a pattern's bytes are summed over its own edges and a grown
+pattern recounts only what its new kernels touch. The cycle check (paper Figure 6) searches
+from a pattern's outside successors only up to the highest level where a path can re-enter
+it: local in a layered graph, O(V + E) at worst.
 """
 from __future__ import annotations
 

@@ -10,6 +10,8 @@ merges.
 """
 from __future__ import annotations
 
+from .plan import ExplorerRefusal
+
 
 def merge_neighbours(explorer, kernels: list[frozenset[str]]
                      ) -> tuple[list[frozenset[str]], list[list[frozenset[str]]]]:
@@ -53,19 +55,25 @@ def _pairs_by_saving(explorer, kernels: list[frozenset[str]],
 
 def _merge(explorer, a: frozenset[str], b: frozenset[str], union: frozenset[str],
            others: list[frozenset[str]]) -> bool:
-    if explorer.index.creates_cycle(union) or explorer.cycle_with(union, others):
-        explorer.decide(union, False, "neighbour merge: a cycle through another kernel")
+    if explorer.index.creates_cycle(union):
+        explorer.decide(union, ExplorerRefusal.CYCLE,
+                        "neighbour merge: a cycle through an outside kernel")
         return False
-    ok, reason = explorer.can_stitch(union)
-    if not ok:
-        explorer.decide(union, False, f"neighbour merge: code generator: {reason}")
+    if explorer.cycle_with(union, others):
+        explorer.decide(union, ExplorerRefusal.PLAN_CYCLE,
+                        "neighbour merge: a cycle with another kernel of the plan")
+        return False
+    refusal = explorer.can_stitch(union)
+    if refusal is not None:
+        explorer.decide(union, refusal.kind,
+                        f"neighbour merge: code generator: {refusal.detail}")
         return False
     merged_us = explorer.latency_us(union)
     separate_us = explorer.latency_us(a) + explorer.latency_us(b)
     if merged_us >= separate_us:
-        explorer.decide(union, False, f"neighbour merge: {merged_us:.3f} us >= separate "
-                                      f"{separate_us:.3f} us (modeled)")
+        explorer.decide(union, ExplorerRefusal.NOT_FASTER, f"neighbour merge: {merged_us:.3f} "
+                        f"us >= separate {separate_us:.3f} us (modeled)")
         return False
-    explorer.decide(union, True, f"neighbour merge: {merged_us:.3f} us < {separate_us:.3f} us "
-                                 f"separate (modeled); {reason}")
+    explorer.decide(union, None, f"neighbour merge: {merged_us:.3f} us < {separate_us:.3f} us "
+                                 "separate (modeled)")
     return True

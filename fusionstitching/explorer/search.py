@@ -1,60 +1,16 @@
-"""The paper's fusion explorer (section 5): candidate patterns, remote fusion, beam search.
+"""The paper's fusion explorer (section 5): candidate patterns, beam search, remote fusion.
 
-1. Candidate patterns (5.2). Memory-intensive kernels are visited in post-order (reverse
-   topological order). A vertex V's candidates are V joined with its consumers' candidates,
-   found by ``PatternReduction``: the consumers are split in two halves recursively (the
-   approximate divide and conquer of Figure 4); a single consumer c offers V+{c} and V plus
-   each of c's top-k candidates; two halves are reduced by keeping each half's top-k and
-   their pairwise unions, then the top-k of those. So a vertex costs O(deg * k^2)
-   candidates whatever its fan-out. Unlike the paper, which picks the final top-k among the
-   groups' results without joining them, the halves are joined, so V can fuse with
-   consumers in different groups.
-   Ranking uses the delta-evaluator's score f (costmodel.delta), with its penalty taken
-   relative to the unfused kernels: costmodel.delta charges the fused kernel's whole time
-   above its memory floor, which also holds the time each kernel spent above its floor when
-   alone (a row reduction's warp shuffles happen fused or not). The explorer adds those
-   back, f = T_reduced_mem + T_reduced_calls - max(0, T_penalty(P) - sum T_penalty({v})),
-   so the penalty is what fusion costs: without it a RMSNorm reduction + scaling scores
-   f < 0 while the latency-evaluator models the fused kernel 1 us faster. Fusion is not
-   credited with making the parts' own work faster (the max), so
-   f <= T_reduced_mem + T_reduced_calls, a bound that needs only the pattern's bytes:
-   candidates are scored exactly in order of that bound and the walk stops once the bound
-   cannot beat the k-th best, so most candidates never reach the occupancy model.
-   Cyclic patterns (Figure 6) are dropped (``GraphIndex.creates_cycle``). A vertex keeps two
-   lists: its top-k acyclic candidates, which its producers grow from, and its top-k that the
-   code generator can build (``can_stitch``, asked only for candidates that survive the
-   ranking, cached), which the plan is made of. Growing from unbuildable candidates matters
-   because buildability is not monotone: a reduction with half of its consumers may be
-   refused while the whole normalization is accepted.
-2. Beam search (5.3). Vertices in topological order; each beam (a set of disjoint patterns)
-   either leaves the vertex out or takes one of its buildable candidates that overlaps
-   nothing the beam holds; the ``beam_width`` beams with the highest summed f survive. A
-   beam only needs the nodes it covers at or after the current vertex (every later
-   candidate starts there), so states stay small.
-3. Remote fusion (Figure 5). The paper adds a virtual producer h of all vertices and reduces
-   its consumers. Here h's consumers are one beam's kernels in topological order, reduced
-   left to right: a kernel joins the running pack when the code generator can build the
-   union (kernel packing), no cycle results and the latency-evaluator says the pack is
-   faster than its parts. Only launch-bound kernels (modeled body shorter than a launch)
-   are packed: for the others a saved launch is noise against the risk of a slower kernel.
-   A chain-shaped reduction of h yields several packs, where the paper's top-k of h would
-   yield one usable pattern.
-4. Choice. Each beam's plan, XLA's own plan (each kernel alone: "no negative
-   optimization") and the connected-region plan of the greedy baseline (the search is
-   approximate) are timed by the latency-evaluator (costmodel.latency, modeled); the least
-   (modeled time, then bytes, then kernels) among those with no more bytes than XLA's wins.
-   The kernels are priced by ``profile_of`` when the caller gives it: the pipeline gives the
-   profile of the kernel the code generator built for a pattern (the one its capability query
-   accepted) and of XLA's kernel for one node, which is how its Report prices both plans, so
-   the plan chosen is never slower in the Report than XLA's or the baseline's. Without it the
-   explorer's own estimate (explorer/profile.py) prices them. The chosen plan's kernels
-   joined by an edge are then merged in pairs where that is faster (neighbours.py).
-
-Every candidate considered gets a Decision with its reason, so ``explain`` can say why two
-kernels were or were not stitched.
+1. Candidate patterns (5.2, candidates.py): per vertex in post-order, PatternReduction's top-k
+   by the delta-evaluator's f (its penalty taken relative to the unfused kernels), cyclic ones
+   dropped, the buildable ones asked of the code generator (``can_stitch``).
+2. Beam search (5.3): vertices in topological order, ``beam_width`` beams of disjoint patterns.
+3. Remote fusion (Figure 5): launch-bound kernels packed left to right where that is faster.
+4. Choice: the beams', XLA's, the connected-region and the mixed plan by modeled time, then the
+   neighbour merge (neighbours.py). Every candidate gets a Decision (``explain``).
 """
 from __future__ import annotations
 
+import enum
 import gc
 import math
 from bisect import bisect_left
@@ -67,36 +23,30 @@ import costmodel
 from costmodel import KernelProfile, kernel_latency_us
 
 from ..graph import OpGraph
+from ..graph.refusal import Refusal
 from ..graph.traffic import connected_components
 from .baseline import connected_region_plan
 from .candidates import TOP_K, Candidate, CandidatePatterns
 from .index import GraphIndex
 from .neighbours import merge_neighbours
-from .plan import Decision, FusionPlan, Pattern
-from .profile import PatternModel, packed_profile
+from .plan import CanStitch, Decision, ExplorerRefusal, FusionPlan, Pattern
+from .pattern_model import PatternModel, packed_profile
 
-CanStitch = Callable[[list[str]], tuple[bool, str]]
 ProfileOf = Callable[[list[str]], KernelProfile]
 # The nodes of a pattern whose reductions lie outside its main reduction space.
 OtherSpace = Callable[[list[str]], list[str]]
 
 BEAM_WIDTH = 3  # paper 5.3
-MAX_PATTERN_KERNELS = 16  # bounds each candidate's cost; on the synthetic bench 16 gave fewer kernels than 8 or 32
+MAX_PATTERN_KERNELS = 16  # bounds each candidate's cost (the synthetic bench's best cap)
 
 
 @contextmanager
 def _collector_paused():
-    """The explorer allocates millions of small objects (candidate sets, traffic tuples,
-    decisions) that reference counting frees; the cyclic collector would only rescan the
-    growing heap over and over (17% of a 10k-node run, more on larger graphs), so it is
-    paused while the explorer builds its index and explores, then restored.
-
-    On resuming, the objects made meanwhile (millions, most alive in the explorer's caches)
-    would all sit in the youngest generation, and the first collection would scan them at
-    once (2 s of a 100k-node run). ``gc.freeze`` then ``gc.unfreeze`` hand every tracked
-    object to the oldest generation instead, where the survivors would end up anyway, in
-    constant time. A process that froze objects itself (``gc.freeze`` before a fork) keeps
-    its frozen generation: then the collector scans as it would."""
+    """The cyclic collector paused while the explorer runs: its millions of small objects
+    are freed by reference counting, and the collector would only rescan the growing heap.
+    On resuming, ``gc.freeze`` then ``gc.unfreeze`` hand them to the oldest generation at
+    once, instead of a first collection scanning them all (a process's own frozen
+    generation, from ``gc.freeze`` before a fork, is kept: then the collector scans)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -136,7 +86,7 @@ class Explorer(CandidatePatterns):
         self.other_space = other_space
         self.evaluator = costmodel.delta.delta_evaluator(device)
         self._can_stitch = can_stitch
-        self._buildable: dict[frozenset[str], tuple[bool, str]] = {}
+        self._buildable: dict[frozenset[str], Refusal | None] = {}
         self._named: dict[frozenset[str], tuple[str, ...]] = {}
         # GraphIndex.traffic and PatternModel.gather of the patterns later ones grow from
         # (each kernel alone, kept candidates) and, for traffic, of the kernels of every plan
@@ -155,16 +105,17 @@ class Explorer(CandidatePatterns):
         with _collector_paused():
             self.index = GraphIndex(graph)
             self.model = PatternModel(self.index)
-            # The delta-evaluator's penalty of each kernel alone (see the module docstring).
+            # The delta-evaluator's penalty of each kernel alone (f is relative to it).
             self._alone = {}
             for n in self.index.participants:
                 single = frozenset((n,))
                 facts = self._facts[single] = self.model.gather(single)
                 self._alone[n] = self._penalty_us(self.traffic(single), facts)
-        # Decisions as (pattern, ok, reason): the latest per pattern and all of them in
-        # order; ``run`` turns them into ``Decision``s (nodes in topological order) once.
-        self._latest: dict[frozenset[str], tuple[bool, str]] = {}
-        self._history: list[tuple[frozenset[str], bool, str]] = []
+        # Decisions as (pattern, kind, reason), kind None when accepted: the latest per
+        # pattern and all of them in order; ``run`` turns them into ``Decision``s (nodes in
+        # topological order) once.
+        self._latest: dict[frozenset[str], tuple[enum.Enum | None, str]] = {}
+        self._history: list[tuple[frozenset[str], enum.Enum | None, str]] = []
         self.decisions: dict[frozenset[str], Decision] = {}  # the latest, after ``run``
         self.growth: dict[str, list[Candidate]] = {}
         self.ready: dict[str, list[Candidate]] = {}
@@ -179,19 +130,21 @@ class Explorer(CandidatePatterns):
             names = self._named[nodes] = tuple(sorted(nodes, key=self.index.order.__getitem__))
         return names
 
-    def decide(self, nodes: frozenset[str], ok: bool, reason: str) -> None:
-        self._latest[nodes] = (ok, reason)
-        self._history.append((nodes, ok, reason))
+    def decide(self, nodes: frozenset[str], kind: enum.Enum | None, reason: str) -> None:
+        """Record a decision on ``nodes``: accepted when ``kind`` is None, else refused."""
+        self._latest[nodes] = (kind, reason)
+        self._history.append((nodes, kind, reason))
 
-    def can_stitch(self, nodes: frozenset[str]) -> tuple[bool, str]:
-        result = self._buildable.get(nodes)
-        if result is None:
-            result = self._buildable[nodes] = self._can_stitch(list(self._names(nodes)))
-        return result
+    def can_stitch(self, nodes: frozenset[str]) -> Refusal | None:
+        """The code generator's answer (None: it builds ``nodes``), asked once per pattern."""
+        if nodes in self._buildable:
+            return self._buildable[nodes]
+        refusal = self._buildable[nodes] = self._can_stitch(list(self._names(nodes)))
+        return refusal
 
     def refused(self, nodes: frozenset[str]) -> bool:
         """Whether the code generator was asked about ``nodes`` and refused."""
-        return not self._buildable.get(nodes, (True, ""))[0]
+        return self._buildable.get(nodes) is not None
 
     def latency_us(self, nodes: frozenset[str]) -> float:
         """Modeled time of one kernel made of ``nodes`` (latency-evaluator)."""
@@ -291,9 +244,10 @@ class Explorer(CandidatePatterns):
                 union = frozenset().union(*parts)
                 packed_us = kernel_latency_us(packed_profile(
                     [self._profile(u) for u in parts]), self.device).total_us
-                ok, reason, packed_us = self._pack_check(union, packed_us, current_us + unit_us)
-                self.decide(union, ok, reason)
-                verdict = self._packs[parts] = (ok, packed_us, reason)
+                kind, reason, packed_us = self._pack_check(union, packed_us,
+                                                           current_us + unit_us)
+                self.decide(union, kind, reason)
+                verdict = self._packs[parts] = (kind is None, packed_us, reason)
             ok, packed_us, reason = verdict
             if ok:
                 union = frozenset().union(*parts)
@@ -301,10 +255,10 @@ class Explorer(CandidatePatterns):
                          [frozenset().union(*pack) for pack in packs]
                 if self.cycle_with(union, others):
                     ok = False
-                    self.decide(union, False, "remote fusion: a cycle with another kernel "
-                                               "of the plan")
-                elif not self._latest[union][0]:  # refused for a cycle in another plan
-                    self.decide(union, True, reason)
+                    self.decide(union, ExplorerRefusal.PLAN_CYCLE, "remote fusion: a cycle "
+                                "with another kernel of the plan")
+                elif self._latest[union][0] is not None:  # refused for a cycle in another plan
+                    self.decide(union, None, reason)
             if ok:
                 current.append(unit)
                 current_us = packed_us
@@ -316,27 +270,33 @@ class Explorer(CandidatePatterns):
             packs.append(current)
         return packs
 
-    def _pack_check(self, union, packed_us, separate_us) -> tuple[bool, str, float]:
-        """(ok, reason, modeled us of the pack): ``packed_us`` is the estimate from the
-        parts' profiles; once the code generator has built the pack and ``profile_of`` prices
-        it, the built kernel's time decides instead."""
+    def _pack_check(self, union, packed_us, separate_us
+                    ) -> tuple[enum.Enum | None, str, float]:
+        """(refusal kind or None, reason, modeled us of the pack): ``packed_us`` is the
+        estimate from the parts' profiles; once the code generator has built the pack and
+        ``profile_of`` prices it, the built kernel's time decides instead."""
         if len(union) > self.max_pattern:
-            return False, f"remote fusion: more than {self.max_pattern} kernels", packed_us
+            return (ExplorerRefusal.TOO_LARGE,
+                    f"remote fusion: more than {self.max_pattern} kernels", packed_us)
         if packed_us >= separate_us:
-            return False, (f"remote fusion: packed {packed_us:.3f} us >= separate "
-                           f"{separate_us:.3f} us (modeled)"), packed_us
+            return ExplorerRefusal.NOT_FASTER, (
+                f"remote fusion: packed {packed_us:.3f} us >= separate {separate_us:.3f} us "
+                "(modeled)"), packed_us
         if self.index.creates_cycle(union):
-            return False, "remote fusion: cycle through an outside kernel", packed_us
-        ok, reason = self.can_stitch(union)
-        if not ok:
-            return False, f"remote fusion: code generator: {reason}", packed_us
+            return (ExplorerRefusal.CYCLE, "remote fusion: cycle through an outside kernel",
+                    packed_us)
+        refusal = self.can_stitch(union)
+        if refusal is not None:
+            return (refusal.kind, f"remote fusion: code generator: {refusal.detail}",
+                    packed_us)
         if self.profile_of is not None:
             packed_us = self.latency_us(union)
             if packed_us >= separate_us:
-                return False, (f"remote fusion: the built pack {packed_us:.3f} us >= "
-                               f"separate {separate_us:.3f} us (modeled)"), packed_us
-        return True, (f"remote fusion (kernel packing): {packed_us:.3f} us < "
-                      f"{separate_us:.3f} us separate (modeled); {reason}"), packed_us
+                return ExplorerRefusal.NOT_FASTER, (
+                    f"remote fusion: the built pack {packed_us:.3f} us >= separate "
+                    f"{separate_us:.3f} us (modeled)"), packed_us
+        return None, (f"remote fusion (kernel packing): {packed_us:.3f} us < "
+                      f"{separate_us:.3f} us separate (modeled)"), packed_us
 
     # -- 4. the plan ------------------------------------------------------------------------
 
@@ -490,10 +450,13 @@ class Explorer(CandidatePatterns):
         """``kernels`` split where they form a cycle through each other
         (``KernelDag.split_cycles``), and a note of what was split."""
         def buildable(nodes: frozenset[str]) -> bool:
-            ok, reason = self.can_stitch(nodes)
-            self.decide(nodes, ok, "part of a kernel split where the plan's kernels formed a "
-                         f"cycle: {reason}" if ok else f"code generator: {reason}")
-            return ok
+            refusal = self.can_stitch(nodes)
+            if refusal is None:
+                self.decide(nodes, None, "part of a kernel split where the plan's kernels "
+                                         "formed a cycle")
+            else:
+                self.decide(nodes, refusal.kind, f"code generator: {refusal.detail}")
+            return refusal is None
 
         kernels, split = self.index.split_cycles(kernels, parts, buildable)
         return kernels, (f"; {len(split)} kernel(s) split where the plan's kernels formed a "
@@ -506,8 +469,8 @@ class Explorer(CandidatePatterns):
         latest: dict[frozenset[str], Decision] = {}
         history = []
         names = self._names
-        for nodes, ok, reason in self._history:
-            decision = latest[nodes] = Decision(names(nodes), ok, reason)
+        for nodes, kind, reason in self._history:
+            decision = latest[nodes] = Decision(names(nodes), kind, reason)
             history.append(decision)
         self.decisions = latest
         return history

@@ -1,2 +1,2 @@
-"""hlo/: HLO text -> Module (parser), Module -> text (printer), numpy evaluator."""
+"""hlo/: HLO text -> Module (parser), Module -> text (ir), attributes (attrs), numpy evaluator."""
 from .ir import Computation, HloParseError, Instruction, Module, Shape

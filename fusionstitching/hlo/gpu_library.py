@@ -1,33 +1,10 @@
-"""Numpy evaluation of XLA:GPU's opaque nodes, so a GPU module can be executed on this CPU.
+"""XLA:GPU's library calls evaluated on numpy, so that a GPU module runs on this CPU.
 
-XLA:GPU hands some work to libraries; its optimized HLO then holds nodes whose meaning lives
-in their ``backend_config`` rather than in HLO ops:
-
-- cuBLAS GEMMs, ``custom-call``s to ``__cublas$gemm`` and ``__cublas$lt$matmul``:
-  ``gemm_backend_config`` gives ``alpha_real`` (scale of the product), ``beta`` (scale of an
-  addend operand C), ``dot_dimension_numbers`` and an ``epilogue`` (``DEFAULT``, ``BIAS``,
-  ``RELU``, ``GELU``, their ``BIAS_`` forms and ``GELU_AUX``, which also returns the
-  pre-activation). The result is a tuple ``(D, [aux,] workspace)``.
-- cuDNN convolutions, ``custom-call``s to ``__cudnn$convForward`` and
-  ``__cudnn$convBiasActivationForward``: ``window``, ``dim_labels`` and
-  ``feature_group_count`` as on an HLO convolution; ``cudnn_conv_backend_config`` gives
-  ``conv_result_scale``, ``side_input_scale`` and ``activation_mode``. Result
-  ``(output, scratch)``.
-- cuDNN convolution gradients, ``custom-call``s to ``__cudnn$convBackwardInput`` (operands
-  ``(d_output, filter)``, result the input's gradient) and ``__cudnn$convBackwardFilter``
-  (operands ``(input, d_output)``, result the filter's gradient). Their ``window``,
-  ``dim_labels`` (``input_filter->output``) and ``feature_group_count`` are those of the
-  forward convolution they differentiate (XLA's conv_rewriter turns the transposed
-  convolutions of a gradient back into that forward description); ``conv_result_scale``
-  scales the result. Result ``(gradient, scratch)``.
-- Triton GEMM fusions (``kind=kCustom`` with fusion kind ``__triton_gemm`` or
-  ``__triton_nested_gemm_fusion``): plain HLO, a dot with its fused producers and consumers,
-  so evaluating the fused computation is their meaning.
-
-Operand order and epilogue semantics follow XLA's gemm_rewriter / cublas_lt_matmul_thunk and
-cudnn_fused_conv_rewriter. Workspace and scratch outputs are zero-filled: nothing reads them.
-The entry point is ``evaluate_custom_call(module, inst, operands)``; any other target raises
-``UnsupportedOp`` with the target's name.
+cuBLAS GEMMs (``__cublas$gemm``, ``__cublas$lt$matmul``: alpha, beta, epilogues) and cuDNN
+convolutions (forward, bias + activation, input and filter gradients) as their
+``backend_config`` says, following XLA's gemm and cuDNN rewriters; workspace and scratch
+outputs are zero-filled. Importing this module registers the calls with the evaluator;
+``evaluate_custom_call`` also takes Triton GEMM fusions (plain HLO: their fused computation).
 """
 from __future__ import annotations
 
@@ -36,8 +13,11 @@ import math
 
 import numpy as np
 
-from .evaluator import (UnsupportedOp, _accumulation_dtype, _convolution, _pad_array, _Window,
-                        evaluate_computation)
+from .attrs import ConvDims, Window
+from .eval_movement import pad_array
+from .eval_reduce import convolution, window_offsets, window_pad, window_slices
+from .eval_values import UnsupportedOp, accumulation_dtype
+from .evaluator import evaluate_computation, register_custom_call
 from .ir import Instruction, Module, Shape
 
 GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul")
@@ -153,11 +133,11 @@ def _cudnn_convolution(inst: Instruction, operands: list):
     narrow = out_shape.numpy_dtype.kind == "f" and out_shape.numpy_dtype.itemsize < 4
     as_convolution = dataclasses.replace(
         inst, opcode="convolution", shape=Shape("f32", out_shape.dims) if narrow else out_shape)
-    result = _convolution(None, as_convolution, operands[:2]).astype(np.float32) * float(
+    result = convolution(None, as_convolution, operands[:2]).astype(np.float32) * float(
         config.get("conv_result_scale", 1))
     if inst.custom_call_target == "__cudnn$convBiasActivationForward":
         bias = operands[2]  # over the output feature dimension
-        feature = inst.attrs["dim_labels"].split("->")[1].index("f")
+        feature = ConvDims.parse(inst.attrs).output_labels.index("f")
         result = result + np.reshape(bias, [-1 if d == feature else 1
                                             for d in range(result.ndim)])
         if len(operands) > 3:
@@ -177,7 +157,7 @@ def _cudnn_convolution_gradient(inst: Instruction, operands: list):
     """``__cudnn$convBackwardInput`` / ``__cudnn$convBackwardFilter``: the adjoint of the
     forward convolution that the call's window, dim_labels and feature_group_count describe.
 
-    Computed in the canonical layouts of ``evaluator._convolution`` (input [N, C, spatial...],
+    Computed in the canonical layouts of ``eval_reduce.convolution`` (input [N, C, spatial...],
     filter [O, I, spatial...]) with the same tap loop, transposed: the forward convolution adds
     ``patch(offset) . w[offset]`` into the output for every kernel tap; its filter gradient at a
     tap is ``patch(offset)^T . dy``, its input gradient scatters ``dy . w[offset]`` back to the
@@ -190,16 +170,15 @@ def _cudnn_convolution_gradient(inst: Instruction, operands: list):
     if config.get("activation_mode", "kNone") != "kNone":
         raise UnsupportedOp(f"%{inst.name}: cuDNN {inst.custom_call_target} with activation "
                             f"{config['activation_mode']}")
-    if int(inst.attrs.get("batch_group_count", "1")) != 1:
+    conv = ConvDims.parse(inst.attrs)
+    if conv.batch_group_count != 1:
         raise UnsupportedOp(f"%{inst.name}: cuDNN convolution with batch_group_count")
     shapes = list(inst.shape.tuple_shapes) if inst.shape.is_tuple else [inst.shape]
     out_shape = shapes[0]
-    input_labels, rest = inst.attrs["dim_labels"].split("_", 1)
-    filter_labels, output_labels = rest.split("->")
-    spatial = "".join(str(i) for i in range(len(input_labels) - 2))
-    groups = int(inst.attrs.get("feature_group_count", "1"))
-    window = _Window.parse(inst.attrs.get("window"), len(spatial))
-    acc = _accumulation_dtype(out_shape.numpy_dtype)
+    input_labels, filter_labels, output_labels = (
+        conv.input_labels, conv.filter_labels, conv.output_labels)
+    spatial, groups, window = conv.spatial, conv.feature_group_count, conv.window
+    acc = accumulation_dtype(out_shape.numpy_dtype)
 
     def canonical(array, labels, order):
         return np.transpose(array, [labels.index(c) for c in order]).astype(acc)
@@ -226,44 +205,44 @@ def _cudnn_convolution_gradient(inst: Instruction, operands: list):
     return _with_scratch([_cast(result, out_shape)], shapes)
 
 
-def _padded_positions(window: _Window, sizes) -> list[np.ndarray]:
+def _padded_positions(window: Window, sizes) -> list[np.ndarray]:
     """Per spatial dim: for each position of the padded (base-dilated) input, the input
     element placed there, or -1 for padding."""
-    return [_pad_array(np.arange(n), -1, [(lo, hi, d - 1)])
+    return [pad_array(np.arange(n), -1, [(lo, hi, d - 1)])
             for n, (lo, hi), d in zip(sizes, window.padding, window.base_dilation)]
 
 
-def _filter_gradient(x, dy, filter_dims, window: _Window, groups: int) -> np.ndarray:
+def _filter_gradient(x, dy, filter_dims, window: Window, groups: int) -> np.ndarray:
     """d(sum(dy * conv(x, w)))/dw, canonical layouts; filter_dims = [O, I, spatial...]."""
     out_features, in_per_group, *kernel = filter_dims
     if list(window.size) != kernel:
-        raise UnsupportedOp(f"window size {window.size} does not match filter {kernel}")
-    x = window.pad(x, np.zeros((), x.dtype), leading=2)
+        raise UnsupportedOp(f"window size {list(window.size)} does not match filter {kernel}")
+    x = window_pad(window, x, np.zeros((), x.dtype), leading=2)
     batch, out_sizes = x.shape[0], list(dy.shape[2:])
     x = x.reshape(batch, groups, in_per_group, *x.shape[2:])
     dy = dy.reshape(batch, groups, out_features // groups, -1)  # output positions flattened
     grad = np.zeros((groups, out_features // groups, in_per_group, *kernel), x.dtype)
-    for offset in window.offsets():
-        patch = x[(slice(None),) * 3 + window.slices(offset, out_sizes)]
+    for offset in window_offsets(window):
+        patch = x[(slice(None),) * 3 + window_slices(window, offset, out_sizes)]
         grad[(Ellipsis,) + offset] = np.einsum("ngip,ngop->goi",
                                                patch.reshape(*patch.shape[:3], -1), dy)
     return grad.reshape(out_features, in_per_group, *kernel)
 
 
-def _input_gradient(dy, w, input_dims, window: _Window, groups: int) -> np.ndarray:
+def _input_gradient(dy, w, input_dims, window: Window, groups: int) -> np.ndarray:
     """d(sum(dy * conv(x, w)))/dx, canonical layouts; input_dims = [N, C, spatial...]."""
     batch, features, *sizes = input_dims
     out_features, in_per_group = w.shape[:2]
     if features != groups * in_per_group or list(window.size) != list(w.shape[2:]):
         raise UnsupportedOp(f"filter {list(w.shape)} does not fit input {input_dims} with "
-                            f"{groups} feature groups and window size {window.size}")
+                            f"{groups} feature groups and window size {list(window.size)}")
     positions = _padded_positions(window, sizes)
     out_sizes = list(dy.shape[2:])
     w = w.reshape(groups, out_features // groups, in_per_group, *w.shape[2:])
     dy = dy.reshape(batch, groups, out_features // groups, *out_sizes)
     padded = np.zeros((batch, groups, in_per_group, *(len(p) for p in positions)), dy.dtype)
-    for offset in window.offsets():  # each tap's window positions are distinct: no collisions
-        padded[(slice(None),) * 3 + window.slices(offset, out_sizes)] += np.einsum(
+    for offset in window_offsets(window):  # each tap's window positions are distinct: no collisions
+        padded[(slice(None),) * 3 + window_slices(window, offset, out_sizes)] += np.einsum(
             "ngo...,goi->ngi...", dy, w[(Ellipsis,) + offset])
     grad = padded.reshape(batch, features, *padded.shape[3:])
     for axis, (source, n) in enumerate(zip(positions, sizes), start=2):  # undo pad and dilation
@@ -288,3 +267,7 @@ def _with_scratch(values: list, shapes: list[Shape]):
         return values[0]
     scratch = [np.zeros(s.dims, s.numpy_dtype) for s in shapes[len(values):]]
     return tuple(values + scratch)
+
+
+for _target in GEMM_TARGETS + CONV_TARGETS + BACKWARD_CONV_TARGETS:
+    register_custom_call(_target, evaluate_custom_call)

@@ -1,21 +1,9 @@
 """HLO text -> ``ir.Module``: a small cursor-based lexer and a recursive-descent parser.
 
-Grammar (what XLA's ``HloModule::ToString`` prints; whitespace and ``/* */`` / ``//`` comments
-may appear between tokens, as in XLA's own lexer):
-
-    module      := 'HloModule' name (',' attr)* NEWLINE section* computation+
-    section     := WORD NEWLINE (line NEWLINE)* BLANK_LINE     (FileNames, StackFrames, ...)
-    computation := 'ENTRY'? name signature? '{' instruction+ '}' (',' attr)*
-    signature   := '(' (name ':' shape (',' name ':' shape)*)? ')' '->' shape
-    instruction := 'ROOT'? name '=' shape opcode '(' operands ')' (',' attr)*
-    operands    := literal text (constant) | INT (parameter) | (shape? name (',' shape? name)*)?
-    attr        := name '=' value       value: raw text, balanced over (), [], {} and "strings"
-    shape       := '(' (shape (',' shape)*)? ')' | dtype '[' (('<=')? INT ,...)? ']' layout?
-    layout      := '{' (INT ,...)? (':' raw suffix)? '}'            (directly after ']')
-
-Attribute values and constant literals stay raw text (ir.Instruction keeps them that way); the
-bracket scanner uses an explicit stack and tuple shapes have a depth limit, so any input ends in
-either a Module or an HloParseError -- never a Python-level IndexError or RecursionError.
+It reads what XLA's ``HloModule::ToString`` prints, with comments between tokens as XLA's own
+lexer allows. Attribute values and constant literals stay raw text. The bracket scanner keeps
+an explicit stack and tuple shapes have a depth limit, so any input ends in either a Module or
+an HloParseError, never an IndexError or RecursionError.
 """
 from __future__ import annotations
 

@@ -1,41 +1,24 @@
-"""Run HLO text through XLA:CPU (jaxlib), as a second opinion next to the numpy evaluator.
+"""HLO text through XLA:CPU (jaxlib): the second opinion next to the numpy evaluator.
 
-``optimized_hlo_text(compiled)`` is ``Compiled.as_text()`` with large constants printed: plain
-``as_text()`` elides them as ``{...}``, which neither the evaluator nor XLA's parser can use.
-
-``run_hlo_with_xla(text, args)`` parses the text with XLA's own parser, converts it to StableHLO,
-recompiles it with the XLA:CPU backend of the installed jaxlib and runs it on ``args``.
-
-What it can run:
-  * optimized HLO dumped by XLA:CPU (``jax.jit(f).lower(...).compile().as_text()``) and
-    pre-optimization HLO from any frontend;
-  * optimized XLA:GPU HLO as long as it only uses plain HLO ops: fusions are rewritten to
-    ``call`` (XLA:CPU refuses fusions it did not make itself, e.g. "Fusion must have backend
-    config"; calls are inlined by its pipeline, so the fused computations run unchanged).
-
-Where XLA rejects the fusions-as-calls form (bitcasts between layouts inside called
-computations), the module is compiled the way the runtime compiles rewritten modules:
-fusions inlined, layouts dropped, bitcasts written as the logical ops they stand for
-(``runtime.rewrite.normalize_for_xla``).
-
-cuDNN convolutions of XLA:GPU modules (forward, bias + activation, input and filter
-gradients) are first written as the HLO convolutions they stand for (``cudnn_calls_as_hlo``).
-
-What it cannot run:
-  * other ``custom-call``s to backend libraries (cuBLAS gemms; Triton kernels and
-    ``__ynn_fusion`` bodies are fine since they are plain fusions) -- XLA:CPU has no such targets;
-  * collectives and multi-device programs (one CPU device only);
-  * non-default entry layouts are not honoured: arguments and results are logical
-    (row-major) arrays, which is what callers of this helper pass anyway.
-
-The module is recompiled, so XLA:CPU re-optimizes it: the result checks the HLO's semantics,
-not the exact kernels of the dump (summation order and f32->bf16->f32 round trips may differ).
+``run_hlo_with_xla`` parses the text with XLA's own parser, converts it to StableHLO and runs
+it on XLA:CPU: fusions become calls (where XLA rejects that, the module is normalized as the
+runtime's is, normalize.py) and cuDNN calls the HLO convolutions they stand for. XLA
+re-optimizes, so this checks semantics, not the dump's kernels. ``widened_to_f64`` and
+``drift_problems`` judge an f32 result by XLA's own f32 distance from its f64 result;
+``optimized_hlo_text`` prints large constants in full (``as_text()`` elides them).
 """
 from __future__ import annotations
 
 import re
 
 import numpy as np
+
+from .attrs import ConvDims
+from .eval_values import UnsupportedOp
+from .gpu_library import BACKWARD_CONV_TARGETS, CONV_TARGETS
+from .ir import Instruction, Shape, print_module
+from .normalize import normalize_for_xla
+from .parser import parse_module
 
 # A fusion instruction: ``= <shape> fusion(...), kind=kLoop, calls=%comp``.
 _FUSION_OPCODE = re.compile(r"(\s)fusion\(")
@@ -70,10 +53,6 @@ def run_hlo_with_xla(text: str, args: list) -> list[np.ndarray]:
         # Called computations keep their bitcasts' layouts, which the StableHLO route drops
         # ("layout minor_to_major field contains ..."): then take the route the runtime uses,
         # fusions inlined and bitcasts written as the reshapes/transposes they mean.
-        from ..runtime.rewrite import normalize_for_xla
-        from .parser import parse_module
-        from .printer import print_module
-
         executable = compile_text(print_module(normalize_for_xla(parse_module(text))))
     # XLA must receive exactly the module's parameter types: without x64, device_put
     # narrows s64/u64/f64 arrays to 32 bits.
@@ -88,22 +67,15 @@ def run_hlo_with_xla(text: str, args: list) -> list[np.ndarray]:
 # not our evaluator, runs it. Gradients are the transposed convolutions JAX's own transpose
 # rules build (jax._src.lax.convolution: _conv_general_dilated_transpose_lhs / _rhs).
 
-_CUDNN_FORWARD = ("__cudnn$convForward", "__cudnn$convBiasActivationForward")
-_CUDNN_GRADIENT = ("__cudnn$convBackwardInput", "__cudnn$convBackwardFilter")
-
-
 def cudnn_calls_as_hlo(text: str) -> str:
     """The module with every cuDNN convolution custom call replaced by HLO ops (a tuple of the
     result and the zero-filled scratch buffer, as the call returns)."""
-    from .parser import parse_module
-    from .printer import print_module
-
     module = parse_module(text)
     for comp in module.computations:
         lowered, shapes = [], {i.name: i.shape for i in comp.instructions}
         for inst in comp.instructions:
             if inst.opcode == "custom-call" and inst.custom_call_target in (
-                    _CUDNN_FORWARD + _CUDNN_GRADIENT):
+                    CONV_TARGETS + BACKWARD_CONV_TARGETS):
                 lowered += _cudnn_as_hlo(inst, shapes)
             else:
                 lowered.append(inst)
@@ -138,19 +110,15 @@ def _swap(labels: str, a: str, b: str) -> str:
 def _cudnn_as_hlo(inst, shapes: dict) -> list:
     """The instructions that replace one cuDNN call (``shapes``: its computation's shapes by
     name); the last is a tuple named as the call."""
-    from .evaluator import UnsupportedOp, _Window
-    from .ir import Instruction, Shape
-
     config = (inst.attr_json() or {}).get("cudnn_conv_backend_config", {})
     out_shape, scratch_shape = inst.shape.tuple_shapes
     dtype = out_shape.dtype
-    input_labels, rest = inst.attrs["dim_labels"].split("_", 1)
-    filter_labels, output_labels = rest.split("->")
-    rank = len(input_labels) - 2
-    window = _Window.parse(inst.attrs.get("window"), rank)
+    conv = ConvDims.parse(inst.attrs)
+    input_labels, filter_labels, output_labels = (
+        conv.input_labels, conv.filter_labels, conv.output_labels)
+    rank, window, groups = len(conv.spatial), conv.window, conv.feature_group_count
     if any(window.reversal):
         raise UnsupportedOp(f"%{inst.name}: cuDNN convolution with a reversed window")
-    groups = int(inst.attrs.get("feature_group_count", "1"))
     name, target = inst.name, inst.custom_call_target
     new: list = []
 
@@ -177,7 +145,7 @@ def _cudnn_as_hlo(inst, shapes: dict) -> list:
         return shapes[inst.operands[i]].dims
 
     lhs, rhs = inst.operands[:2]
-    if target in _CUDNN_FORWARD:
+    if target in CONV_TARGETS:
         attrs = {"window": inst.attrs.get("window", "{}"), "dim_labels": inst.attrs["dim_labels"]}
         if groups != 1:
             attrs["feature_group_count"] = str(groups)
@@ -239,9 +207,6 @@ def _cudnn_as_hlo(inst, shapes: dict) -> list:
 
 
 def _activation(config, x, binary, full, add, shape, name):
-    from .evaluator import UnsupportedOp
-    from .ir import Shape
-
     mode = config.get("activation_mode", "kNone")
     if mode == "kNone":
         return x

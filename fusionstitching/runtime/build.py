@@ -1,20 +1,12 @@
 """Build the stitched executable for one compiled jax function (one input signature).
 
-    XLA's optimized HLO --parse--> Module --pipeline.stitch_module--> plan + kernel specs
-      --host (kernel cache)--> native kernels --ffi--> FFI targets
-      --rewrite--> HLO with custom calls --XLA compile--> executable --swap--> jax Compiled
+    XLA's optimized HLO -> pipeline.stitch_module -> host kernels (kernel cache) -> FFI
+    targets -> rewrite (custom calls) -> XLA compile -> the stitched jax Compiled
 
-With a cache directory, the first build of a module also stores its *plan* (kernel keys,
-rewritten HLO, Reports) under a fingerprint of XLA's optimized HLO and the options; another
-process compiling the same function then skips parsing, exploring and code generation and
-only loads object code and runs XLA's compile (its Report shows zero explore/codegen time
-and ``cache.plan == "hit"``).
-
-A kernel whose host build or FFI registration fails, or that crashes or hangs in a forked
-trial (crash_check.py), is left to XLA (a ``host`` / ``ffi`` / ``trial`` fallback) and the
-plan is recounted without it, so the Report's ``fs`` numbers describe the kernels that are
-really in the executable. A failure of a whole-module step raises
-``BuildError`` naming the stage; the caller then runs XLA's own executable.
+With a cache directory the module's plan is stored too: another process compiling the same
+function only loads object code and runs XLA's compile. A kernel whose host build, FFI
+registration or forked trial fails is left to XLA and the plan recounted without it; a
+failed whole-module step raises ``BuildError`` naming the stage.
 """
 from __future__ import annotations
 
@@ -28,7 +20,7 @@ from dataclasses import dataclass
 
 from .. import pipeline
 from ..hlo.parser import parse_module
-from ..hlo.printer import print_module
+from ..hlo.ir import print_module
 from ..hlo.xla_runner import optimized_hlo_text
 from ..report import Fallback, KernelReport, PlanSummary, Report, Times, Verify
 from . import cache as kernel_cache

@@ -1,27 +1,11 @@
 """Kernel cache: host kernels' native object code on disk, shared by the processes of a job.
 
-Compiling a host kernel with LLVM (0.5-1.5 s each, see rewrite.py) dominates the extra JIT
-time, and every process of a data-parallel training job compiles the same kernels. So the
-object code LLVM emits for a kernel is stored under a fingerprint and loaded by the next
-process with MCJIT's ``add_object_file`` (milliseconds).
-
-Plans (runtime/build.py) are entries of the same format keyed by XLA's optimized HLO: they
-name their kernels by key, so a process that finds the plan loads everything it needs.
-
-- Key: sha256 of the kernel's LLVM IR text (it spells out the whole kernel: shapes, layouts,
-  schedule), the target triple, CPU and CPU features the object was built for, and the compiler versions
-  (this package and llvmlite, i.e. the LLVM inside it) plus the entry format.
-- Entry: ``<dir>/<key[:2]>/<key>.kernel`` = one line of JSON (symbol, payload size and sha256,
-  what was fingerprinted) followed by the raw payload (object bytes, or a plan's JSON). No pickle: reading an entry executes
-  nothing but the object code it names under the key the reader computed itself, and that
-  code is trusted only as far as the people who can write the directory (KernelCache).
-- Concurrency: entries are written to a temporary file in the same directory and published
-  with ``os.replace`` (atomic on POSIX), so a reader sees either no entry or a whole one; two
-  processes missing at once both compile and the last ``replace`` wins with identical bytes.
-- Trust and corruption: see KernelCache (write access is trust). Corruption (truncated
-  file, flipped bytes, other format) is detected by the size and
-  checksum in the header: the entry is rebuilt and overwritten, and the caller is told so it
-  can note it in the Report.
+LLVM's compile dominates the JIT time and every process of a job compiles the same kernels, so
+the object code is stored under a sha256 of the kernel's LLVM IR, target, CPU features and
+compiler versions, and loaded with MCJIT's ``add_object_file``; plans (runtime/build.py) are
+entries too, keyed by XLA's optimized HLO. An entry is one JSON header line and the raw
+payload (no pickle), published by ``os.replace``; its size and checksum catch damage (it is
+rebuilt). Write access is trust: see ``KernelCache``.
 """
 from __future__ import annotations
 

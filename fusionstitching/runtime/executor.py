@@ -1,44 +1,12 @@
 """Which executable runs a call: XLA's own, or the stitched one, swapped in without waiting.
 
-One ``Executor`` per compiled signature. Calls run ``active`` (first XLA's executable). When a
-stitched executable is built (at once, or on a background thread with ``async_compile``), it
-becomes the *candidate* and goes through a *trial* before it may run a user's call:
-
-1. the next call runs XLA's executable (its outputs are the call's result) and keeps copies of
-   its inputs and outputs (copies: the caller may donate or mutate them afterwards). That is
-   this call's only extra cost: one batched device copy of its inputs and outputs;
-2. on those copies the candidate runs once; with ``verify``, its outputs must match XLA's
-   (``verification.compare``) or it is dropped (a ``verify`` fallback);
-3. unless ``keep="stitched"``, both executables are timed on the copies, best of
-   ``TIMING_ROUNDS`` alternating runs, fewer once the candidate is ``CLEARLY_SLOWER`` ("never
-   slower": on a CPU the host kernels can lose to XLA:CPU's own). A candidate that is not
-   faster there is dropped without ever running a user's call;
-4. with ``async_compile`` the trial runs on a background thread while calls keep running XLA's
-   executable, so no call waits for it (its runs share the machine with the training loop:
-   on a CPU they slow the steps that overlap them a little, instead of one step by their sum).
-   Those times are taken while the loop competes for the machine, so a candidate that passes
-   them is confirmed on real calls: the next ``2 * TIMING_ROUNDS`` calls alternate between
-   the two executables, each call runs one of them and is timed, and the best times decide.
-   Without ``async_compile`` the trial runs inside the call that compiled (that call already
-   waits for the compiler) and its times decide;
-5. ``active`` is replaced by one assignment, so a concurrent call runs either executable whole.
-
-States (``RuntimeInfo.state``): building -> pending (built, waiting for a call's inputs) ->
-trial -> timing (async only) -> settled, or fallback at any point. A stitched call that raises
-falls back to XLA's executable for good (an ``execute`` fallback) and the same call is answered
-by XLA. With donated arguments that answer needs the inputs the failed call was given: if the
-stitched executable had already taken their buffers, they are gone and the call raises (copying
-donated inputs before every call to rule this out would undo the donation).
-
-Donated arguments: both executables donate what ``jax.jit`` was told to donate (the rewritten
-module keeps XLA's ``input_output_alias``). The trial never runs on the caller's buffers, and
-each of its runs gets fresh copies of the donated inputs.
-
-A front end whose calls are not jax calls (tf_hooks: a TF call reads variables and assigns
-their updates) subclasses ``Executor`` and overrides how a call runs one executable
-(``_execute``), what the trial call keeps (``_trial_call``) and which errors of a stitched
-call fall back (``_call_errors``); ``reference`` names the executable the stitched one
-replaces in the report and the messages.
+One ``Executor`` per compiled signature; calls run ``active`` (XLA's executable first). A built
+stitched executable becomes the candidate: the next call runs XLA's and keeps copies of its
+inputs and outputs, on which the candidate runs once (checked with ``verify``) and both are
+timed unless ``keep="stitched"`` (with ``async_compile`` on a background thread, then confirmed
+on real calls); the faster becomes ``active`` by one assignment. States: building -> pending
+-> trial -> timing (async) -> settled, or fallback. A front end whose calls are not jax calls
+(tf_hooks) subclasses it (``_execute``, ``_trial_call``, ``_call_errors``).
 """
 from __future__ import annotations
 
@@ -58,9 +26,8 @@ from .build import BuildError, Built, reason
 log = logging.getLogger("fusionstitching")
 
 TIMING_ROUNDS = 3
-# After a round, a stitched time this many times XLA's ends the timing: single steps of the
-# MLP loop on this shared CPU vary up to ~2.5x (median 15 ms, max 37 ms under load), so 3x is
-# beyond noise, and our host kernels there are 3-4x slower than XLA:CPU's.
+# After a round, a stitched time this many times XLA's ends the timing: beyond the noise of
+# single steps on a shared CPU.
 CLEARLY_SLOWER = 3.0
 KEEP_CHOICES = ("fastest", "stitched")
 # Nice value of background threads (build, trial): they take the CPU the training loop leaves.

@@ -1,14 +1,10 @@
 """Files we write into directories the user named (``--dump_to``, ``--report``, the kernel
 cache), and the one-warning rule for our I/O.
 
-- A file is written to a fresh temporary name in the same directory (``O_CREAT | O_EXCL |
-  O_NOFOLLOW``) and published with ``os.replace``: a symlink planted under the final name is
-  replaced, never followed, and a reader never sees half a file.
-- An I/O failure of ours must not fail the user's job: callers catch ``OSError`` and report it
-  with ``warn_once``, one warning per topic (a dump directory, a report path) per process,
-  however many functions run into it.
-
-Kept free of heavy imports: the start-up hook (tf_hooks) uses it.
+A file is written to a fresh temporary name (``O_EXCL | O_NOFOLLOW``) and published with
+``os.replace``: a planted symlink is replaced, never followed, and no reader sees half a file.
+An I/O failure of ours is one warning per topic per process (``warn_once``), never the end of
+the user's job. Kept free of heavy imports: the start-up hook (tf_hooks) uses it.
 """
 from __future__ import annotations
 

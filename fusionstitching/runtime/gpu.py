@@ -1,40 +1,11 @@
 """GPU launch path: the stitched kernels as custom calls that launch their PTX on XLA's stream.
 
-The same module rewrite as the CPU route (``rewrite.py``): each stitched pattern becomes one
-``custom-call`` whose target name is the kernel's name (``fusionstitching_...``), everything
-else goes back to XLA to re-fuse. What differs is the target behind the name.
-
-Route: jaxlib's Triton kernel-call FFI handler (``triton_kernel_call_ffi`` in
-``jax_cuda12_plugin._triton``, what jax-triton and Pallas use) launches any PTX kernel: its
-``opaque`` attribute is a zlib-compressed ``TritonAnyKernelCall`` proto holding the kernel
-name, the PTX, ``num_warps`` (block = 32 * num_warps threads in x), dynamic shared memory,
-grid and one entry per buffer; at initialization it assembles the PTX with ptxas for the
-proto's compute capability, and each execution is one ``cuLaunchKernel`` on the stream XLA
-gives the custom call (``PlatformStream``), with the buffers' device pointers in the order
-operands then results. That is exactly our kernel ABI (``codegen/nvptx.py``: one pointer
-parameter per buffer, inputs then outputs), so no launcher of our own is needed. We register
-the *same* handler bundle under each kernel's name, so XLA's optimized HLO shows which
-stitched kernel runs where (a plain ``triton_kernel_call_ffi`` would hide it).
-
-Choices that follow from how the launcher works:
-
-- dynamic shared memory is 0: our shared arrays are static ``.shared`` globals in the PTX
-  (ptxas counts them; the static limit is 48 KiB per block), and the launcher's
-  ``shared_mem_bytes`` would be allocated *in addition* as dynamic shared memory;
-- the launcher appends two null pointers (Triton's scratch arguments) after the buffers;
-  ``cuLaunchKernel`` reads only the parameters the kernel declares, so they are ignored;
-- ``ptr_divisibility`` 16 makes the launcher refuse, with an error, a buffer XLA did not
-  align to 16 bytes instead of running a kernel whose vector accesses would fault;
-- ``bytes_to_zero`` 0: every kernel writes each element of its outputs (no atomics).
-
-XLA's GPU compiler checks at compile time that an FFI handler is registered for every
-custom-call target, so the process that compiles (and later the one that runs) registers the
-targets first: ``register_launch_targets``; ``compile_for_gpu_deviceless`` does it from the
-HLO text itself, also in the child process a deviceless compile may need (capture.py).
-
-Public entry points: ``rewrite_for_gpu(module, result, arch) -> str`` (HLO text for XLA:GPU)
-and ``compile_for_gpu_deviceless(text, target) -> str`` (XLA:GPU's final optimized HLO,
-compiled for a GPU target without a GPU).
+The module rewrite is the CPU route's (``rewrite.py``); behind each kernel's custom-call target
+is jaxlib's Triton kernel-call FFI handler (``triton_kernel_call_ffi``), registered under the
+kernel's own name, which launches any PTX on XLA's stream with the buffers in our kernel ABI's
+order (inputs, then outputs). Targets are registered before XLA:GPU compiles
+(``register_launch_targets``). Entry points: ``rewrite_for_gpu(module, result, arch)`` and
+``compile_for_gpu_deviceless(text, target)`` (XLA:GPU's optimized HLO without a GPU).
 """
 from __future__ import annotations
 
@@ -47,11 +18,11 @@ import zlib
 from dataclasses import dataclass
 
 import costmodel
+from costmodel import WARP
 
 from .. import child_processes
 from ..codegen import compile_nvptx
-from ..hlo.ir import Module, Shape
-from ..hlo.printer import print_module
+from ..hlo.ir import Module, Shape, print_module
 from ..report import Fallback
 from .ffi import TARGET_PREFIX
 from .rewrite import RewriteError, rewrite_module
@@ -59,7 +30,6 @@ from .rewrite import RewriteError, rewrite_module
 log = logging.getLogger("fusionstitching")
 
 LAUNCHER = "triton_kernel_call_ffi"  # jaxlib's FFI handler that launches a PTX kernel
-WARP = 32
 MAX_THREADS_PER_BLOCK = 1024
 MAX_GRID_X = 2**31 - 1
 MAX_STATIC_SMEM_BYTES = 48 * 1024

@@ -1,86 +1,19 @@
 """Put the stitched kernels back into the program XLA executes.
 
-Route (measured with jax/jaxlib 0.10.2 on CPU):
-
-XLA does not take its own optimized HLO back as input. The only compile entry jaxlib 0.10
-exposes is ``Client.compile_and_load(<StableHLO/MLIR module>)``; there is no
-``XlaComputation`` / ``HloModuleProto`` compile, and no "run backend only" build option in
-its Python API. Going through ``hlo_to_stablehlo`` (HLO -> StableHLO) fails on optimized text:
-CPU fusions lose the ``backend_config`` the CPU emitter needs, ``copy`` has no StableHLO
-counterpart, and ``bitcast`` is a reinterpretation of the physical buffer that only means
-something together with the layouts StableHLO drops.
-
-So the rewrite turns the optimized module back into *pre-optimization style* HLO that says
-the same thing logically, and lets XLA optimize it again:
-
-1. ``replace_patterns``: each stitched pattern (XLA kernels in the entry computation) is
-   removed and replaced by one ``custom-call`` to its FFI target (``fusionstitching_...``,
-   ``api_version=API_VERSION_TYPED_FFI``); a multi-output kernel returns a tuple and one
-   ``get-tuple-element`` per output. The replacement instructions take the *names* of the
-   values they replace, so no user needs rewiring. The custom call pins the physical layouts
-   the kernel was generated for (``operand_layout_constraints`` and the result layout), which
-   survive the StableHLO route as ``operand_layouts`` / ``result_layouts``; XLA inserts any
-   transposes needed around it.
-2. ``normalize_for_xla``: every remaining fusion is inlined (its fused computation's
-   instructions go into the caller, the root takes the fusion's name), layouts are dropped
-   (every HLO op except ``bitcast`` is layout-independent), ``bitcast`` becomes the logical
-   transpose/reshape/transpose it stands for, ``copy`` (a logical identity) becomes a
-   same-shape ``reshape``, and ``backend_config`` and the scheduling header go.
-3. ``compile_hlo`` (``runtime/xla.py``): HLO text -> ``hlo_to_stablehlo`` -> the same compile
-   options ``jax.jit`` uses -> ``compile_and_load``. XLA runs its whole pipeline again: it
-   re-fuses what we left to it (its own rules, its own plan) and treats our custom calls as
-   opaque. The executable it returns is the program that runs; its ``as_text`` shows our
-   custom calls among XLA's kernels.
-
-The GPU launch path (``runtime/gpu.py``) is the same rewrite of XLA:GPU's optimized module:
-step 1 additionally gives each custom call a ``backend_config`` (jaxlib's Triton kernel-call
-proto with the kernel's PTX and launch dimensions) and the target names are registered to
-jaxlib's PTX launcher instead of host kernels.
-
-Why not the alternatives: keeping XLA's fusions as ``call``s (what hlo/xla_runner.py does for
-verification) compiles modules without layout changes, but fails on bitcasts between
-layouts (checked on the module of ``test_bitcast_between_layouts_becomes_logical_ops``:
-"layout minor_to_major field contains 1 elements, but shape has 2 dimensions"); handing XLA
-its optimized module unchanged is not possible through jaxlib's API.
-The running program is then dispatched by jax itself: ``runtime.xla.swap_executable`` puts
-the new executable into the ``jax.stages.Compiled`` that ``jax.jit`` built for the same
-signature (same parameters and results), so pytrees, argument checks and jax's C++ fast path
-are unchanged (measured: 139 us vs 150 us per call on a small function).
-
-Cost, measured on this CPU (shared machine, so +-30%): one more XLA compile per signature,
-of a module that is smaller than the original where patterns were replaced:
-
-    JAX LayerNorm 64x256: XLA compile of jax.jit 0.65 s; rewritten module 0.10 s
-        (the whole LayerNorm is one custom call); host kernel (LLVM -O3) 0.98 s.
-    MLP training step (LayerNorm, GELU, softmax cross-entropy, grads; 5 stitched patterns):
-        XLA compile 3.1 s; rewritten module 2.6 s; normalized module without any
-        replacement 5.0 s (XLA re-fuses more inlined ops); host kernels 0.5-1.5 s each.
-
-So the host-kernel compile, not XLA, dominates the extra JIT time: the kernel cache and the
-async swap (issue 3, later parts) are where that time goes away. The MLP step run under
-``fusionstitching.jit`` for 50 SGD steps gives the same loss as ``jax.jit`` (4.6959810e-2 vs
-4.6959758e-2).
-
-Limits: only the entry computation is rewritten (patterns inside while/conditional bodies are
-left to XLA); entry parameters and result must have default layouts (XLA picks row-major
-ones for the rewritten module; JAX always uses them); a bitcast that changes the element
-type, or an XLA-internal custom call that needs its backend_config, makes the rewrite raise
-``RewriteError`` and the caller falls back to XLA's own executable.
+``replace_patterns`` swaps each stitched pattern (XLA kernels of the entry computation) for
+one typed-FFI ``custom-call`` to its kernel, pinning the layouts it was generated for;
+``hlo/normalize.py`` turns the rest back into pre-optimization-style HLO; XLA compiles the
+result again (``runtime/xla.py``). ``RewriteError``: what the rewrite cannot express (the
+caller keeps XLA's executable). The route and why: docs/ARCHITECTURE.md, "runtime/".
 """
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-import numpy as np
-
-from ..hlo.ir import ELEMENT_BITS, Computation, Instruction, Module, Shape
-from ..hlo.printer import format_shape
+from ..hlo.ir import Instruction, Module, Shape, format_shape
+from ..hlo.normalize import RewriteError, normalize_for_xla
 from .ffi import TARGET_PREFIX
-
-
-class RewriteError(ValueError):
-    """The module cannot be rewritten into HLO that XLA accepts; the caller falls back."""
 
 
 def rewrite_module(module: Module, kernels: Sequence, targets: Sequence[str],
@@ -91,7 +24,8 @@ def rewrite_module(module: Module, kernels: Sequence, targets: Sequence[str],
     what the target needs at run time: the GPU launch path (runtime/gpu.py) puts each
     kernel's PTX and launch dimensions there; the CPU targets need none."""
     refuse_configured_custom_calls(module)
-    return normalize_for_xla(replace_patterns(module, kernels, targets, backend_configs))
+    return normalize_for_xla(replace_patterns(module, kernels, targets, backend_configs),
+                             pinned_prefix=TARGET_PREFIX)
 
 
 def refuse_configured_custom_calls(module: Module) -> None:
@@ -234,111 +168,3 @@ def _topological(instructions: list[Instruction]) -> list[Instruction]:
             stack.extend((by_name[op], False) for op in reversed(inst.operands)
                          if op not in placed)
     return order
-
-
-# -- 2. optimized HLO -> HLO that XLA compiles again -----------------------------------------
-
-def normalize_for_xla(module: Module) -> Module:
-    _require_default_entry_layouts(module.entry)
-    fused = {name for comp in module.computations for inst in comp.instructions
-             if inst.opcode == "fusion" for name in inst.called_computations}
-    computations = []
-    for comp in module.computations:
-        if comp.name in fused:
-            continue  # inlined into its caller
-        identity = {i.name: i.name for i in comp.instructions}
-        instructions = _lower_body(module, comp, identity, root_name=None)
-        names = [i.name for i in instructions]
-        if len(names) != len(set(names)):
-            raise RewriteError(f"inlining fusions into {comp.name} gives duplicate names")
-        computations.append(dataclasses.replace(comp, instructions=instructions))
-    return dataclasses.replace(module, computations=computations, header_attrs="")
-
-
-def _require_default_entry_layouts(entry: Computation) -> None:
-    """Dropping layouts lets XLA choose row-major ones for the entry's parameters and result;
-    the caller's buffers are laid out as the original module said, so both must agree."""
-    for inst in entry.parameters + [entry.root]:
-        for leaf in inst.shape.leaves():
-            if leaf.minor_to_major != tuple(range(leaf.rank - 1, -1, -1)):
-                raise RewriteError(f"entry value {inst.name} has the non-default layout "
-                                   f"{format_shape(leaf)}")
-
-
-def _lower_body(module: Module, comp: Computation, names: dict[str, str],
-                root_name: str | None) -> list[Instruction]:
-    """``comp``'s instructions in normalized form. ``names`` maps each name in ``comp`` to its
-    name in the output (for an inlined fusion: parameters -> the fusion's operands, the root ->
-    ``root_name``, everything else prefixed)."""
-    shapes = {i.name: i.shape for i in comp.instructions}
-    out: list[Instruction] = []
-    for inst in comp.instructions:
-        if root_name is not None:
-            if inst.opcode == "parameter":
-                continue  # the fusion's operand stands for it
-            names[inst.name] = root_name if inst.is_root else f"{root_name}.{inst.name}"
-        operands = [names[op] for op in inst.operands]
-        lowered = dataclasses.replace(inst, name=names[inst.name], operands=operands,
-                                      operand_shapes=None)
-        if root_name is not None:
-            lowered.is_root = False
-        out.extend(_lower_instruction(module, lowered, [shapes[op] for op in inst.operands]))
-    return out
-
-
-def _lower_instruction(module: Module, inst: Instruction,
-                       operand_shapes: list[Shape]) -> Iterable[Instruction]:
-    if inst.opcode == "custom-call" and (inst.custom_call_target or "").startswith(TARGET_PREFIX):
-        return [inst]  # ours: keeps the physical layouts it was generated for
-    if inst.opcode == "fusion":
-        (called,) = inst.called_computations
-        fused = module.computation(called)
-        names = {p.name: op for p, op in zip(fused.parameters, inst.operands)}
-        body = _lower_body(module, fused, names, root_name=inst.name)
-        for lowered in body:
-            lowered.is_root = inst.is_root and lowered.name == inst.name
-        return body
-    attrs = {k: v for k, v in inst.attrs.items() if k != "backend_config"}
-    logical = dataclasses.replace(inst, shape=inst.shape.without_layout(), attrs=attrs)
-    if inst.opcode == "bitcast":
-        return _bitcast_as_logical(logical, inst.shape, operand_shapes[0])
-    if inst.opcode == "copy":
-        if inst.shape.is_tuple:
-            raise RewriteError(f"tuple-shaped copy {inst.name}: StableHLO has no copy")
-        return [dataclasses.replace(logical, opcode="reshape")]
-    return [logical]
-
-
-def _bitcast_as_logical(inst: Instruction, result: Shape, source: Shape) -> list[Instruction]:
-    """A bitcast reads the operand's buffer in physical order and lays the bytes out in the
-    result's layout: transpose to the source's physical order, reshape, transpose back from
-    the result's physical order (identity transposes left out); a change of element type of
-    the same size is a final ``bitcast-convert``."""
-    if ELEMENT_BITS[source.dtype] != ELEMENT_BITS[result.dtype]:
-        raise RewriteError(f"bitcast {inst.name} changes the element size")
-    src_order = list(reversed(source.minor_to_major))  # major to minor
-    dst_order = list(reversed(result.minor_to_major))
-    steps: list[Instruction] = []
-    value = inst.operands[0]
-
-    def emit(suffix, opcode, dims, attrs, dtype=source.dtype):
-        nonlocal value
-        steps.append(dataclasses.replace(inst, name=f"{inst.name}.{suffix}",
-                                         shape=Shape(dtype, tuple(dims)), opcode=opcode,
-                                         operands=[value], attrs=attrs, is_root=False))
-        value = steps[-1].name
-
-    if src_order != sorted(src_order):
-        emit("physical", "transpose", [source.dims[d] for d in src_order],
-             {"dimensions": _braces(src_order)})
-    emit("reshape", "reshape", [result.dims[d] for d in dst_order], {})
-    if dst_order != sorted(dst_order):
-        emit("logical", "transpose", result.dims, {"dimensions": _braces(np.argsort(dst_order))})
-    if source.dtype != result.dtype:
-        emit("convert", "bitcast-convert", result.dims, {}, dtype=result.dtype)
-    steps[-1] = dataclasses.replace(steps[-1], name=inst.name, is_root=inst.is_root)
-    return steps
-
-
-def _braces(values) -> str:
-    return "{" + ",".join(str(int(v)) for v in values) + "}"

@@ -1,36 +1,17 @@
 """XLA's kernels as the latency-evaluator sees them, so XLA's plan is priced like the stitched one.
 
-``xla_kernel_profile(graph, node_name, device)`` describes one kernel XLA launches (a fusion or
-an unfused op) without its code, from the graph alone:
-
-* global bytes: ``pattern_traffic(graph, [node])``, the accounting the stitched plan uses;
-* threads: one per output element, as XLA's loop emitter launches elementwise kernels. A
-  reduction kernel gives each reduction result (row) a warp instead (XLA's reduction emitter
-  reduces a row with at least a warp), which loops over its share of the row and then
-  combines the lanes with a 5-step shuffle butterfly;
-* instructions per thread: each fused op's instructions (costmodel/instructions.py, the table
-  the stitched kernels are counted with) times the elements it computes per thread (all, but
-  a gather's operand only at the gathered elements: graph/demand.py), one global load per
-  element of each parameter and one global store per output element. As in the stitched
-  kernels (codegen/profile.py ``_Block``), only the ops of an element's longest dependency
-  chain (``critical_chain``) wait their latency, once per unrolled group of elements; the
-  other instructions issue while they wait (``<class>_overlapped``);
-* loads as the stitched kernels' are priced (codegen/profile.py ``count_instructions``): a
-  thread's loads of all inputs, in unrolled groups of 8 elements, are independent and in
-  flight at once, so a group waits one full load latency per dependency level and its other
-  loads cost their issue. A parameter read at an index computed from loaded values (the
-  operand of a gather or dynamic-slice, the update of a dynamic-update-slice) is one level
-  above those values' loads. XLA's scatter reads its indices and updates on one level (its
-  atomic update's address depends on the index, but a store is not waited for);
-* 128 threads per block (XLA:GPU's default block size for loop fusions; assumption, not
-  re-checked) and registers for one loaded value per input plus the value being computed,
-  through ``costmodel.estimate_registers``.
+``xla_kernel_profile(graph, node, device)`` models one kernel XLA launches from the graph
+alone: bytes as ``pattern_traffic`` counts them; a thread per output element (a warp per
+reduced row); per thread, each fused op's instructions (costmodel/instructions.py, the table
+of the stitched kernels) times the elements it computes, its loads by dependency level and its
+longest dependency chain's latency, as for the stitched kernels; 128 threads per block.
 """
 from __future__ import annotations
 
 import math
 
 import costmodel
+from costmodel import WARP
 from costmodel.instructions import OVERLAPPED_LOAD, add_instructions, op_instructions, overlapped
 from costmodel.latency import chain_latency
 
@@ -40,7 +21,6 @@ from .opgraph import OpGraph
 from .traffic import pattern_traffic
 
 XLA_THREADS_PER_BLOCK = 128
-WARP = 32
 SHUFFLE_STEPS = 5  # log2(32): xor butterfly over a warp
 # Loads a reduction thread has in flight at once: XLA unrolls its per-thread reduction loop;
 # 8 is the bound the stitched kernels' loops are fully unrolled to (assumption, the same
@@ -67,8 +47,9 @@ _PASS_THROUGH = {"bitcast", "reshape", "copy", "transpose", "broadcast", "slice"
 
 
 def load_levels(instructions: list[Instruction]) -> dict[str, int]:
-    """The dependency level of each parameter's loads (module docstring): 1 when read at the
-    thread's own index, one more than the index's level when read at a loaded index."""
+    """The dependency level of each parameter's loads: 1 when read at the thread's own index,
+    one more than the index's level when read at a loaded index (a gather's operand). A
+    thread's loads of one level are in flight at once: each level waits one load latency."""
     names = {i.name: i for i in instructions}
     value: dict[str, int] = {}  # instruction -> level of the latest load it depends on
     reads: dict[str, int] = {}  # parameter -> level of its loads

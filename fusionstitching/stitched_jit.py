@@ -1,42 +1,24 @@
 """``fusionstitching.jit(fn, **opts)``: ``jax.jit`` with stitched kernels in XLA's executable.
 
-Per input signature, on first call (or ``.lower(*a).compile()``):
-
-1. ``jax.jit`` lowers and compiles ``fn``; its optimized HLO is the pass's input;
-2. ``runtime.build.build_stitched`` plans and generates the stitched kernels, compiles them
-   for the host (through the kernel cache), registers them as XLA FFI targets, rewrites the
-   module and has XLA compile it (at once, or on a background thread with
-   ``async_compile=True``);
-3. ``runtime.executor.Executor`` runs XLA's executable until the stitched one is built, then
-   tries it on a real call (verified against XLA's outputs with ``verify=True``, timed against
-   XLA's unless ``keep="stitched"``) and keeps the one to run.
-
-Any failure on the way falls back to XLA's own executable for that signature, with one
-warning naming the stage and reason, and a ``fallbacks`` entry in the Report. Kernels that
-fail alone (host compile, registration) are left to XLA while the others still run.
+Per input signature, on the first call (or ``.lower(*a).compile()``), ``jax.jit`` compiles
+``fn`` and its optimized HLO is stitched (runtime/lifecycle.py, runtime/build.py: at once, or
+on a background thread with ``async_compile=True``); ``runtime.executor.Executor`` runs XLA's
+executable until the stitched one is built and tried, then the one it keeps. Any failure falls
+back to XLA's executable for that signature, with one warning and a ``fallbacks`` entry.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import itertools
-import json
-import logging
-import os
-import shutil
-import tempfile
 import threading
 import time
 import types
 from dataclasses import dataclass
 
 from . import pipeline
-from .report import PlanSummary, Report
-from .runtime import files
-from .runtime.cache import default_dir, share_with_group
-from .runtime.executor import Executor, RuntimeInfo, lower_thread_priority
-
-log = logging.getLogger("fusionstitching")
+from .report import Report
+from .runtime.cache import default_dir
+from .runtime.executor import Executor
+from .runtime.lifecycle import Lifecycle, share_cache
 
 _DEFAULT = object()
 
@@ -82,16 +64,6 @@ def jit(fn=None, *, static_argnums=None, static_argnames=None, donate_argnums=No
         share_cache(runtime.cache_dir, cache_group)
     return StitchedFunction(fn, pipeline.Options(**opts), runtime, static_argnums,
                             static_argnames, donate_argnums, donate_argnames, inline)
-
-
-def share_cache(cache_dir: str, group) -> None:
-    """Opt into sharing ``cache_dir`` with ``group``; an unknown group is one warning and the
-    cache stays private."""
-    try:
-        share_with_group(cache_dir, group)
-    except (KeyError, ValueError) as exc:
-        files.warn_once(("cache_group", str(group)), "fusionstitching: unknown cache group "
-                        "%r (%s); the kernel cache stays private", group, exc)
 
 
 def original_jax_jit():
@@ -210,9 +182,6 @@ def _exclude_self_from_metadata() -> None:
     source_info_util.register_exclusion(__file__)
 
 
-_dump_counter = itertools.count()
-
-
 @dataclass
 class Lowered:
     jax_lowered: object  # jax.stages.Lowered
@@ -229,36 +198,23 @@ class Lowered:
         return getattr(self.jax_lowered, name)
 
     def compile(self) -> "Compiled":
-        xla_compiled = self.jax_lowered.compile()
-        compiled = Compiled(xla_compiled, self.name, self.options, self.runtime)
-        build = functools.partial(compiled._build, self.jax_lowered)
-        if self.runtime.async_compile:
-            compiled.builder = threading.Thread(target=_in_background, args=(build,),
-                                                daemon=True, name=f"fusionstitching-{self.name}")
-            compiled.builder.start()
-        else:
-            build()
+        compiled = Compiled(self.jax_lowered.compile(), self.name, self.options, self.runtime)
+        compiled.lifecycle.start(compiled._build, self.jax_lowered)
         return compiled
 
 
 class Compiled:
     """Like ``jax.stages.Compiled``; calls run XLA's own executable or the stitched one
-    (runtime/executor.py decides which)."""
+    (runtime/executor.py decides which; runtime/lifecycle.py builds, dumps and reports)."""
 
     def __init__(self, xla_compiled, name: str, options: pipeline.Options,
                  runtime: RuntimeOptions):
         self.xla_compiled = xla_compiled  # jax.stages.Compiled: XLA's own plan, the fallback
-        self.options = options
-        self.runtime = runtime
-        self._name = name
-        self.executor = Executor(xla_compiled, name, verify=runtime.verify, keep=runtime.keep,
-                                 background=runtime.async_compile,
-                                 info=RuntimeInfo(mode="async" if runtime.async_compile
-                                                  else "sync"))
-        self.builder: threading.Thread | None = None  # the background build (async_compile)
-        # Dumps are named <dump_to>/<name>.<n>.*; they are written into a private staging
-        # directory inside dump_to and renamed into place (see _publish_dumps).
-        self.dump_name = f"{name}.{next(_dump_counter)}" if runtime.dump_to else None
+        self.lifecycle = Lifecycle(name, options, runtime.cache_dir, runtime.async_compile,
+                                   runtime.dump_to)
+        self.executor = self.lifecycle.executor = Executor(
+            xla_compiled, name, verify=runtime.verify, keep=runtime.keep,
+            background=runtime.async_compile, info=self.lifecycle.info)
 
     @property
     def stitched(self):
@@ -269,13 +225,7 @@ class Compiled:
     def wait_built(self, timeout_s: float | None = None) -> bool:
         """Wait for a background build and a background trial that has started (never needed
         for calls); True when neither is running."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        for thread in (self.builder, self.executor.trial_thread):
-            if thread is not None:
-                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-                if thread.is_alive():
-                    return False
-        return True
+        return self.lifecycle.wait_built(timeout_s)
 
     def running(self):
         """The jax Compiled that runs the next call (or, on trial, would after it): the stitched
@@ -289,95 +239,20 @@ class Compiled:
         return self.running().as_text()
 
     def __getattr__(self, name):  # cost_analysis, memory_analysis, args_info, in_tree, ...
-        if name.startswith("__") or name in ("executor", "xla_compiled"):
+        if name.startswith("__") or name in ("executor", "xla_compiled", "lifecycle"):
             raise AttributeError(name)
         return getattr(self.running(), name)
 
     def report(self) -> Report:
         """The plan of the executable that runs (``fs`` equals ``xla`` when XLA's own runs),
         with the optional ``runtime`` and ``cache`` fields."""
-        executor, built = self.executor, self.executor.built
-        if built is None:
-            base = _fallback_report(self._name, self.options, executor.fallbacks)
-            cache = None
-        else:
-            base = built.stitched_report if executor.runs_stitched() else built.xla_report
-            cache = dataclasses.asdict(built.cache)
-        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(Report)}
-        fields["verify"] = executor.checked
-        return JitReport(**fields, runtime=dataclasses.asdict(executor.info), cache=cache)
+        return self.lifecycle.report()
 
     def __call__(self, *args, **kwargs):
         return self.executor(*args, **kwargs)
 
     def _build(self, jax_lowered) -> None:
-        from .runtime.build import build_stitched
-
         started = time.perf_counter()
-        options = dataclasses.replace(self.options, verify=False)  # real-call check instead
-        staging = self._dump_staging()
-        dump_prefix = os.path.join(staging, self.dump_name) if staging else None
-        if dump_prefix and not options.emit_dir:
-            options.emit_dir = dump_prefix + ".kernels"
-        try:
-            built = build_stitched(jax_lowered, self.xla_compiled, options,
-                                   self.runtime.cache_dir, dump_prefix)
-        except Exception as exc:  # never fail the user's job: XLA's executable runs
-            self.executor.build_failed(exc)
-        else:
-            self.executor.built_ok(built, time.perf_counter() - started)
-        if staging:
-            self._publish_dumps(staging)
-
-    # -- dumps: optional, so any failure is one warning per directory and the job goes on --
-    def _dump_staging(self) -> str | None:
-        """A fresh private directory inside ``dump_to`` for this build's files (None: no
-        dumps). Nobody else can plant a symlink in it, and renaming out of it replaces
-        whatever is at the final name instead of writing through it."""
-        if not self.dump_name:
-            return None
-        try:
-            files.ensure_directory(self.runtime.dump_to)
-            return tempfile.mkdtemp(prefix=".fusionstitching-", dir=self.runtime.dump_to)
-        except OSError as exc:
-            self._dump_failed(exc)
-            return None
-
-    def _publish_dumps(self, staging: str) -> None:
-        try:
-            files.write_atomic(os.path.join(staging, self.dump_name + ".report.json"),
-                               json.dumps(self.report().to_json(), indent=1))
-            for entry in sorted(os.listdir(staging)):
-                files.publish_tree(os.path.join(staging, entry),
-                                   os.path.join(self.runtime.dump_to, entry))
-        except Exception as exc:  # dumps are optional; the job goes on
-            self._dump_failed(exc)
-        shutil.rmtree(staging, ignore_errors=True)
-
-    def _dump_failed(self, exc: BaseException) -> None:
-        files.warn_once(("dump_to", self.runtime.dump_to),
-                        "fusionstitching: cannot write dumps to %s (%s: %s); the job goes on "
-                        "without them", self.runtime.dump_to, type(exc).__name__, exc)
-
-
-def _in_background(build) -> None:
-    lower_thread_priority()
-    build()
-
-
-@dataclass
-class JitReport(Report):
-    """A Report with what happened at run time (optional fields of the schema): ``runtime``
-    (runtime/executor.py RuntimeInfo: which executable runs, measured times, swap call) and
-    ``cache`` (kernel cache hits, misses, corrupt entries, LLVM seconds)."""
-
-    runtime: dict | None = None
-    cache: dict | None = None
-
-
-def _fallback_report(name: str, options: pipeline.Options, fallbacks: list) -> Report:
-    """The pass did not run to the end: no plan to count, only why."""
-    empty = PlanSummary(kernels=0, mem_kernels=0, bytes=0, modeled_us=0.0)
-    return Report(module=name, target=options.target, xla=empty,
-                  fs=dataclasses.replace(empty, patterns=0), compulsory_bytes=0,
-                  fallbacks=fallbacks)
+        with self.lifecycle.dumps() as dump_prefix:
+            self.lifecycle.build(self.executor, jax_lowered, self.xla_compiled, started,
+                                 dump_prefix)

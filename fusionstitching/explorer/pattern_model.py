@@ -1,26 +1,11 @@
-"""Kernel profiles of candidate patterns, from the graph alone.
+"""Kernel profiles of candidate patterns, from the graph alone (the explorer's own estimate).
 
-The code generator knows the real launch of a pattern only after scheduling it, which is
-too slow to run per candidate, so the explorer models a pattern's kernel simply:
-
-- Launch. Without a reduction: one thread per element of the largest iteration space,
-  ``LOOP_THREADS`` per block. With row reductions (R rows of C columns, R = the largest
-  reduction's output elements): a warp per row, ``ROWS_PER_BLOCK`` rows per block, when a row
-  has at most ``WARP_ROW_COLUMNS`` columns; otherwise a block of ``ROW_BLOCK_THREADS`` per row
-  (block composition). Every op of the pattern then runs on that launch: a reduction's
-  consumers inside the pattern are confined to its R-row grid, which is what makes fusing
-  them costly when rows are few and long.
-- Instructions per thread: each kernel's per-element mix (``GraphIndex.mix``) times its
-  elements over the launch's threads; a row reduction adds a warp reduction (log2(32) = 5
-  shuffles) and, under block composition, one shared-memory store, barrier and load.
-- Shared memory: block composition leaves one float per warp per reduction
-  (``REDUCTION_SMEM_BYTES``, a warp's worth of floats); warp composition needs none.
-- Registers: ``costmodel.estimate_registers`` over two live values per kernel in the pattern
-  (its result and one operand), capped at ``MAX_LIVE_VALUES``.
-- Bytes: ``GraphIndex.traffic`` (the same counting as ``graph.traffic.pattern_traffic``).
-
-A code generator that can report a real ``KernelProfile`` plugs in through the explorer's
-``profile_of`` parameter; the delta-evaluator's penalty keeps using this model.
+Scheduling every candidate in the code generator is too slow, so a pattern's kernel is
+modeled simply: a launch (a thread per element, or a warp or block per reduced row) that every
+op of the pattern runs on, instructions per thread from each kernel's mix, shared memory for
+block-composed reductions, registers from a few live values, and ``GraphIndex.traffic``'s
+bytes. The pipeline's ``profile_of`` prices the plans compared at the end; the
+delta-evaluator's penalty keeps using this model.
 """
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""A stitched kernel as the cost model sees it (paper 4.3): instructions, registers, a profile."""

@@ -1,0 +1,114 @@
+"""`generate`: one stitched kernel for a pattern (flatten, schedule, choose), as a `KernelSpec`."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from costmodel import KernelProfile, kernel_latency_us, load_device
+from costmodel.devices import Device
+
+from ..hlo.ir import Module, Shape
+from .cost.kernel_profile import kernel_profile
+from .errors import CodegenError
+from .flatten import flatten
+from .kernel_ir import Kernel
+from .schedules.candidates import Schedule
+from .schedules.choose import Refused, build_kernel, host_schedule, schedule_pattern
+from .schedules.space import outside_main_space
+from .traffic import global_traffic
+
+DEFAULT_TARGET = "h100"
+
+
+@dataclass
+class KernelSpec:
+    """One stitched kernel. Buffers are `inputs` then `outputs`, each in its Shape's layout.
+
+    Outputs are arrays: a multi-output fusion's results are named after their
+    get-tuple-element users (``name#i`` when the tuple itself is used, see flatten.py).
+    """
+
+    name: str
+    nodes: list[str]
+    inputs: list[tuple[str, Shape]]
+    outputs: list[tuple[str, Shape]]
+    schemes: list[str]
+    grid: tuple[int, ...]
+    block: tuple[int, ...]
+    smem_bytes: int
+    kernel: Kernel
+    read_bytes: int  # distinct global bytes read: each input once (every element is used)
+    write_bytes: int
+    regs_model: int
+    why: str  # the chosen schedule
+    modeled_us: float = 0.0  # latency-evaluator's time of the chosen schedule (modeled)
+    smem_bytes_no_reuse: int = 0  # shared memory before dominance-tree reuse (paper 4.4)
+    # Every enumerated schedule with its modeled time (inf: refused, with the reason).
+    candidates: list[tuple[str, float]] = field(default_factory=list)
+    # The same pattern scheduled for CPU speed (compile_host(spec, fast=True)): one thread per
+    # block, serial loops; same buffers and ABI as `kernel`.
+    host_kernel: Kernel | None = None
+    # Bytes of every global load the kernel executes (all threads): above read_bytes when it
+    # re-reads inputs (a stage without producer caching, a recomputed producer).
+    raw_read_bytes: int = 0
+    # The latency-evaluator's view of `kernel` (`kernel_profile`), kept from the
+    # schedule choice so that pricing the kernel again does not walk its IR again.
+    profile: KernelProfile | None = None
+    schedule: Schedule | None = None  # the chosen schedule
+    # The schedules refused, each with its kind and detail (`candidates` lists them in words).
+    refused: list[Refused] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return str(self.kernel)
+
+
+def generate(module: Module, nodes: list[str], name: str, device: Device | None = None,
+             excluded: Mapping[Schedule, str] | None = None) -> KernelSpec:
+    """One kernel for these entry instructions; raises CodegenError when impossible.
+
+    ``device``: the GPU whose latency-evaluator chooses among the enumerated schedules
+    (``costmodel.load_device(target)``; default the H100). ``excluded``: schedules not to
+    choose, with the reason (ptxas spilled them)."""
+    pattern = flatten(module, nodes)
+    scheduled = schedule_pattern(pattern, name, device or load_device(DEFAULT_TARGET), excluded)
+    kernel = scheduled.kernel
+    spec = KernelSpec(
+        name=name, nodes=list(nodes), inputs=pattern.inputs, outputs=pattern.outputs,
+        schemes=scheduled.schemes, grid=kernel.grid, block=kernel.block,
+        smem_bytes=kernel.smem_bytes, kernel=kernel,
+        read_bytes=sum(s.byte_size for _, s in pattern.inputs),
+        write_bytes=sum(s.byte_size for _, s in pattern.outputs),
+        regs_model=scheduled.profile.regs_per_thread, why=scheduled.schedule.why,
+        modeled_us=scheduled.modeled_us, smem_bytes_no_reuse=scheduled.smem_bytes_no_reuse,
+        candidates=scheduled.candidates,
+        host_kernel=build_kernel(pattern, host_schedule(pattern, scheduled.schedule), name)[0],
+        profile=scheduled.profile, schedule=scheduled.schedule, refused=scheduled.refused)
+    spec.raw_read_bytes = global_traffic(kernel)[0]
+    return spec
+
+
+def can_stitch(module: Module, nodes: list[str], device: Device | None = None
+               ) -> CodegenError | None:
+    """None when `nodes` can be one kernel, else the refusal (its kind and detail)."""
+    try:
+        generate(module, nodes, "probe", device)
+    except CodegenError as e:
+        return e
+    return None
+
+
+def other_space_nodes(module: Module, nodes: list[str]) -> list[str]:
+    """The nodes whose reductions lie outside the main reduction space of the pattern
+    ``nodes`` (`outside_main_space`); none when it does not flatten."""
+    try:
+        return outside_main_space(flatten(module, nodes))
+    except CodegenError:
+        return []
+
+
+def modeled_kernel_us(spec: KernelSpec, device: Device) -> float:
+    """The latency-evaluator's time for this kernel on ``device`` (modeled, not measured),
+    from the profile ``generate`` kept when there is one."""
+    profile = spec.profile if spec.profile is not None else \
+        kernel_profile(spec.kernel, spec.read_bytes, spec.write_bytes)
+    return kernel_latency_us(profile, device).total_us

@@ -1,0 +1,197 @@
+"""One compiled signature's lifecycle, shared by the front ends (``stitched_jit.Compiled``
+and tf_hooks' ``TfCompiled``): build the stitched executable at once or on a background thread, hand the
+outcome to its ``Executor``, write the dumps, and report the executable that runs.
+
+Dumps (``dump_to``) are written into a private staging directory inside ``dump_to`` and
+renamed into place at the end of the build, so a symlink planted there is replaced, never
+written through; any failure is one warning per directory and the job goes on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from .. import pipeline
+from ..report import Fallback, PlanSummary, Report
+from . import files
+from .build import build_stitched
+from .cache import share_with_group
+from .executor import Executor, RuntimeInfo, lower_thread_priority
+
+_dump_counter = itertools.count()
+
+
+@dataclass
+class RuntimeReport(Report):
+    """A Report with what happened at run time (optional fields of the schema): ``runtime``
+    (runtime/executor.py RuntimeInfo: which executable runs, measured times, swap call) and
+    ``cache`` (kernel cache hits, misses, corrupt entries, LLVM seconds)."""
+
+    runtime: dict | None = None
+    cache: dict | None = None
+
+
+def fallback_report(name: str, options: pipeline.Options, fallbacks: list) -> Report:
+    """The pass did not run to the end: no plan to count, only why."""
+    empty = PlanSummary(kernels=0, mem_kernels=0, bytes=0, modeled_us=0.0)
+    return Report(module=name, target=options.target, xla=empty,
+                  fs=dataclasses.replace(empty, patterns=0), compulsory_bytes=0,
+                  fallbacks=fallbacks)
+
+
+def share_cache(cache_dir: str, group) -> None:
+    """Opt into sharing ``cache_dir`` with ``group``; an unknown group is one warning and the
+    cache stays private."""
+    try:
+        share_with_group(cache_dir, group)
+    except (KeyError, ValueError) as exc:
+        files.warn_once(("cache_group", str(group)), "fusionstitching: unknown cache group "
+                        "%r (%s); the kernel cache stays private", group, exc)
+
+
+class Lifecycle:
+    """The build, dumps and report of one compiled signature. ``executor`` decides which
+    executable runs its calls; the front end sets it (jit at once, TF once its reference is
+    compiled). ``module_name``: the name its Report gives the module (None: the module's own
+    once built, ``name`` before)."""
+
+    def __init__(self, name: str, options: pipeline.Options, cache_dir: str | None,
+                 async_compile: bool, dump_to: str | None, module_name: str | None = None):
+        self.name, self.options, self.cache_dir = name, options, cache_dir
+        self.async_compile, self.dump_to, self.module_name = async_compile, dump_to, module_name
+        self.info = RuntimeInfo(mode="async" if async_compile else "sync")
+        self.fallbacks: list[Fallback] = []  # the front end's own (TF: calls it leaves to TF)
+        self.executor: Executor | None = None
+        self.builder: threading.Thread | None = None  # the background build (async_compile)
+        self.dump_name = f"{_file_name(name)}.{next(_dump_counter)}" if dump_to else None
+
+    # -- build ------------------------------------------------------------------------
+    def start(self, build: Callable, *args) -> None:
+        """``build(*args)`` now, or on a background thread with ``async_compile``."""
+        if self.async_compile:
+            self.builder = threading.Thread(target=_in_background, args=(build, *args),
+                                            daemon=True, name=f"fusionstitching-{self.name}")
+            self.builder.start()
+        else:
+            build(*args)
+
+    def build(self, executor: Executor, jax_lowered, reference, started: float,
+              dump_prefix: str | None) -> None:
+        """Stitch ``reference``'s optimized module and hand the outcome to ``executor``;
+        never raises (the reference keeps running)."""
+        options = dataclasses.replace(self.options, verify=False)  # the trial checks instead
+        if dump_prefix and not options.emit_dir:
+            options.emit_dir = dump_prefix + ".kernels"
+        try:
+            built = build_stitched(jax_lowered, reference, options, self.cache_dir,
+                                   dump_prefix)
+        except Exception as exc:  # never fail the user's job: the reference runs
+            executor.build_failed(exc)
+            self.info.build_s = round(time.perf_counter() - started, 3)
+        else:
+            executor.built_ok(built, time.perf_counter() - started)
+
+    def wait_built(self, timeout_s: float | None = None) -> bool:
+        """Wait for a background build and a background trial that has started (never needed
+        for calls); True when neither is running."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+        def joined(thread: threading.Thread | None) -> bool:
+            if thread is not None:
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            return thread is None or not thread.is_alive()
+
+        if not joined(self.builder):
+            return False
+        executor = self.executor  # after the build: TF's executor comes with it
+        return joined(executor.trial_thread if executor is not None else None)
+
+    # -- report -----------------------------------------------------------------------
+    def report(self) -> RuntimeReport:
+        """The plan of the executable that runs (``fs`` equals ``xla`` when the reference
+        runs), with the ``runtime`` and ``cache`` fields."""
+        executor = self.executor
+        built = executor.built if executor is not None else None
+        fallbacks = self.fallbacks + (executor.fallbacks if executor is not None else [])
+        if built is None:
+            base, cache = fallback_report(self.name, self.options, fallbacks), None
+        else:
+            base = built.stitched_report if executor.runs_stitched() else built.xla_report
+            cache = dataclasses.asdict(built.cache)
+        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(Report)}
+        fields["fallbacks"] = fallbacks
+        if self.module_name is not None:
+            fields["module"] = self.module_name
+        if executor is not None:
+            fields["verify"] = executor.checked
+        return RuntimeReport(**fields, runtime=dataclasses.asdict(self.info), cache=cache)
+
+    # -- dumps: optional, so any failure is one warning per directory and the job goes on --
+    @contextmanager
+    def dumps(self):
+        """The prefix of this build's dump files (None: no dumps); on leaving, they and the
+        Report are published into ``dump_to``, or dropped if the block raised."""
+        staging = self._staging()
+        try:
+            yield os.path.join(staging, self.dump_name) if staging else None
+        except BaseException:
+            if staging:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
+        if staging:
+            self._publish(staging)
+
+    def write_dump(self, path: str, text: str) -> None:
+        """One more file of the dumps (``path`` under the prefix ``dumps`` gave)."""
+        try:
+            with open(path, "w") as f:
+                f.write(text)
+        except OSError as exc:
+            self._dump_failed(exc)
+
+    def _staging(self) -> str | None:
+        """A fresh private directory inside ``dump_to`` (None: no dumps). Nobody else can
+        plant a symlink in it, and renaming out of it replaces whatever is at the final name
+        instead of writing through it."""
+        if not self.dump_name:
+            return None
+        try:
+            files.ensure_directory(self.dump_to)
+            return tempfile.mkdtemp(prefix=".fusionstitching-", dir=self.dump_to)
+        except OSError as exc:
+            self._dump_failed(exc)
+            return None
+
+    def _publish(self, staging: str) -> None:
+        try:
+            files.write_atomic(os.path.join(staging, self.dump_name + ".report.json"),
+                               json.dumps(self.report().to_json(), indent=1))
+            for entry in sorted(os.listdir(staging)):
+                files.publish_tree(os.path.join(staging, entry),
+                                   os.path.join(self.dump_to, entry))
+        except Exception as exc:  # dumps are optional; the job goes on
+            self._dump_failed(exc)
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def _dump_failed(self, exc: BaseException) -> None:
+        files.warn_once(("dump_to", self.dump_to),
+                        "fusionstitching: cannot write dumps to %s (%s: %s); the job goes on "
+                        "without them", self.dump_to, type(exc).__name__, exc)
+
+
+def _in_background(build: Callable, *args) -> None:
+    lower_thread_priority()  # the build takes only the CPU the user's job leaves
+    build(*args)
+
+
+def _file_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:80]

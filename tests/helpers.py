@@ -1,0 +1,136 @@
+"""Helpers and HLO snippets shared by several test files (the code generator's: helpers_codegen.py;
+the training scripts run under the hook: helpers_hook.py)."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from fusionstitching import codegen
+from fusionstitching.codegen.kernel_ir import Kernel
+from fusionstitching.explorer import KernelDag
+
+
+# --- plans and their cycles: test_graph_explorer.py, test_explorer.py, test_explain.py --------
+# Two packs of unrelated kernels, {a, b} and {c, d}: each alone is acyclic, but a reaches d
+# and c reaches b through GEMMs, so together they form a cycle. With the chains after c and d,
+# {c, c2, d, d2} enters that cycle at d (from g1) and leaves it at c2 (to g2).
+INTERLOCKED = """
+HloModule interlocked
+
+ENTRY %main (x: f32[16,16], y: f32[16,16], w: f32[16,16]) -> (f32[16,16], f32[16,16]) {
+  %x = f32[16,16]{1,0} parameter(0)
+  %y = f32[16,16]{1,0} parameter(1)
+  %w = f32[16,16]{1,0} parameter(2)
+  %a = f32[16,16]{1,0} exponential(%x)
+  %g1 = f32[16,16]{1,0} dot(%a, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %d = f32[16,16]{1,0} negate(%g1)
+  %d2 = f32[16,16]{1,0} exponential(%d)
+  %c = f32[16,16]{1,0} exponential(%y)
+  %c2 = f32[16,16]{1,0} negate(%c)
+  %g2 = f32[16,16]{1,0} dot(%c2, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %b = f32[16,16]{1,0} negate(%g2)
+  ROOT %t = (f32[16,16]{1,0}, f32[16,16]{1,0}) tuple(%d2, %b)
+}
+"""
+
+
+def kernels_form_a_cycle(dag: KernelDag, kernels) -> bool:
+    """The tests' own check, apart from ``KernelDag.split_cycles``: a topological sort of the
+    kernel DAG with each of ``kernels`` one node gets stuck."""
+    owner = {n: i for i, kernel in enumerate(kernels) for n in kernel}
+    unit = lambda n: owner.get(n, n)
+    edges = {(unit(n), unit(s)) for n in dag.kernels for s in dag.succs[n] if unit(n) != unit(s)}
+    waiting = {unit(n): 0 for n in dag.kernels}
+    for _, v in edges:
+        waiting[v] += 1
+    ready, sorted_units = [u for u, count in waiting.items() if count == 0], 0
+    while ready:
+        u = ready.pop()
+        sorted_units += 1
+        for a, v in edges:
+            if a == u:
+                waiting[v] -= 1
+                if waiting[v] == 0:
+                    ready.append(v)
+    return sorted_units < len(waiting)
+
+
+# A module's head with the %add combiner; an ENTRY follows.
+HEAD_WITH_ADD = """HloModule t
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+"""
+
+
+def accept_all(nodes):
+    """A code generator stub that builds every candidate."""
+    return None
+
+
+def producer_with_two_consumers(rows: int, cols: int) -> str:
+    return HEAD_WITH_ADD + f"""
+ENTRY %main (x: f32[{rows},{cols}], y: f32[{rows},{cols}]) -> (f32[{rows}], f32[{rows},{cols}]) {{
+  %x = f32[{rows},{cols}]{{1,0}} parameter(0)
+  %y = f32[{rows},{cols}]{{1,0}} parameter(1)
+  %a = f32[{rows},{cols}]{{1,0}} exponential(%x)
+  %zero = f32[] constant(0)
+  %b = f32[{rows}]{{0}} reduce(%a, %zero), dimensions={{1}}, to_apply=%add
+  %c = f32[{rows},{cols}]{{1,0}} add(%a, %y)
+  ROOT %t = (f32[{rows}]{{0}}, f32[{rows},{cols}]{{1,0}}) tuple(%b, %c)
+}}
+"""
+
+
+CYCLE = HEAD_WITH_ADD + """
+ENTRY %main (x: f32[64,256], w: f32[256,256]) -> f32[64,256] {
+  %x = f32[64,256]{1,0} parameter(0)
+  %w = f32[256,256]{1,0} parameter(1)
+  %a = f32[64,256]{1,0} negate(%x)
+  %v = f32[64,256]{1,0} bitcast(%a)
+  %b = f32[64,256]{1,0} abs(%v)
+  %d = f32[64,256]{1,0} dot(%a, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %c = f32[64,256]{1,0} add(%b, %d)
+}
+"""
+
+
+# --- kernels against ptxas: test_profile.py, test_register_rules.py ---------------------------
+needs_ptxas = pytest.mark.skipif(codegen.find_ptxas() is None, reason="ptxas not installed")
+
+
+def kernel_spec(kernel: Kernel) -> codegen.KernelSpec:
+    inputs = [(b.name, b.shape) for b in kernel.buffers if not b.is_output]
+    outputs = [(b.name, b.shape) for b in kernel.buffers if b.is_output]
+    return codegen.KernelSpec(
+        name=kernel.name, nodes=[], inputs=inputs, outputs=outputs, schemes=[],
+        grid=kernel.grid, block=kernel.block, smem_bytes=kernel.smem_bytes, kernel=kernel,
+        read_bytes=sum(s.byte_size for _, s in inputs),
+        write_bytes=sum(s.byte_size for _, s in outputs), regs_model=0, why="test")
+
+
+def within_a_quarter(model: int, regs: int) -> bool:
+    """The register model ``model`` is within 25% of ptxas's ``regs``."""
+    return abs(model - regs) <= 0.25 * regs
+
+
+# --- a jitted LayerNorm and its arguments: test_runtime_faults.py, test_cache.py,
+# test_hardening_runtime.py -----------------------------------------------------------------
+def layernorm(x, g, b):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + 1e-5) * g + b
+
+
+def args(rows=16, cols=128):
+    rng = np.random.default_rng(3)
+    return [rng.standard_normal((rows, cols)).astype(np.float32),
+            rng.standard_normal(cols).astype(np.float32),
+            rng.standard_normal(cols).astype(np.float32)]
+
+
+def expected(*a):
+    return np.asarray(jax.jit(layernorm)(*a))
