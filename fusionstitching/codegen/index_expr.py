@@ -6,37 +6,64 @@ kernel IR and cheap code.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from ..hlo.ir import Shape
 
 
+class _Expr:
+    """Expressions nest, so hashing or printing one did so for every expression inside it
+    again (a third of the code generator's time went to hash and repr): each is done once.
+    The hash is the dataclass's own (the same value, so set orders do not change)."""
+
+    def _cached_hash(self) -> int:
+        if "_hash" not in self.__dict__:
+            self.__dict__["_hash"] = hash(tuple(getattr(self, f.name) for f in fields(self)))
+        return self.__dict__["_hash"]
+
+    @property
+    def sort_key(self) -> str:
+        """``repr``, the order of terms in a sum."""
+        if "_repr" not in self.__dict__:
+            self.__dict__["_repr"] = repr(self)
+        return self.__dict__["_repr"]
+
+    def __getstate__(self) -> dict:  # a hash of str is per process: never carry one over
+        return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_repr")}
+
+
 @dataclass(frozen=True)
-class Var:
+class Var(_Expr):
     """An integer index variable taking the values 0 .. extent-1 (its range drives folding)."""
 
     name: str
     extent: int
+
+    __hash__ = _Expr._cached_hash
 
     def __str__(self) -> str:
         return self.name
 
 
 @dataclass(frozen=True)
-class FloorDiv:
+class FloorDiv(_Expr):
     arg: "Ix"
     k: int
+
+    __hash__ = _Expr._cached_hash
 
     def __str__(self) -> str:
         return f"({self.arg} // {self.k})"
 
 
 @dataclass(frozen=True)
-class Mod:
+class Mod(_Expr):
     arg: "Ix"
     k: int
+
+    __hash__ = _Expr._cached_hash
 
     def __str__(self) -> str:
         return f"({self.arg} % {self.k})"
@@ -46,11 +73,13 @@ Atom = Var | FloorDiv | Mod
 
 
 @dataclass(frozen=True)
-class Ix:
+class Ix(_Expr):
     """sum(coefficient * atom) + const, terms in a canonical order so that equal means equal."""
 
     terms: tuple[tuple[Atom, int], ...] = ()
     const: int = 0
+
+    __hash__ = _Expr._cached_hash
 
     def __str__(self) -> str:
         parts = [str(a) if c == 1 else f"{c}*{a}" for a, c in self.terms]
@@ -86,7 +115,7 @@ def ix(x: int | Var | Ix) -> Ix:
 
 
 def _make(coeffs: dict[Atom, int], const: int) -> Ix:
-    terms = tuple(sorted(((a, c) for a, c in coeffs.items() if c), key=lambda t: repr(t[0])))
+    terms = tuple(sorted(((a, c) for a, c in coeffs.items() if c), key=lambda t: t[0].sort_key))
     return Ix(terms, const)
 
 
