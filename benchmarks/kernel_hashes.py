@@ -63,7 +63,8 @@ def module_hashes(path: Path) -> dict:
 
 
 def _one(path: Path) -> tuple[str, dict]:
-    return str(path.relative_to(CORPUS)), module_hashes(path)
+    name = str(path.relative_to(CORPUS)) if path.is_relative_to(CORPUS) else path.name
+    return name, module_hashes(path)
 
 
 def differences(before: dict, after: dict) -> list[str]:

@@ -123,6 +123,7 @@ def plan_module(graph: OpGraph, options: Options, device,
     accepted pattern, so that the pipeline does not generate the chosen ones again."""
     built = {} if built is None else built  # accepted patterns
     xla_us: dict[str, float] = {}  # XLA's kernel times, asked again by every query
+    chosen: dict = {}  # schedules by pattern form: a repeated layer's patterns build one each
 
     def xla_kernel_us(node: str) -> float:
         if node not in xla_us:
@@ -131,7 +132,7 @@ def plan_module(graph: OpGraph, options: Options, device,
 
     def can_stitch(nodes: list[str]) -> Refusal | None:
         try:
-            spec = codegen.generate(graph.module, nodes, "probe", device)
+            spec = codegen.generate(graph.module, nodes, "probe", device, chosen=chosen)
         except codegen.CodegenError as exc:
             return Refusal(exc.kind, exc.detail)
         except Exception as exc:  # a defect of ours: the pattern is refused, with the reason

@@ -26,7 +26,7 @@ from fusionstitching.hlo.evaluator import evaluate  # noqa: E402
 from fusionstitching.hlo.parser import parse_file, parse_module  # noqa: E402
 from fusionstitching.graph import build_graph  # noqa: E402
 from fusionstitching.pipeline import _xla_kernel_us  # noqa: E402
-from helpers_codegen import ADD, check_against_xla, kernel_nodes  # noqa: E402
+from helpers_codegen import ADD, check_against_xla, kernel_nodes, module_text  # noqa: E402
 
 HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
 
@@ -298,3 +298,38 @@ def test_a_reduction_repeated_across_fusions_is_computed_once():
     assert [op.name for op in pattern.ops if op.opcode == "reduce"] == ["f1/sum"]
     spec = generate(module, ["f1", "f2"], "repeated")
     check_against_xla(module, spec, rtol=1e-5, atol=1e-5)
+
+
+# -- patterns equal up to names (a model's repeated layers) ------------------------------
+
+TWO_LAYERS = module_text("", """
+  %x = f32[64,256]{1,0} parameter(0)
+  %y = f32[64,256]{1,0} parameter(1)
+  %z = f32[] constant(0)
+  %e1 = f32[64,256]{1,0} exponential(%x)
+  %s1 = f32[64]{0} reduce(%e1, %z), dimensions={1}, to_apply=%add
+  %e2 = f32[64,256]{1,0} exponential(%y)
+  %s2 = f32[64]{0} reduce(%e2, %z), dimensions={1}, to_apply=%add
+  %e3 = f32[64,256]{1,0} exponential(%y)
+  %s3 = f32[64,128]{1,0} slice(%e3), slice={[0:64], [0:128]}
+  ROOT %t = (f32[64]{0}, f32[64]{0}, f32[64,128]{1,0}) tuple(%s1, %s2, %s3)""")
+
+
+def test_a_pattern_equal_up_to_names_gets_the_schedule_chosen_before():
+    """The second layer's pattern is built with the first one's schedule alone, and that is
+    the kernel every schedule tried would have given it; another pattern is not matched."""
+    module = parse_module(TWO_LAYERS)
+    first, second, other = ["e1", "s1"], ["e2", "s2"], ["e3", "s3"]
+    assert flatten(module, first).canonical_form() == flatten(module, second).canonical_form()
+    assert flatten(module, first).canonical_form() != flatten(module, other).canonical_form()
+    chosen = {}
+    generate(module, first, "k", chosen=chosen)
+    remembered = generate(module, second, "k", chosen=chosen)
+    tried_all = generate(module, second, "k")
+    assert len(chosen) == 1 and len(tried_all.candidates) > 1
+    assert [c for c, _ in remembered.candidates][0].endswith("equal up to names")
+    assert remembered.schedule == tried_all.schedule
+    assert str(remembered.kernel) == str(tried_all.kernel)
+    assert remembered.modeled_us == tried_all.modeled_us
+    generate(module, other, "k", chosen=chosen)
+    assert len(chosen) == 2

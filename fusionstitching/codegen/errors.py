@@ -36,6 +36,7 @@ class Refusal(enum.Enum):
     EXCLUDED = "excluded by the caller"
     NO_LOWERING = "no LLVM lowering"
 
+
 class CodegenError(Exception):
     """The code generator cannot build this pattern (or schedule): ``kind`` says which rule
     refused it, ``detail`` (also ``str(err)``) says how, in a sentence."""

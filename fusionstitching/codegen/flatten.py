@@ -57,8 +57,33 @@ class Pattern:
     def op_map(self) -> dict[str, FlatOp]:
         return {op.name: op for op in self.ops}
 
+    def canonical_form(self) -> tuple | None:
+        """The pattern with every name replaced by its position: equal for patterns that
+        differ only in names (a model's repeated layers). None with a variadic combiner."""
+        if any(op.combiner is not None for op in self.ops):
+            return None
+        position: dict[str, int] = {}
+        for name, _ in self.inputs:
+            position.setdefault(name, len(position))
+        ops = []
+        for op in self.ops:
+            if any(o not in position for o in op.operands):
+                return None  # not in operands-before-users order: no form
+            ignored = NOT_IN_CANONICAL_FORM - (set() if op.reducer else {"to_apply"})
+            ops.append((op.opcode, op.shape, tuple(position[o] for o in op.operands),
+                        op.literal, op.parameter_number, op.reducer,
+                        tuple(sorted((k, v) for k, v in op.attrs.items() if k not in ignored))))
+            position.setdefault(op.name, len(position))
+        if any(v not in position for v in self.output_values):
+            return None
+        return (tuple(s for _, s in self.inputs), tuple(s for _, s in self.outputs),
+                tuple(position[v] for v in self.output_values), tuple(ops))
+
 
 _NO_OPS = {"get-tuple-element", "tuple", "parameter"}
+# Attributes that name a computation or carry no meaning for the kernel: not in a pattern's
+# canonical form (``to_apply`` only where ``reducer`` says what it computes).
+NOT_IN_CANONICAL_FORM = frozenset({"frontend_attributes", "to_apply", "metadata"})
 
 
 def reducer_of(module: Module, inst: Instruction) -> str:

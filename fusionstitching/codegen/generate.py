@@ -63,14 +63,17 @@ class KernelSpec:
 
 
 def generate(module: Module, nodes: list[str], name: str, device: Device | None = None,
-             excluded: Mapping[Schedule, str] | None = None) -> KernelSpec:
+             excluded: Mapping[Schedule, str] | None = None,
+             chosen: dict | None = None) -> KernelSpec:
     """One kernel for these entry instructions; raises CodegenError when impossible.
 
     ``device``: the GPU whose latency-evaluator chooses among the enumerated schedules
     (``costmodel.load_device(target)``; default the H100). ``excluded``: schedules not to
-    choose, with the reason (ptxas spilled them)."""
+    choose, with the reason (ptxas spilled them). ``chosen``: the schedules chosen in this
+    planning run so far, for patterns equal up to names (see ``schedule_pattern``)."""
     pattern = flatten(module, nodes)
-    scheduled = schedule_pattern(pattern, name, device or load_device(DEFAULT_TARGET), excluded)
+    scheduled = schedule_pattern(pattern, name, device or load_device(DEFAULT_TARGET), excluded,
+                                 chosen)
     kernel = scheduled.kernel
     spec = KernelSpec(
         name=name, nodes=list(nodes), inputs=pattern.inputs, outputs=pattern.outputs,

@@ -89,16 +89,25 @@ def _strided_points(pattern: Pattern) -> int:
 
 
 def schedule_pattern(pattern: Pattern, name: str, device: Device,
-                     excluded: Mapping[Schedule, str] | None = None) -> ScheduledKernel:
+                     excluded: Mapping[Schedule, str] | None = None,
+                     chosen: dict | None = None) -> ScheduledKernel:
     """Build every enumerated schedule, drop those failing locality or the device's limits
     or ``excluded`` (a schedule -> why the caller excludes it), and keep the one the
     latency-evaluator models fastest.
 
     Candidates are priced by `kernel_profile`, the same model the pipeline prices the chosen
-    kernel with (and XLA's kernels against), so the choice and the report agree."""
+    kernel with (and XLA's kernels against), so the choice and the report agree.
+
+    ``chosen``: the schedules chosen so far, by the pattern's canonical form; a pattern equal
+    up to names to an earlier one (a model's repeated layers) gets its schedule, built alone."""
     excluded = excluded or {}
     read = sum(s.byte_size for _, s in pattern.inputs)
     written = sum(s.byte_size for _, s in pattern.outputs)
+    key = _memo_key(pattern, device, excluded) if chosen is not None else None
+    if key is not None and key in chosen:
+        earlier = _chosen_before(pattern, chosen[key], name, device, read, written)
+        if earlier is not None:
+            return earlier
     built, refused, candidates = [], [], []
     strided = _strided_points(pattern)
 
@@ -132,28 +141,12 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
                                    f"lanes would read points {strided} elements apart "
                                    f"(uncoalesced)"))
             continue
-        try:
-            kernel, schemes = build_kernel(pattern, sched, name)
-        except CodegenError as e:
-            refused.append(Refused(sched, e.kind, e.detail))
+        outcome = _build_and_price(pattern, sched, name, device, read, written)
+        if isinstance(outcome, Refused):
+            refused.append(outcome)
             continue
-        no_reuse = reuse_shared_memory(kernel)
-        if math.prod(kernel.grid) <= device.sm_count:
-            kernel.min_blocks_per_sm = 1  # the grid is one wave of one block per SM
-        if kernel.smem_bytes > device.shared_memory_per_block:
-            refused.append(Refused(sched, Refusal.SHARED_MEMORY,
-                                   f"{kernel.smem_bytes} B shared memory exceeds "
-                                   f"{device.shared_memory_per_block} B"))
-            continue
-        profile = kernel_profile(kernel, read, written)
-        try:
-            modeled = kernel_latency_us(profile, device).total_us
-        except ValueError as e:  # cannot launch (occupancy 0)
-            refused.append(Refused(sched, Refusal.CANNOT_LAUNCH, str(e)))
-            continue
-        description = f"{sched.why}; grid {kernel.grid[0]} x {kernel.block[0]}, " \
-                      f"~{profile.regs_per_thread} regs, {kernel.smem_bytes} B smem"
-        candidates.append((description, modeled))
+        kernel, schemes, no_reuse, profile, modeled = outcome
+        candidates.append((_description(sched, kernel, profile), modeled))
         built.append((modeled, len(built), sched, kernel, schemes, no_reuse, profile))
     if not built:
         # Unsupported ops fail every schedule alike: the first refusal speaks for all; a
@@ -164,7 +157,59 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
         raise CodegenError(first.kind, first.detail + (
             f"; phased schedule: {phased[0]}" if phased and phased[0] != first.detail else ""))
     modeled, _, sched, kernel, schemes, no_reuse, profile = min(built, key=lambda b: b[:2])
-    order = ["kernel_packing", "thread_composition", "warp_composition", "block_composition"]
-    return ScheduledKernel(kernel, sched, [s for s in order if s in schemes], modeled, no_reuse,
+    if key is not None:
+        chosen[key] = sched
+    return ScheduledKernel(kernel, sched, _in_order(schemes), modeled, no_reuse,
                            candidates + [(f"{r.what}; refused: {r.detail}", math.inf)
                                          for r in refused], profile, refused)
+
+
+def _memo_key(pattern: Pattern, device: Device, excluded: Mapping[Schedule, str]):
+    form = pattern.canonical_form()
+    return None if form is None else (form, device.name, frozenset(excluded))
+
+
+def _chosen_before(pattern: Pattern, sched: Schedule, name: str, device: Device, read: int,
+                   written: int) -> ScheduledKernel | None:
+    """The kernel of the schedule chosen for a pattern equal up to names, built alone (None
+    if it does not build here after all: then every schedule is tried)."""
+    outcome = _build_and_price(pattern, sched, name, device, read, written)
+    if isinstance(outcome, Refused):
+        return None
+    kernel, schemes, no_reuse, profile, modeled = outcome
+    description = _description(sched, kernel, profile) + \
+        "; chosen for an earlier pattern equal up to names"
+    return ScheduledKernel(kernel, sched, _in_order(schemes), modeled, no_reuse,
+                           [(description, modeled)], profile, [])
+
+
+def _build_and_price(pattern: Pattern, sched: Schedule, name: str, device: Device, read: int,
+                     written: int) -> tuple | Refused:
+    """(kernel, schemes, shared memory before reuse, profile, modeled us) of one schedule,
+    or why it is refused."""
+    try:
+        kernel, schemes = build_kernel(pattern, sched, name)
+    except CodegenError as e:
+        return Refused(sched, e.kind, e.detail)
+    no_reuse = reuse_shared_memory(kernel)
+    if math.prod(kernel.grid) <= device.sm_count:
+        kernel.min_blocks_per_sm = 1  # the grid is one wave of one block per SM
+    if kernel.smem_bytes > device.shared_memory_per_block:
+        return Refused(sched, Refusal.SHARED_MEMORY, f"{kernel.smem_bytes} B shared memory "
+                                                     f"exceeds {device.shared_memory_per_block} B")
+    profile = kernel_profile(kernel, read, written)
+    try:
+        modeled = kernel_latency_us(profile, device).total_us
+    except ValueError as e:  # cannot launch (occupancy 0)
+        return Refused(sched, Refusal.CANNOT_LAUNCH, str(e))
+    return kernel, schemes, no_reuse, profile, modeled
+
+
+def _description(sched: Schedule, kernel: Kernel, profile: KernelProfile) -> str:
+    return f"{sched.why}; grid {kernel.grid[0]} x {kernel.block[0]}, " \
+           f"~{profile.regs_per_thread} regs, {kernel.smem_bytes} B smem"
+
+
+def _in_order(schemes: set[str]) -> list[str]:
+    order = ["kernel_packing", "thread_composition", "warp_composition", "block_composition"]
+    return [s for s in order if s in schemes]
