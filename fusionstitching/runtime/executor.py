@@ -17,6 +17,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .. import verification
 from ..hlo.parser import parse_module
 from ..hlo.xla_runner import optimized_hlo_text, run_hlo_with_xla, widened_to_f64
@@ -265,7 +267,6 @@ class Executor:
         inputs with NaN/inf as 0, seeded random inputs of each verification.INPUT_KINDS, on
         which every output of the reference is finite; None when none is."""
         import jax
-        import numpy as np
 
         def floats(make):
             return jax.tree_util.tree_map(
@@ -292,7 +293,6 @@ class Executor:
         As ``verification.verify`` decides on random inputs. None when the module cannot run
         in f64 here."""
         import jax
-        import numpy as np
 
         try:
             args, kwargs = self._fresh(inputs)

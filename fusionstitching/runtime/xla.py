@@ -6,6 +6,7 @@ compile options ``jax.jit`` uses. These are jax internals, pinned by setup.py to
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 
@@ -39,8 +40,6 @@ def swap_executable(lowered, compiled, executable):
     ``MeshExecutable._unloaded_executable`` is a dataclass whose ``load()`` rebuilds the
     call path around ``xla_executable``.
     """
-    import dataclasses
-
     from jax._src import stages
 
     unloaded = dataclasses.replace(compiled._executable._unloaded_executable,
