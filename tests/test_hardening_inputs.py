@@ -28,6 +28,7 @@ from fusionstitching.hlo.parser import parse_file, parse_module, read_hlo_text
 from fusionstitching.hlo.verifier import module_problem
 from fusionstitching.pipeline import Options, stitch_module
 from fusionstitching.verification import random_inputs
+from helpers_codegen import ADD
 
 DATA = Path(__file__).parent / "data" / "hlo"
 
@@ -318,13 +319,7 @@ def _broken_module(result: str, body: str, operand: str) -> str:
     layout = "{" + ",".join(str(d) for d in reversed(range(rank))) + "}"
     result_layout = "{" + ",".join(str(d) for d in reversed(range(result.count(",") + 1))) + "}"
     return f"""HloModule broken
-
-%add (a: f32[], b: f32[]) -> f32[] {{
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %s = f32[] add(%a, %b)
-}}
-
+{ADD}
 %fused (p0: {operand}) -> {result} {{
   %p0 = {operand}{layout} parameter(0)
   {body}
