@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fusionstitching import codegen
 from fusionstitching.cli import main as cli_main
+from fusionstitching.codegen import index_expr as x, kernel_ir as k, traffic
 from fusionstitching.graph.opgraph import build_graph
 from fusionstitching.graph.refusal import RefusalKind, defects
 from fusionstitching.hlo import parser as hlo_parser
@@ -179,7 +181,6 @@ def test_deep_nesting_is_planned_without_recursion(kind):
     result = stitch_module(parse_module(_deep(kind, 1000)), Options(ptxas=False))
     assert result.report.xla.mem_kernels == (2 if kind == "fusion" else 1)
     if kind == "fusion":  # too long a chain for one kernel: left to XLA, saying why
-        from fusionstitching import codegen
         refusal = codegen.can_stitch(result.module, ["a"])
         assert refusal.kind is codegen.Refusal.CHAIN_TOO_LONG
         assert "chain of more than" in str(refusal)
@@ -446,7 +447,6 @@ def test_huge_shapes_are_planned_in_bounded_memory(n):
 
 def _brute_force_traffic(kernel) -> tuple[int, int]:
     """Every thread, loop iteration and condition interpreted one by one (small kernels)."""
-    from fusionstitching.codegen import kernel_ir as k
     totals = [0, 0]
 
     def value(x, env):
@@ -483,8 +483,6 @@ def test_periodic_traffic_count_equals_thread_by_thread(monkeypatch, max_points,
     (period 15 of 41 blocks). A loop start that moves with the block, or max_points below a
     period's threads, counts block by block; max_points 4 also slices the expanded loop
     (within one thread's iterations too)."""
-    from fusionstitching.codegen import index_expr as x, kernel_ir as k
-    from fusionstitching.codegen import traffic
     monkeypatch.setattr(traffic, "MAX_POINTS", max_points)
     tid, bid = x.Var("tid", 24), x.Var("bid", 41)
     flat = x.add(x.scale(bid, 24), tid)
@@ -512,8 +510,6 @@ def test_moving_loop_start_is_counted_over_repeats(monkeypatch, max_points, coef
     does), under guards on the block that cut the repeats of a period (period 5 of 37 blocks):
     the trip counts are summed over the repeats in closed form, equal to the count thread by
     thread. The division by 4 doubles the period to 10 (3 or 4 repeats)."""
-    from fusionstitching.codegen import index_expr as x, kernel_ir as k
-    from fusionstitching.codegen import traffic
     monkeypatch.setattr(traffic, "MAX_POINTS", max_points)
     counted, blocks = [], traffic._blocks
     monkeypatch.setattr(traffic, "_blocks", lambda kernel, first, period, repeats: (
@@ -540,7 +536,6 @@ def test_moving_loop_start_is_counted_over_repeats(monkeypatch, max_points, coef
 
 
 def test_floor_sum_matches_the_sum():
-    from fusionstitching.codegen import traffic
     rng = random.Random(8)
     cases = [(rng.randint(0, 25), rng.randint(1, 30), rng.randint(0, 90), rng.randint(0, 90))
              for _ in range(500)]
