@@ -110,10 +110,17 @@ def compute_cycles(device: Device, grid_blocks: int, threads_per_block: int, occ
     """(N_wave, L_warp, N_wave * L_warp) for a launch whose occupancy is ``occ``."""
     if occ.active_blocks_per_sm == 0:
         raise ValueError(f"kernel cannot launch on {device.name}: {occ.limiter} exceeded")
-    waves = -(-grid_blocks // (occ.active_blocks_per_sm * device.sm_count))
+    return _cycles(device, grid_blocks, threads_per_block, occ.active_blocks_per_sm,
+                   instructions, costs)
+
+
+def _cycles(device: Device, grid_blocks: int, threads_per_block: int, active_blocks: int,
+            instructions: Mapping[str, float],
+            costs: Mapping[str, OpCost]) -> tuple[int, float, float]:
+    waves = -(-grid_blocks // (active_blocks * device.sm_count))
     warps_per_block = -(-threads_per_block // device.warp_size)
     # Warps resident per SM in a full wave, or fewer when the grid does not fill one.
-    blocks_per_sm = min(occ.active_blocks_per_sm, -(-grid_blocks // device.sm_count))
+    blocks_per_sm = min(active_blocks, -(-grid_blocks // device.sm_count))
     schedulers = arch_limits(device).sub_partitions
     per_scheduler = -(-blocks_per_sm * warps_per_block // schedulers)
     l_warp = warp_cycles(instructions, costs, per_scheduler)
@@ -136,6 +143,24 @@ def kernel_latency_us(profile: KernelProfile, device: Device) -> LatencyBreakdow
     return LatencyBreakdown(waves=waves, occupancy=occ, warp_cycles=l_warp,
                             compute_us=compute_us, memory_us=memory_us, launch_us=LAUNCH_US,
                             total_us=overlap_us(compute_us, memory_us) + LAUNCH_US)
+
+
+def kernel_latency_lower_bound_us(grid_blocks: int, threads_per_block: int, smem_bytes: int,
+                                  instructions: Mapping[str, float], bytes_moved: int,
+                                  device: Device) -> float:
+    """The least ``kernel_latency_us`` of a launch whatever its registers per thread: the
+    minimum over every occupancy those could give (at most the one of no registers), so
+    a schedule's kernel is priced in full only when it could be the fastest. With
+    ``instructions`` counted as few as they can be (loads all in flight), it bounds the
+    kernel's time from below (inf: it cannot launch)."""
+    most = occupancy(device, threads_per_block, 0, smem_bytes).active_blocks_per_sm
+    costs = op_costs(device.sm_arch)
+    memory_us = kernel_cost(bytes_moved, device, grid_blocks).memory_us
+    least = min((_cycles(device, grid_blocks, threads_per_block, active, instructions, costs)[2]
+                 for active in range(1, most + 1)), default=None)
+    if least is None:
+        return float("inf")
+    return overlap_us(least / (device.clock_ghz * 1e3), memory_us) + LAUNCH_US
 
 
 def estimate_registers(live_value_counts: Iterable[int]) -> int:

@@ -7,7 +7,7 @@
 `compile_nvptx` lower the same kernel IR for the CPU and for NVIDIA GPUs.
 """
 from .errors import CodegenError, Refusal
-from .generate import (KernelSpec, can_stitch, generate, modeled_kernel_us,
+from .generate import (KernelSpec, add_host_kernel, can_stitch, generate, modeled_kernel_us,
                        other_space_nodes)
 from .host import HostKernel, Traffic, compile_host, count_traffic
 from .nvptx import NvptxKernel, compile_nvptx, find_ptxas
@@ -15,5 +15,6 @@ from .schedules.candidates import Schedule
 from .schedules.choose import Refused
 
 __all__ = ["CodegenError", "HostKernel", "KernelSpec", "NvptxKernel", "Refusal", "Refused",
-           "Schedule", "Traffic", "can_stitch", "compile_host", "compile_nvptx", "count_traffic",
+           "Schedule", "Traffic", "add_host_kernel", "can_stitch", "compile_host", "compile_nvptx",
+           "count_traffic",
            "find_ptxas", "generate", "modeled_kernel_us", "other_space_nodes"]

@@ -1,6 +1,7 @@
 """`generate`: one stitched kernel for a pattern (flatten, schedule, choose), as a `KernelSpec`."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -57,6 +58,8 @@ class KernelSpec:
     schedule: Schedule | None = None  # the chosen schedule
     # The schedules refused, each with its kind and detail (`candidates` lists them in words).
     refused: list[Refused] = field(default_factory=list)
+    # False: the first schedule that built, not necessarily the fastest (``fastest=False``).
+    fastest: bool = True
 
     def __str__(self) -> str:
         return str(self.kernel)
@@ -64,16 +67,20 @@ class KernelSpec:
 
 def generate(module: Module, nodes: list[str], name: str, device: Device | None = None,
              excluded: Mapping[Schedule, str] | None = None,
-             chosen: dict | None = None) -> KernelSpec:
+             chosen: dict | None = None, fastest: bool = True,
+             with_host_kernel: bool = True) -> KernelSpec:
     """One kernel for these entry instructions; raises CodegenError when impossible.
 
     ``device``: the GPU whose latency-evaluator chooses among the enumerated schedules
     (``costmodel.load_device(target)``; default the H100). ``excluded``: schedules not to
     choose, with the reason (ptxas spilled them). ``chosen``: the schedules chosen in this
-    planning run so far, for patterns equal up to names (see ``schedule_pattern``)."""
+    planning run so far, for patterns equal up to names (see ``schedule_pattern``).
+    ``fastest=False``: the first schedule that builds (a capability query; ``spec.fastest``
+    says whether it is known to be the fastest). ``with_host_kernel=False``: no
+    ``host_kernel`` (``add_host_kernel`` adds it later)."""
     pattern = flatten(module, nodes)
     scheduled = schedule_pattern(pattern, name, device or load_device(DEFAULT_TARGET), excluded,
-                                 chosen)
+                                 chosen, fastest)
     kernel = scheduled.kernel
     spec = KernelSpec(
         name=name, nodes=list(nodes), inputs=pattern.inputs, outputs=pattern.outputs,
@@ -84,17 +91,28 @@ def generate(module: Module, nodes: list[str], name: str, device: Device | None 
         regs_model=scheduled.profile.regs_per_thread, why=scheduled.schedule.why,
         modeled_us=scheduled.modeled_us, smem_bytes_no_reuse=scheduled.smem_bytes_no_reuse,
         candidates=scheduled.candidates,
-        host_kernel=build_kernel(pattern, host_schedule(pattern, scheduled.schedule), name)[0],
-        profile=scheduled.profile, schedule=scheduled.schedule, refused=scheduled.refused)
+        host_kernel=build_kernel(pattern, host_schedule(pattern, scheduled.schedule), name)[0]
+        if with_host_kernel else None,
+        profile=scheduled.profile, schedule=scheduled.schedule, refused=scheduled.refused,
+        fastest=scheduled.fastest)
     spec.raw_read_bytes = global_traffic(kernel)[0]
     return spec
+
+
+def add_host_kernel(module: Module, spec: KernelSpec) -> KernelSpec:
+    """``spec`` with its ``host_kernel`` (the pattern scheduled for CPU speed) built."""
+    if spec.host_kernel is not None:
+        return spec
+    pattern = flatten(module, spec.nodes)
+    host = build_kernel(pattern, host_schedule(pattern, spec.schedule), spec.name)[0]
+    return dataclasses.replace(spec, host_kernel=host)
 
 
 def can_stitch(module: Module, nodes: list[str], device: Device | None = None
                ) -> CodegenError | None:
     """None when `nodes` can be one kernel, else the refusal (its kind and detail)."""
     try:
-        generate(module, nodes, "probe", device)
+        generate(module, nodes, "probe", device, fastest=False, with_host_kernel=False)
     except CodegenError as e:
         return e
     return None

@@ -10,14 +10,37 @@ from .instructions import count_instructions
 from .registers import registers_and_load_window
 
 
-def kernel_profile(kernel: Kernel, bytes_read: int, bytes_written: int
+def kernel_profile(kernel: Kernel, bytes_read: int, bytes_written: int,
+                   unbounded_counts: dict[str, float] | None = None
                    ) -> costmodel.KernelProfile:
     """Launch shape, instructions per thread by op class, registers, shared memory, and the
-    kernel's distinct global bytes (``bytes_read``: each input once)."""
+    kernel's distinct global bytes (``bytes_read``: each input once). ``unbounded_counts``:
+    the kernel's `unbounded_instructions`, when the caller has them (used where the
+    registers leave every load in flight)."""
     regs, load_window = registers_and_load_window(kernel)
-    counts: dict[str, float] = {}
-    count_instructions(kernel, counts, load_window)
+    if unbounded_counts is not None and load_window == math.inf:
+        counts = dict(unbounded_counts)
+    else:
+        counts = {}
+        count_instructions(kernel, counts, load_window)
     return costmodel.KernelProfile(
         grid_blocks=math.prod(kernel.grid), threads_per_block=math.prod(kernel.block),
         regs_per_thread=regs, smem_bytes=kernel.smem_bytes,
         instructions=counts, bytes_read=bytes_read, bytes_written=bytes_written)
+
+
+def unbounded_instructions(kernel: Kernel) -> dict[str, float]:
+    """Instructions per thread with every load in flight at once (no register window): as
+    few as the kernel can execute, whatever registers it gets."""
+    counts: dict[str, float] = {}
+    count_instructions(kernel, counts)
+    return counts
+
+
+def latency_lower_bound_us(kernel: Kernel, counts: dict[str, float], bytes_moved: int,
+                           device) -> float:
+    """The least time the latency-evaluator can give ``kernel`` (``counts``: its
+    `unbounded_instructions`), before its registers are modeled."""
+    return costmodel.kernel_latency_lower_bound_us(
+        math.prod(kernel.grid), math.prod(kernel.block), kernel.smem_bytes, counts, bytes_moved,
+        device)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
+from operator import itemgetter
 from dataclasses import dataclass
 
-from costmodel import KernelProfile, kernel_latency_us
+from costmodel import LAUNCH_US, KernelProfile, kernel_cost, kernel_latency_us
 from costmodel.devices import Device
 
-from ..cost.kernel_profile import kernel_profile
+from ..cost.kernel_profile import (kernel_profile, latency_lower_bound_us,
+                                   unbounded_instructions)
 from ..errors import CodegenError, Refusal
 from ..flatten import Pattern
 from ..index_expr import strides as _element_strides
@@ -52,6 +54,10 @@ class ScheduledKernel:
     candidates: list[tuple[str, float]]
     profile: KernelProfile  # what modeled_us was priced from
     refused: list[Refused]
+    fastest: bool = True  # False: the first schedule that built (others left untried)
+    # Schedules not priced (or not built) because their least time was not below the fastest's
+    # (branch and bound), each with that least time.
+    pruned: list[tuple[Schedule, float]] = dataclasses.field(default_factory=list)
 
 
 def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, set[str]]:
@@ -90,16 +96,21 @@ def _strided_points(pattern: Pattern) -> int:
 
 def schedule_pattern(pattern: Pattern, name: str, device: Device,
                      excluded: Mapping[Schedule, str] | None = None,
-                     chosen: dict | None = None) -> ScheduledKernel:
+                     chosen: dict | None = None, fastest: bool = True) -> ScheduledKernel:
     """Build every enumerated schedule, drop those failing locality or the device's limits
     or ``excluded`` (a schedule -> why the caller excludes it), and keep the one the
     latency-evaluator models fastest.
 
     Candidates are priced by `kernel_profile`, the same model the pipeline prices the chosen
-    kernel with (and XLA's kernels against), so the choice and the report agree.
+    kernel with (and XLA's kernels against), so the choice and the report agree. They are
+    priced in order of the least time the latency-evaluator could give them before their
+    registers are modeled (`latency_lower_bound_us`); one whose least time is not below the
+    fastest priced so far cannot win and is not priced (branch and bound: the same choice).
 
     ``chosen``: the schedules chosen so far, by the pattern's canonical form; a pattern equal
-    up to names to an earlier one (a model's repeated layers) gets its schedule, built alone."""
+    up to names to an earlier one (a model's repeated layers) gets its schedule, built alone.
+    ``fastest=False``: the first schedule that builds is enough (a capability query); the
+    result says whether it is known to be the fastest (``ScheduledKernel.fastest``)."""
     excluded = excluded or {}
     read = sum(s.byte_size for _, s in pattern.inputs)
     written = sum(s.byte_size for _, s in pattern.outputs)
@@ -108,46 +119,84 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
         earlier = _chosen_before(pattern, chosen[key], name, device, read, written)
         if earlier is not None:
             return earlier
-    built, refused, candidates = [], [], []
+    built, refused, candidates, pruned = [], [], [], []
+    stopped = False  # schedules left unbuilt (``fastest=False``)
     strided = _strided_points(pattern)
+    numbers = iter(range(1 << 30))  # enumeration order: ties go to the first
 
-    def schedules():
-        """The one-space schedules; the phased ones only where all of those are refused for
-        reductions over different spaces or for locality, so every pattern that builds with
-        one space keeps its kernel."""
+    def try_all(schedules: list[Schedule]) -> None:
+        """Build ``schedules`` and price them, into ``built``, ``refused`` and ``pruned``.
+        Those moving their bytes fastest first (`memory_bound_us`); the first kernel built
+        is priced at once, and a schedule whose memory time alone is not below the fastest
+        priced is not built. The other kernels are priced in order of their least time."""
+        nonlocal stopped
+        numbered = [(next(numbers), sched) for sched in schedules]
+        memory = {sched: memory_bound_us(sched, read + written, device) for _, sched in numbered}
+        kernels = []  # (least us, number, schedule, kernel, schemes, no_reuse, counts)
+        for number, sched in sorted(numbered, key=lambda n: (memory[n[1]], n[0])):
+            if built and not fastest:
+                stopped = True
+                break
+            if built and _best(built) < (memory[sched], number):
+                pruned.append((sched, memory[sched]))
+                continue
+            if sched in excluded:
+                refused.append((number, Refused(sched, Refusal.EXCLUDED, excluded[sched])))
+                continue
+            if strided and sched.kind in ("warp", "block"):
+                # The latency-evaluator does not price uncoalesced access; thread and tile
+                # schedules read these reductions coalesced (consecutive results in lanes).
+                refused.append((number, Refused(
+                    sched, Refusal.UNCOALESCED, f"lanes would read points {strided} elements "
+                                                f"apart (uncoalesced)")))
+                continue
+            outcome = _build(pattern, sched, name, device)
+            if isinstance(outcome, Refused):
+                refused.append((number, outcome))
+                continue
+            kernel, schemes, no_reuse = outcome
+            counts = unbounded_instructions(kernel)
+            least = latency_lower_bound_us(kernel, counts, read + written, device)
+            entry = (least, number, sched, kernel, schemes, no_reuse, counts)
+            if built:
+                kernels.append(entry)
+            else:
+                price(entry)  # an upper bound on the fastest, for the bounds to prune by
+        for entry in sorted(kernels, key=lambda k: k[:2]):
+            if _best(built) < entry[:2]:
+                pruned.append((entry[2], entry[0]))
+                continue
+            price(entry)
+
+    def price(entry) -> None:
+        least, number, sched, kernel, schemes, no_reuse, counts = entry
+        profile = kernel_profile(kernel, read, written, counts)
         try:
-            space = reduction_space(pattern)
-        except CodegenError as e:
-            if e.kind is not Refusal.DIFFERENT_SPACES:
-                raise
-            refused.append(Refused(None, e.kind, e.detail))
-        else:
-            reuse = space.reduced > 0 and (len(reduction_stages(pattern)) > 1 or any(
-                s.num_elements == space.groups * space.reduced for _, s in pattern.outputs))
-            sizes = [s.num_elements for _, s in pattern.outputs]
-            yield from enumerate_schedules(space, device, sizes, reuse)
-        if not built and any(r.kind in (Refusal.DIFFERENT_SPACES, Refusal.CROSS_BLOCK)
-                             for r in refused):
-            yield from enumerate_phased_schedules(pattern, device)
-
-    for sched in schedules():
-        if sched in excluded:
-            refused.append(Refused(sched, Refusal.EXCLUDED, excluded[sched]))
-            continue
-        if strided and sched.kind in ("warp", "block"):
-            # The latency-evaluator does not price uncoalesced access; thread and tile
-            # schedules read these reductions coalesced (consecutive results in lanes).
-            refused.append(Refused(sched, Refusal.UNCOALESCED,
-                                   f"lanes would read points {strided} elements apart "
-                                   f"(uncoalesced)"))
-            continue
-        outcome = _build_and_price(pattern, sched, name, device, read, written)
-        if isinstance(outcome, Refused):
-            refused.append(outcome)
-            continue
-        kernel, schemes, no_reuse, profile, modeled = outcome
+            modeled = kernel_latency_us(profile, device).total_us
+        except ValueError as e:  # cannot launch (occupancy 0)
+            refused.append((number, Refused(sched, Refusal.CANNOT_LAUNCH, str(e))))
+            return
         candidates.append((_description(sched, kernel, profile), modeled))
-        built.append((modeled, len(built), sched, kernel, schemes, no_reuse, profile))
+        built.append((modeled, number, sched, kernel, schemes, no_reuse, profile))
+
+    # The phased schedules only where all one-space ones are refused for reductions over
+    # different spaces or for locality, so every pattern that builds with one space keeps
+    # its kernel.
+    try:
+        space = reduction_space(pattern)
+    except CodegenError as e:
+        if e.kind is not Refusal.DIFFERENT_SPACES:
+            raise
+        refused.append((-1, Refused(None, e.kind, e.detail)))
+    else:
+        reuse = space.reduced > 0 and (len(reduction_stages(pattern)) > 1 or any(
+            s.num_elements == space.groups * space.reduced for _, s in pattern.outputs))
+        sizes = [s.num_elements for _, s in pattern.outputs]
+        try_all(enumerate_schedules(space, device, sizes, reuse))
+    if not built and any(r.kind in (Refusal.DIFFERENT_SPACES, Refusal.CROSS_BLOCK)
+                         for _, r in refused):
+        try_all(enumerate_phased_schedules(pattern, device))
+    refused = [r for _, r in sorted(refused, key=lambda n: n[0])]  # in enumeration order
     if not built:
         # Unsupported ops fail every schedule alike: the first refusal speaks for all; a
         # pattern only the phased schedule could build says why that failed too.
@@ -156,12 +205,27 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
                   and r.schedule.kind == "phases"]
         raise CodegenError(first.kind, first.detail + (
             f"; phased schedule: {phased[0]}" if phased and phased[0] != first.detail else ""))
-    modeled, _, sched, kernel, schemes, no_reuse, profile = min(built, key=lambda b: b[:2])
-    if key is not None:
+    modeled, _, sched, kernel, schemes, no_reuse, profile = min(built, key=itemgetter(0, 1))
+    if key is not None and fastest:
         chosen[key] = sched
     return ScheduledKernel(kernel, sched, _in_order(schemes), modeled, no_reuse,
-                           candidates + [(f"{r.what}; refused: {r.detail}", math.inf)
-                                         for r in refused], profile, refused)
+                           candidates + [(f"{s.why}; not priced: at least {least:.3f} us "
+                                          f"before registers, not below the fastest "
+                                          f"(modeled)", math.inf) for s, least in pruned]
+                           + [(f"{r.what}; refused: {r.detail}", math.inf) for r in refused],
+                           profile, refused, fastest=not stopped, pruned=pruned)
+
+
+def memory_bound_us(sched: Schedule, bytes_moved: int, device: Device) -> float:
+    """A time no kernel of ``sched`` is modeled below, before it is built: its bytes over
+    the bandwidth its grid reaches, plus the launch (the latency-evaluator adds compute time,
+    overlapped at most fully: ``overlap_us`` >= the memory time)."""
+    return kernel_cost(bytes_moved, device, sched.grid_blocks).memory_us + LAUNCH_US
+
+
+def _best(built: list[tuple]) -> tuple[float, int]:
+    """(modeled us, enumeration number) of the fastest schedule priced so far."""
+    return min(b[:2] for b in built)
 
 
 def _memo_key(pattern: Pattern, device: Device, excluded: Mapping[Schedule, str]):
@@ -180,13 +244,27 @@ def _chosen_before(pattern: Pattern, sched: Schedule, name: str, device: Device,
     description = _description(sched, kernel, profile) + \
         "; chosen for an earlier pattern equal up to names"
     return ScheduledKernel(kernel, sched, _in_order(schemes), modeled, no_reuse,
-                           [(description, modeled)], profile, [])
+                           [(description, modeled)], profile, [], fastest=True)
 
 
 def _build_and_price(pattern: Pattern, sched: Schedule, name: str, device: Device, read: int,
                      written: int) -> tuple | Refused:
     """(kernel, schemes, shared memory before reuse, profile, modeled us) of one schedule,
     or why it is refused."""
+    outcome = _build(pattern, sched, name, device)
+    if isinstance(outcome, Refused):
+        return outcome
+    kernel, schemes, no_reuse = outcome
+    profile = kernel_profile(kernel, read, written)
+    try:
+        modeled = kernel_latency_us(profile, device).total_us
+    except ValueError as e:  # cannot launch (occupancy 0)
+        return Refused(sched, Refusal.CANNOT_LAUNCH, str(e))
+    return kernel, schemes, no_reuse, profile, modeled
+
+
+def _build(pattern: Pattern, sched: Schedule, name: str, device: Device) -> tuple | Refused:
+    """(kernel, schemes, shared memory before reuse) of one schedule, or why it is refused."""
     try:
         kernel, schemes = build_kernel(pattern, sched, name)
     except CodegenError as e:
@@ -197,12 +275,7 @@ def _build_and_price(pattern: Pattern, sched: Schedule, name: str, device: Devic
     if kernel.smem_bytes > device.shared_memory_per_block:
         return Refused(sched, Refusal.SHARED_MEMORY, f"{kernel.smem_bytes} B shared memory "
                                                      f"exceeds {device.shared_memory_per_block} B")
-    profile = kernel_profile(kernel, read, written)
-    try:
-        modeled = kernel_latency_us(profile, device).total_us
-    except ValueError as e:  # cannot launch (occupancy 0)
-        return Refused(sched, Refusal.CANNOT_LAUNCH, str(e))
-    return kernel, schemes, no_reuse, profile, modeled
+    return kernel, schemes, no_reuse
 
 
 def _description(sched: Schedule, kernel: Kernel, profile: KernelProfile) -> str:

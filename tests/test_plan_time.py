@@ -1,0 +1,121 @@
+"""Planning faster (issue 27): the schedule choice prices only schedules that could win, and
+still chooses what pricing every schedule would; ptxas runs side by side."""
+import functools
+import os
+
+import pytest
+
+from costmodel import load_device
+from fusionstitching.codegen import compile_nvptx, find_ptxas, generate
+from fusionstitching.codegen.cost.kernel_profile import (latency_lower_bound_us,
+                                                         unbounded_instructions)
+from fusionstitching.codegen.errors import CodegenError
+from fusionstitching.codegen.flatten import flatten
+from fusionstitching.codegen.schedules.choose import (_build_and_price, memory_bound_us,
+                                                      schedule_pattern)
+from fusionstitching.hlo.parser import parse_file
+from fusionstitching.pipeline import Options, stitch_module
+
+HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
+H100 = load_device("h100")
+# Row reductions, a phased training step and a transformer's inference: loop, thread, warp,
+# block, tile and phased schedules among their candidates.
+FILES = ["layernorm_32x2048_jax_h100_classic.hlo", "softmax_32x2048_jax_h100_classic.hlo",
+         "cross_entropy_64x256_jax_h100.hlo", "dien_infer_small_jax_h100.hlo.gz",
+         "bert_infer_small_jax_h100.hlo", "batchnorm_train_4x8x8x32_jax_h100.hlo"]
+
+
+@functools.cache
+def planned(file: str):
+    module = parse_file(os.path.join(HLO, file))
+    return module, stitch_module(module, Options(target="h100", ptxas=False))
+
+
+def patterns(file: str):
+    """Every pattern the explorer's plan for ``file`` stitches, flattened."""
+    module, result = planned(file)
+    return [flatten(module, k.pattern.nodes) for k in result.kernels]
+
+
+def test_every_file_has_patterns():
+    assert all(patterns(file) for file in FILES)
+
+
+@pytest.mark.parametrize("file", FILES)
+def test_pruned_schedules_are_no_faster_than_the_chosen_one(file):
+    """Branch and bound chooses what pricing every schedule would: each schedule left
+    unpriced, priced here, is no faster than the chosen kernel."""
+    for pattern in patterns(file):
+        chosen = schedule_pattern(pattern, "k", H100)
+        for sched, least in chosen.pruned:
+            assert least >= chosen.modeled_us
+            outcome = _build_and_price(pattern, sched, "k", H100, chosen.profile.bytes_read,
+                                       chosen.profile.bytes_written)
+            if isinstance(outcome, tuple):
+                assert outcome[4] >= chosen.modeled_us, sched.why
+        built = [t for _, t in chosen.candidates if t != float("inf")]
+        assert chosen.modeled_us == min(built)
+
+
+@pytest.mark.parametrize("file", FILES)
+def test_least_times_are_below_every_schedules_modeled_time(file):
+    """The bounds the choice prunes by: before building (memory alone) and before the
+    registers (every occupancy, loads all in flight), for every schedule that builds."""
+    checked = 0
+    for pattern in patterns(file):
+        read = sum(s.byte_size for _, s in pattern.inputs)
+        written = sum(s.byte_size for _, s in pattern.outputs)
+        chosen = schedule_pattern(pattern, "k", H100)
+        for sched in [chosen.schedule] + [s for s, _ in chosen.pruned]:
+            outcome = _build_and_price(pattern, sched, "k", H100, read, written)
+            if not isinstance(outcome, tuple):
+                continue
+            kernel, modeled = outcome[0], outcome[4]
+            least = latency_lower_bound_us(kernel, unbounded_instructions(kernel),
+                                           read + written, H100)
+            assert memory_bound_us(sched, read + written, H100) <= least <= modeled
+            checked += 1
+    assert checked >= len(patterns(file))
+
+
+def test_the_bounds_leave_most_schedules_unpriced():
+    """On the row reductions and transformer above, most built schedules are never priced
+    (the register model is the costliest part of pricing)."""
+    priced = pruned = 0
+    for file in FILES:
+        for pattern in patterns(file):
+            chosen = schedule_pattern(pattern, "k", H100)
+            priced += sum(1 for _, t in chosen.candidates if t != float("inf"))
+            pruned += len(chosen.pruned)
+    assert pruned > priced
+
+
+def test_a_capability_query_stops_at_the_first_schedule_that_builds():
+    module = parse_file(os.path.join(HLO, "layernorm_32x2048_jax_h100_classic.hlo"))
+    pattern = patterns("layernorm_32x2048_jax_h100_classic.hlo")[0]
+    first = schedule_pattern(pattern, "k", H100, fastest=False)
+    assert not first.fastest and len([t for _, t in first.candidates if t != float("inf")]) == 1
+    best = schedule_pattern(pattern, "k", H100)
+    assert best.fastest and best.modeled_us <= first.modeled_us
+    with pytest.raises(CodegenError):  # a refusal is still a refusal
+        generate(module, [module.entry.parameters[0].name], "p", fastest=False)
+
+
+def test_probes_leave_out_the_cpu_schedule_but_planned_kernels_have_it_when_asked():
+    module, result = planned("bert_infer_small_jax_h100.hlo")
+    assert result.kernels and all(k.spec.host_kernel is None for k in result.kernels)
+    with_host = stitch_module(module, Options(target="h100", ptxas=False, host=True))
+    assert with_host.kernels and all(k.spec.host_kernel is not None and
+                                     k.spec.host_kernel.block == (1,) for k in with_host.kernels)
+
+
+def test_ptxas_side_by_side_gives_what_one_at_a_time_gives():
+    if find_ptxas() is None:
+        pytest.skip("find_ptxas() is None: no ptxas on PATH or in nvidia-cuda-nvcc")
+    module = parse_file(os.path.join(HLO, "bert_infer_small_jax_h100.hlo"))
+    together = stitch_module(module, Options(target="h100")).kernels
+    alone = [compile_nvptx(k.spec, "sm_90") for k in together]
+    assert len(together) == 4
+    for k, nv in zip(together, alone):
+        assert (k.nvptx.ptx, k.nvptx.regs, k.nvptx.spills, k.nvptx.cubin) == (
+            nv.ptx, nv.regs, nv.spills, nv.cubin)
