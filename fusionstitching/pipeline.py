@@ -9,6 +9,7 @@ import dataclasses
 import enum
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import costmodel
@@ -92,6 +93,8 @@ def stitch_module(module: Module, options: Options | None = None,
                                built.get(frozenset(pattern.nodes)))
         if kernel is not None:
             kernels.append(kernel)
+    if options.ptxas:
+        kernels = _assembled(graph, kernels, options, device, times, fallbacks)
 
     kernels = _schedulable(module, kernels, fallbacks)
     result = StitchResult(module, graph, plan, kernels, report=None, fallbacks=fallbacks)
@@ -132,7 +135,8 @@ def plan_module(graph: OpGraph, options: Options, device,
 
     def can_stitch(nodes: list[str]) -> Refusal | None:
         try:
-            spec = codegen.generate(graph.module, nodes, "probe", device, chosen=chosen)
+            spec = codegen.generate(graph.module, nodes, "probe", device, chosen=chosen,
+                                    with_host_kernel=False)
         except codegen.CodegenError as exc:
             return Refusal(exc.kind, exc.detail)
         except Exception as exc:  # a defect of ours: the pattern is refused, with the reason
@@ -184,11 +188,14 @@ def _c_name(text: str) -> str:
 
 def _build_kernel(graph, pattern, name, options, device, times, fallbacks, probed=None):
     """``probed``: the kernel the explorer's capability query built for this pattern (the
-    same generation under another name), else it is generated here."""
+    same generation under another name, when its schedule is the fastest), else it is
+    generated here."""
     t0 = time.perf_counter()
     try:
-        spec = _renamed(probed, name) if probed is not None else codegen.generate(
-            graph.module, pattern.nodes, name, device)
+        spec = _renamed(probed, name) if probed is not None and probed.fastest else \
+            codegen.generate(graph.module, pattern.nodes, name, device)
+        if options.host:
+            spec = codegen.add_host_kernel(graph.module, spec)
     except Exception as exc:  # any codegen failure leaves the pattern to XLA
         times.codegen += time.perf_counter() - t0
         why = str(Refusal(exc.kind, exc.detail)) if isinstance(exc, codegen.CodegenError) \
@@ -207,22 +214,39 @@ def _build_kernel(graph, pattern, name, options, device, times, fallbacks, probe
         return None
     finally:
         times.codegen += time.perf_counter() - t0
-    kernel = StitchedKernel(pattern, spec, host=host)
-    if options.ptxas:
-        t0 = time.perf_counter()
+    return StitchedKernel(pattern, spec, host=host)
+
+
+def _assembled(graph, kernels: list[StitchedKernel], options, device, times, fallbacks
+               ) -> list[StitchedKernel]:
+    """``kernels`` through ptxas (side by side, a thread per core), each with its ``nvptx``;
+    one that spills gets its next-fastest schedules (``_fewest_spills``), one that fails is
+    left to XLA."""
+    t0 = time.perf_counter()
+
+    def nvptx(spec):
         try:
-            nv = codegen.compile_nvptx(spec, arch=device.sm_arch)
+            return codegen.compile_nvptx(spec, device.sm_arch)
+        except Exception as exc:  # reported per kernel below
+            return exc
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        assembled = list(pool.map(nvptx, [k.spec for k in kernels]))
+    out = []
+    for kernel, nv in zip(kernels, assembled):
+        try:
+            if isinstance(nv, Exception):
+                raise nv
             if nv.spills:
-                spec, nv = _fewest_spills(graph, spec, nv, options, device)
-                host = host and codegen.compile_host(spec)
-                kernel = StitchedKernel(pattern, spec, host=host)
+                spec, nv = _fewest_spills(graph, kernel.spec, nv, options, device)
+                host = kernel.host and codegen.compile_host(spec)
+                kernel = StitchedKernel(kernel.pattern, spec, host=host)
             kernel.nvptx = nv
+            out.append(kernel)
         except Exception as exc:
-            fallbacks.append(Fallback("ptxas", list(pattern.nodes), _reason(exc)))
-            return None
-        finally:
-            times.ptxas += time.perf_counter() - t0
-    return kernel
+            fallbacks.append(Fallback("ptxas", list(kernel.pattern.nodes), _reason(exc)))
+    times.ptxas += time.perf_counter() - t0
+    return out
 
 
 MAX_SPILL_RETRIES = 8  # each is a code generation and a ptxas run

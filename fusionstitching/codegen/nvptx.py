@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -190,12 +191,22 @@ def _ptx(text: str, name: str, arch: str) -> str:
 
 def ptx_of(kernel: Kernel, arch: str = "sm_90") -> tuple[str, str]:
     """The kernel's LLVM IR and its PTX for ``arch`` (no ptxas)."""
-    text = llvm_ir(kernel)
-    return text, _ptx(text, kernel.name, arch)
+    with _LLVM:
+        text = llvm_ir(kernel)
+        return text, _ptx(text, kernel.name, arch)
+
+
+_LLVM = threading.Lock()  # llvmlite parses into LLVM's global context: one thread at a time
 
 
 def compile_nvptx(spec, arch: str = "sm_90") -> NvptxKernel:
+    """The kernel's PTX, assembled by ptxas when there is one. Threads may call it side by
+    side: LLVM runs one at a time (its global context), ptxas children in parallel."""
     text, ptx = ptx_of(spec.kernel, arch)
+    return _assembled(spec, arch, text, ptx)
+
+
+def _assembled(spec, arch: str, text: str, ptx: str) -> NvptxKernel:
     ptxas = find_ptxas()
     if ptxas is None:
         return NvptxKernel(spec.name, arch, text, ptx, None, None, None, None, "")
