@@ -9,6 +9,7 @@ import dataclasses
 import enum
 import os
 import time
+from collections.abc import MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -66,7 +67,11 @@ class StitchResult:
 
 
 def stitch_module(module: Module, options: Options | None = None,
-                  parse_seconds: float = 0.0) -> StitchResult:
+                  parse_seconds: float = 0.0, schedules: MutableMapping | None = None
+                  ) -> StitchResult:
+    """``schedules``: the schedule chosen for each pattern form, kept by the caller across
+    modules (the runtime's cache): a pattern planned before is built with its schedule alone
+    (``codegen.schedules.choose.schedule_pattern``'s ``chosen``)."""
     options = options or Options()
     device = costmodel.load_device(options.target)
     started = time.perf_counter()
@@ -80,7 +85,7 @@ def stitch_module(module: Module, options: Options | None = None,
     t0 = time.perf_counter()
     built: dict[frozenset[str], codegen.KernelSpec] = {}
     try:
-        plan = plan_module(graph, options, device, built)
+        plan = plan_module(graph, options, device, built, schedules)
     except Exception as exc:  # a defect of ours: the module keeps XLA's plan
         plan = FusionPlan(options.explorer, [], notes=["explorer failed; XLA's plan kept"])
         fallbacks.append(Fallback("explore", [], str(internal(exc))))
@@ -114,7 +119,8 @@ def stitch_module(module: Module, options: Options | None = None,
 
 
 def plan_module(graph: OpGraph, options: Options, device,
-                built: dict[frozenset[str], codegen.KernelSpec] | None = None) -> FusionPlan:
+                built: dict[frozenset[str], codegen.KernelSpec] | None = None,
+                schedules: MutableMapping | None = None) -> FusionPlan:
     """The fusion plan of ``graph``, asking the code generator the question the pipeline
     will: can it build the pattern, and does the kernel pass the cost guard below? So the
     explorer plans around patterns that would be given back to XLA instead of losing them.
@@ -126,7 +132,8 @@ def plan_module(graph: OpGraph, options: Options, device,
     accepted pattern, so that the pipeline does not generate the chosen ones again."""
     built = {} if built is None else built  # accepted patterns
     xla_us: dict[str, float] = {}  # XLA's kernel times, asked again by every query
-    chosen: dict = {}  # schedules by pattern form: a repeated layer's patterns build one each
+    # schedules by pattern form: a repeated layer's patterns build one each
+    chosen = {} if schedules is None else schedules
 
     def xla_kernel_us(node: str) -> float:
         if node not in xla_us:

@@ -15,6 +15,7 @@ from fusionstitching.codegen.schedules.choose import (_build_and_price, memory_b
                                                       schedule_pattern)
 from fusionstitching.hlo.parser import parse_file
 from fusionstitching.pipeline import Options, stitch_module
+from fusionstitching.runtime import cache as kernel_cache
 
 HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
 H100 = load_device("h100")
@@ -119,3 +120,36 @@ def test_ptxas_side_by_side_gives_what_one_at_a_time_gives():
     for k, nv in zip(together, alone):
         assert (k.nvptx.ptx, k.nvptx.regs, k.nvptx.spills, k.nvptx.cubin) == (
             nv.ptx, nv.regs, nv.spills, nv.cubin)
+
+
+def test_a_module_planned_again_with_its_schedules_builds_each_pattern_once():
+    """``schedules`` kept across modules: every pattern of the second planning is built with
+    the schedule chosen the first time, alone, and the kernels are the same."""
+    module = parse_file(os.path.join(HLO, "dien_infer_small_jax_h100.hlo.gz"))
+    schedules: dict = {}
+    first = stitch_module(module, Options(target="h100", ptxas=False), schedules=schedules)
+    second = stitch_module(module, Options(target="h100", ptxas=False), schedules=schedules)
+    assert schedules and first.kernels
+    assert [str(k.spec.kernel) for k in second.kernels] == \
+        [str(k.spec.kernel) for k in first.kernels]
+    for kernel in second.kernels:
+        (only,) = kernel.spec.candidates
+        assert only[0].endswith("chosen for an earlier pattern equal up to names")
+
+
+def test_schedules_kept_in_the_cache_serve_another_process(tmp_path):
+    """The runtime's ScheduleMemo: what one process chose, a new memo on the same directory
+    reads back; an entry that is not a schedule is a miss, not an error."""
+    module = parse_file(os.path.join(HLO, "dien_infer_small_jax_h100.hlo.gz"))
+    stats = kernel_cache.CacheStats(str(tmp_path))
+    writer = kernel_cache.ScheduleMemo(kernel_cache.KernelCache(str(tmp_path)), stats)
+    first = stitch_module(module, Options(target="h100", ptxas=False), schedules=writer)
+    reader = kernel_cache.ScheduleMemo(kernel_cache.KernelCache(str(tmp_path)), stats)
+    assert len(reader) == 0 and all(reader[form] == writer[form] for form in writer)
+    second = stitch_module(module, Options(target="h100", ptxas=False), schedules=reader)
+    assert [k.spec.schedule for k in second.kernels] == [k.spec.schedule for k in first.kernels]
+    assert all(len(k.spec.candidates) == 1 for k in second.kernels)
+    cache = kernel_cache.KernelCache(str(tmp_path))
+    cache.store(kernel_cache.fingerprint("schedule", "a form"), b"not a schedule",
+                kind="schedule")
+    assert kernel_cache.ScheduleMemo(cache, stats).get("a form") is None

@@ -76,7 +76,8 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     parse_seconds = time.perf_counter() - started
     _check_signature(module, xla_compiled)
     result = _stage("pipeline", pipeline.stitch_module, module, options,
-                    parse_seconds=parse_seconds)
+                    parse_seconds=parse_seconds,
+                    schedules=kernel_cache.ScheduleMemo(cache, stats))
     fallbacks = result.report.fallbacks  # codegen/ptxas fallbacks are already in here
     before_host = len(fallbacks)  # a plan with failed host builds is not remembered
     if device is not None:

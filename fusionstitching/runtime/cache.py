@@ -21,13 +21,16 @@ import stat
 import tempfile
 import threading
 import time
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
 import llvmlite
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from ..codegen import Schedule
 from ..codegen.host import HostKernel, HostLowering
+from ..codegen.schedules.space import Space
 from ..codegen.llvm_lowering import optimize
 
 FORMAT = "fusionstitching.kernel/1"
@@ -372,6 +375,41 @@ class KernelCache:
             _maintained[self.root] = 0 if due else since + stored
         if due:
             clean(self.root, self.max_bytes)
+
+
+class ScheduleMemo(MutableMapping):
+    """The schedule chosen for each pattern form (``pipeline.stitch_module``'s ``schedules``),
+    kept in the cache: a module sharing patterns with one planned before, in this process or
+    another (one more layer, a restarted job), builds their schedules alone instead of every
+    candidate. An entry is the Schedule as JSON; one that does not read back is a miss."""
+
+    def __init__(self, cache: KernelCache, stats: CacheStats):
+        self.cache, self.stats = cache, stats
+        self._known: dict[str, Schedule] = {}
+
+    def __getitem__(self, form: str) -> Schedule:
+        if form not in self._known:
+            entry = self.cache.lookup(fingerprint("schedule", form), self.stats)
+            try:
+                fields = json.loads(entry[1]) if entry is not None else None
+                self._known[form] = Schedule(**{**fields, "space": Space(**fields["space"])})
+            except (TypeError, KeyError, ValueError):  # absent, or not a Schedule
+                raise KeyError(form) from None
+        return self._known[form]
+
+    def __setitem__(self, form: str, schedule: Schedule) -> None:
+        self._known[form] = schedule
+        self.cache.store(fingerprint("schedule", form),
+                         json.dumps(dataclasses.asdict(schedule)).encode(), kind="schedule")
+
+    def __delitem__(self, form: str) -> None:
+        del self._known[form]
+
+    def __iter__(self):
+        return iter(self._known)
+
+    def __len__(self) -> int:
+        return len(self._known)
 
 
 def clean(directory: str, max_bytes: int = MAX_BYTES) -> None:

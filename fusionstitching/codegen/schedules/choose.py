@@ -8,8 +8,9 @@ keep their kernel.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from operator import itemgetter
 from dataclasses import dataclass
 
@@ -96,7 +97,8 @@ def _strided_points(pattern: Pattern) -> int:
 
 def schedule_pattern(pattern: Pattern, name: str, device: Device,
                      excluded: Mapping[Schedule, str] | None = None,
-                     chosen: dict | None = None, fastest: bool = True) -> ScheduledKernel:
+                     chosen: MutableMapping[str, Schedule] | None = None,
+                     fastest: bool = True) -> ScheduledKernel:
     """Build every enumerated schedule, drop those failing locality or the device's limits
     or ``excluded`` (a schedule -> why the caller excludes it), and keep the one the
     latency-evaluator models fastest.
@@ -107,16 +109,18 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
     registers are modeled (`latency_lower_bound_us`); one whose least time is not below the
     fastest priced so far cannot win and is not priced (branch and bound: the same choice).
 
-    ``chosen``: the schedules chosen so far, by the pattern's canonical form; a pattern equal
-    up to names to an earlier one (a model's repeated layers) gets its schedule, built alone.
+    ``chosen``: the schedules chosen so far (any mutable mapping, also one kept across
+    processes), by a digest of the pattern's canonical form; a pattern equal up to names to
+    an earlier one (a model's repeated layers) gets its schedule, built alone.
     ``fastest=False``: the first schedule that builds is enough (a capability query); the
     result says whether it is known to be the fastest (``ScheduledKernel.fastest``)."""
     excluded = excluded or {}
     read = sum(s.byte_size for _, s in pattern.inputs)
     written = sum(s.byte_size for _, s in pattern.outputs)
     key = _memo_key(pattern, device, excluded) if chosen is not None else None
-    if key is not None and key in chosen:
-        earlier = _chosen_before(pattern, chosen[key], name, device, read, written)
+    before = chosen.get(key) if key is not None else None
+    if before is not None:
+        earlier = _chosen_before(pattern, before, name, device, read, written)
         if earlier is not None:
             return earlier
     built, refused, candidates, pruned = [], [], [], []
@@ -228,9 +232,15 @@ def _best(built: list[tuple]) -> tuple[float, int]:
     return min(b[:2] for b in built)
 
 
-def _memo_key(pattern: Pattern, device: Device, excluded: Mapping[Schedule, str]):
+def _memo_key(pattern: Pattern, device: Device, excluded: Mapping[Schedule, str]
+              ) -> str | None:
+    """The pattern's canonical form, device and exclusions as a sha256 (a key a cache kept
+    across processes can hold), None without a form."""
     form = pattern.canonical_form()
-    return None if form is None else (form, device.name, frozenset(excluded))
+    if form is None:
+        return None
+    return hashlib.sha256(repr((form, device.name, sorted(map(repr, excluded)))).encode()
+                          ).hexdigest()
 
 
 def _chosen_before(pattern: Pattern, sched: Schedule, name: str, device: Device, read: int,
