@@ -84,6 +84,17 @@ def jax_texts(fn, args, target: str) -> tuple[str, str]:
     import jax
 
     capture = _capture()
+    traced = jax.jit(fn).trace(*abstract_on(args, target))
+    compiled = traced.lower().compile(capture._compiler_options(target, False, None))
+    return compiled.as_text(), capture.optimized_hlo_text(compiled)
+
+
+def abstract_on(args, target: str):
+    """``args`` as ShapeDtypeStructs placed on ``target``'s device (XLA:CPU, or the deviceless
+    XLA:GPU client): the placement selects the backend, and nothing is allocated."""
+    import jax
+
+    capture = _capture()
     device = jax.devices("cpu")[0] if target == "cpu" else capture._gpu_device(target)
     sharding = jax.sharding.SingleDeviceSharding(device)
 
@@ -92,9 +103,7 @@ def jax_texts(fn, args, target: str) -> tuple[str, str]:
             return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
         return leaf
 
-    traced = jax.jit(fn).trace(*jax.tree.map(abstract, args))
-    compiled = traced.lower().compile(capture._compiler_options(target, False, None))
-    return compiled.as_text(), capture.optimized_hlo_text(compiled)
+    return jax.tree.map(abstract, args)
 
 
 def tf_texts(fn, specs, target: str) -> tuple[str, str]:

@@ -1,0 +1,188 @@
+"""Our planning time next to XLA's own compile time of the same step (issue 27).
+
+    python benchmarks/bench_plan_time.py                      # zoo + third-party tier
+    python benchmarks/bench_plan_time.py --parts zoo --only bert dien
+    python benchmarks/bench_plan_time.py --parts flax --targets h100 --json /tmp/plan.json
+
+Per step (the zoo's JAX workloads at their small size, and every model of the third-party
+tier, train and infer) and per target (XLA:CPU, deviceless XLA:GPU H100), in one run:
+
+- ``xla s``: XLA compiling the step (``jax.jit(fn).trace(*args).lower()`` done first, then
+  ``.compile()`` timed; TF models: ``experimental_get_compiler_ir`` for XLA:CPU, and for the
+  H100 the deviceless compile of TF's HLO, as the corpus was captured);
+- ``ours s``: ``stitch_module`` on the optimized module that compile produced, with the
+  runtime's options (planned for the H100, ptxas on), wall time; ``explore`` is its share.
+
+The sums and the largest ratio come last. Each library runs in a child process of its own
+(the Keras backend is chosen once per process), as in make_third_party.py; JAX, TF and
+fusionstitching are imported inside the functions for that reason.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import make_third_party
+from third_party_models import MODELS
+
+REPO = Path(__file__).resolve().parent.parent
+ZOO = "zoo"
+PARTS = [ZOO, *make_third_party.PARTS]
+TARGETS = ("cpu", "h100")
+
+
+# =========================================================================== timing one step
+
+def time_jax(fn, args, target: str) -> tuple[float, str]:
+    """(seconds XLA compiles ``jax.jit(fn)`` for ``target``, its optimized HLO text)."""
+    import jax
+
+    from fusionstitching import capture
+
+    lowered = jax.jit(fn).trace(*make_third_party.abstract_on(args, target)).lower()
+    started = time.perf_counter()
+    compiled = lowered.compile(capture._compiler_options(target, False, None))
+    seconds = time.perf_counter() - started
+    return seconds, capture.optimized_hlo_text(compiled)
+
+
+def time_tf(fn, specs, target: str) -> tuple[float, str]:
+    """The same for a ``tf.function(jit_compile=True)``."""
+    from fusionstitching import capture
+
+    if target == "cpu":
+        fn.experimental_get_compiler_ir(*specs)(stage="hlo")  # tracing, not timed
+        started = time.perf_counter()
+        fn.experimental_get_compiler_ir(*specs)(stage="optimized_hlo")
+        seconds = time.perf_counter() - started
+        return seconds, capture.tf_hlo(fn, *specs)
+    hlo = capture.tf_hlo(fn, *specs, stage="hlo")
+    started = time.perf_counter()
+    modules = capture._compile_hlo_modules(hlo, capture._gpu_device(target),
+                                           capture._compiler_options(target, False, None))
+    seconds = time.perf_counter() - started
+    return seconds, "\n\n".join(capture.hlo_module_text(m) for m in modules)
+
+
+def plan(text: str) -> dict:
+    """Our planning of an optimized module, as the runtime runs it (wall seconds)."""
+    from fusionstitching.hlo.parser import parse_module
+    from fusionstitching.pipeline import Options, stitch_module
+
+    started = time.perf_counter()
+    result = stitch_module(parse_module(text, "<step>"), Options(target="h100"))
+    seconds = time.perf_counter() - started
+    times = result.report.times_s
+    return dict(ours_s=seconds, explore_s=times.explore, ptxas_s=times.ptxas,
+                kernels=len(result.kernels))
+
+
+def measure(name: str, kind: str, fn, args, target: str) -> dict:
+    row = dict(step=name, target=target)
+    try:
+        xla_s, text = (time_jax if kind == "jax" else time_tf)(fn, args, target)
+        row.update(xla_s=xla_s, **plan(text))
+    except Exception as err:  # reported in the table, never stops the run
+        traceback.print_exc()
+        row["error"] = f"{type(err).__name__}: {err}"[:200]
+    print(json.dumps(row), flush=True)
+    return row
+
+
+# =========================================================================== parts (children)
+
+def zoo_steps(only):
+    sys.path.insert(0, str(REPO))
+    from benchmarks.models import zoo
+
+    for model, mode, _ in zoo.WORKLOADS:
+        if only and model not in only:
+            continue
+        fn, args = zoo.jax_workload(model, mode, "small")
+        yield f"zoo_{model}_{mode}_jax", "jax", fn, args
+
+
+def tier_steps(part: str, only):
+    for key, spec in MODELS.items():
+        if spec["part"] != part or (only and spec["model"] not in only and key not in only):
+            continue
+        try:
+            steps = spec["build"]()
+        except Exception:  # a library incompatible with this JAX: as make_third_party
+            traceback.print_exc()
+            continue
+        for mode in spec["modes"]:
+            if mode in steps:
+                kind, fn, args = steps[mode]
+                yield f"{key}_{mode}", kind, fn, args
+
+
+def run_part(part: str, only, targets) -> list[dict]:
+    steps = zoo_steps(only) if part == ZOO else tier_steps(part, only)
+    return [measure(name, kind, fn, args, target)
+            for name, kind, fn, args in steps for target in targets]
+
+
+# =========================================================================== driver
+
+def table(rows: list[dict]) -> str:
+    lines = ["| step | target | XLA compile s | ours s | explore s | ptxas s | ours / XLA "
+             "| kernels |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['step']} | {r['target']} | error: {r['error']} |||||")
+            continue
+        lines.append(f"| {r['step']} | {r['target']} | {r['xla_s']:.2f} | {r['ours_s']:.2f} "
+                     f"| {r['explore_s']:.2f} | {r['ptxas_s']:.2f} "
+                     f"| {r['ours_s'] / r['xla_s']:.2f} | {r['kernels']} |")
+    done = [r for r in rows if "error" not in r]
+    if done:
+        xla, ours = sum(r["xla_s"] for r in done), sum(r["ours_s"] for r in done)
+        worst = max(done, key=lambda r: r["ours_s"] / r["xla_s"])
+        lines.append(f"\n{len(done)} steps: XLA {xla:.1f} s, ours {ours:.1f} s "
+                     f"({ours / xla:.2f}x); largest ratio {worst['ours_s'] / worst['xla_s']:.2f}x "
+                     f"({worst['step']}, {worst['target']})")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS)
+    parser.add_argument("--only", nargs="+", help="model names or keys: just these")
+    parser.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
+    parser.add_argument("--json", help="also write the rows here")
+    opts = parser.parse_args(argv)
+    only = set(opts.only) if opts.only else None
+    if opts.part:  # a child: one library's steps
+        rows = run_part(opts.part, only, opts.targets)
+        Path(opts.result).write_text(json.dumps(rows))
+        return
+    rows = []
+    for part in opts.parts:
+        with tempfile.TemporaryDirectory() as tmp:
+            result = os.path.join(tmp, "rows.json")
+            argv = [sys.executable, __file__, "--part", part, "--result", result,
+                    "--targets", *opts.targets] + (["--only", *opts.only] if opts.only else [])
+            env = make_third_party.child_env(part) if part != ZOO else dict(
+                os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+            done = subprocess.run(argv, env=env)
+            if done.returncode != 0 or not os.path.exists(result):
+                rows.append(dict(step=part, target="-", error=f"child exited {done.returncode}"))
+                continue
+            rows += json.loads(Path(result).read_text())
+    print(table(rows))
+    if opts.json:
+        Path(opts.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
