@@ -131,11 +131,13 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
     def try_all(schedules: list[Schedule]) -> None:
         """Build ``schedules`` and price them, into ``built``, ``refused`` and ``pruned``.
         Those moving their bytes fastest first (`memory_bound_us`); the first kernel built
-        is priced at once, and a schedule whose memory time alone is not below the fastest
-        priced is not built. The other kernels are priced in order of their least time."""
+        is priced at once where another schedule's memory time alone could be above its time,
+        and a schedule whose memory time is not below the fastest priced is not built. The
+        other kernels are priced in order of their least time."""
         nonlocal stopped
         numbered = [(next(numbers), sched) for sched in schedules]
         memory = {sched: memory_bound_us(sched, read + written, device) for _, sched in numbered}
+        most_memory = max(memory.values(), default=0.0)
         kernels = []  # (least us, number, schedule, kernel, schemes, no_reuse, counts)
         for number, sched in sorted(numbered, key=lambda n: (memory[n[1]], n[0])):
             if built and not fastest:
@@ -162,12 +164,14 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
             counts = unbounded_instructions(kernel)
             least = latency_lower_bound_us(kernel, counts, read + written, device)
             entry = (least, number, sched, kernel, schemes, no_reuse, counts)
-            if built:
-                kernels.append(entry)
+            if not built and (not fastest or most_memory > least):
+                # Its time bounds the fastest from above, and some schedule's memory time
+                # may be above that: priced at once, it may spare those builds.
+                price(entry)
             else:
-                price(entry)  # an upper bound on the fastest, for the bounds to prune by
+                kernels.append(entry)
         for entry in sorted(kernels, key=lambda k: k[:2]):
-            if _best(built) < entry[:2]:
+            if built and _best(built) < entry[:2]:
                 pruned.append((entry[2], entry[0]))
                 continue
             price(entry)
