@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 from costmodel import KernelProfile, kernel_latency_us, load_device
@@ -67,7 +67,7 @@ class KernelSpec:
 
 def generate(module: Module, nodes: list[str], name: str, device: Device | None = None,
              excluded: Mapping[Schedule, str] | None = None,
-             chosen: dict | None = None, fastest: bool = True,
+             chosen: MutableMapping[str, Schedule] | None = None, fastest: bool = True,
              with_host_kernel: bool = True) -> KernelSpec:
     """One kernel for these entry instructions; raises CodegenError when impossible.
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import math
 from collections.abc import Mapping, MutableMapping
 from operator import itemgetter
@@ -126,7 +127,7 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
     built, refused, candidates, pruned = [], [], [], []
     stopped = False  # schedules left unbuilt (``fastest=False``)
     strided = _strided_points(pattern)
-    numbers = iter(range(1 << 30))  # enumeration order: ties go to the first
+    numbers = itertools.count()  # enumeration order: ties go to the first
 
     def try_all(schedules: list[Schedule]) -> None:
         """Build ``schedules`` and price them, into ``built``, ``refused`` and ``pruned``.
@@ -178,12 +179,11 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
 
     def price(entry) -> None:
         least, number, sched, kernel, schemes, no_reuse, counts = entry
-        profile = kernel_profile(kernel, read, written, counts)
-        try:
-            modeled = kernel_latency_us(profile, device).total_us
-        except ValueError as e:  # cannot launch (occupancy 0)
-            refused.append((number, Refused(sched, Refusal.CANNOT_LAUNCH, str(e))))
+        outcome = _priced(kernel, sched, read, written, device, counts)
+        if isinstance(outcome, Refused):
+            refused.append((number, outcome))
             return
+        profile, modeled = outcome
         candidates.append((_description(sched, kernel, profile), modeled))
         built.append((modeled, number, sched, kernel, schemes, no_reuse, profile))
 
@@ -217,9 +217,9 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
     if key is not None and fastest:
         chosen[key] = sched
     return ScheduledKernel(kernel, sched, _in_order(schemes), modeled, no_reuse,
-                           candidates + [(f"{s.why}; not priced: at least {least:.3f} us "
-                                          f"before registers, not below the fastest "
-                                          f"(modeled)", math.inf) for s, least in pruned]
+                           candidates + [(f"{s.why}; not priced: at least {least:.3f} us, "
+                                          f"not below the fastest (modeled)", math.inf)
+                                         for s, least in pruned]
                            + [(f"{r.what}; refused: {r.detail}", math.inf) for r in refused],
                            profile, refused, fastest=not stopped, pruned=pruned)
 
@@ -269,12 +269,19 @@ def _build_and_price(pattern: Pattern, sched: Schedule, name: str, device: Devic
     if isinstance(outcome, Refused):
         return outcome
     kernel, schemes, no_reuse = outcome
-    profile = kernel_profile(kernel, read, written)
+    priced = _priced(kernel, sched, read, written, device)
+    return priced if isinstance(priced, Refused) else (kernel, schemes, no_reuse, *priced)
+
+
+def _priced(kernel: Kernel, sched: Schedule, read: int, written: int, device: Device,
+            unbounded_counts: dict[str, float] | None = None
+            ) -> tuple[KernelProfile, float] | Refused:
+    """(profile, modeled us) of a built kernel, or why it cannot launch."""
+    profile = kernel_profile(kernel, read, written, unbounded_counts)
     try:
-        modeled = kernel_latency_us(profile, device).total_us
+        return profile, kernel_latency_us(profile, device).total_us
     except ValueError as e:  # cannot launch (occupancy 0)
         return Refused(sched, Refusal.CANNOT_LAUNCH, str(e))
-    return kernel, schemes, no_reuse, profile, modeled
 
 
 def _build(pattern: Pattern, sched: Schedule, name: str, device: Device) -> tuple | Refused:
