@@ -141,9 +141,16 @@ def plan_module(graph: OpGraph, options: Options, device,
         return xla_us[node]
 
     def can_stitch(nodes: list[str]) -> Refusal | None:
+        xla_us = sum(xla_kernel_us(n) for n in nodes if graph.nodes[n].is_kernel)
         try:
+            # below_us: schedules that cannot beat XLA's kernels are not built or priced
             spec = codegen.generate(graph.module, nodes, "probe", device, chosen=chosen,
-                                    with_host_kernel=False)
+                                    with_host_kernel=False, below_us=xla_us)
+        except codegen.NotFaster as exc:
+            return Refusal(PlanRefusal.SLOWER_THAN_XLA,
+                           f"stitched kernel modeled at {exc.least_us:.2f} us or more is not "
+                           f"faster than XLA's kernels at {xla_us:.2f} us (modeled, "
+                           f"{options.target})")
         except codegen.CodegenError as exc:
             return Refusal(exc.kind, exc.detail)
         except Exception as exc:  # a defect of ours: the pattern is refused, with the reason

@@ -9,10 +9,11 @@ from costmodel import load_device
 from fusionstitching.codegen import compile_nvptx, find_ptxas, generate
 from fusionstitching.codegen.cost.kernel_profile import (latency_lower_bound_us,
                                                          unbounded_instructions)
-from fusionstitching.codegen.errors import CodegenError
+from fusionstitching.codegen.errors import CodegenError, NotFaster, Refusal
 from fusionstitching.codegen.flatten import flatten
-from fusionstitching.codegen.schedules.choose import (_build_and_price, memory_bound_us,
-                                                      schedule_pattern)
+from fusionstitching.codegen.schedules import choose
+from fusionstitching.codegen.schedules.choose import (_build_and_price, build_kernel,
+                                                      memory_bound_us, schedule_pattern)
 from fusionstitching.hlo.parser import parse_file
 from fusionstitching.pipeline import Options, stitch_module
 from fusionstitching.runtime import cache as kernel_cache
@@ -153,3 +154,51 @@ def test_schedules_kept_in_the_cache_serve_another_process(tmp_path):
     cache.store(kernel_cache.fingerprint("schedule", "a form"), b"not a schedule",
                 kind="schedule")
     assert kernel_cache.ScheduleMemo(cache, stats).get("a form") is None
+
+
+def _counting_builds(monkeypatch) -> list:
+    """The schedules ``choose`` builds from now on, in order."""
+    built, real = [], choose._build
+    monkeypatch.setattr(choose, "_build", lambda p, s, *a: built.append(s) or real(p, s, *a))
+    return built
+
+
+@pytest.mark.parametrize("file", FILES)
+def test_below_us_gives_the_fastest_or_says_none_is_faster(file, monkeypatch):
+    """With the time the caller needs beaten (XLA's kernels'), the choice is the fastest when
+    it beats it, else ``NotFaster`` with a time no schedule is below; schedules that cannot
+    beat it are not built or priced."""
+    for pattern in patterns(file):
+        built = _counting_builds(monkeypatch)
+        best = schedule_pattern(pattern, "k", H100)
+        every = len(built)
+        above = schedule_pattern(pattern, "k", H100, below_us=best.modeled_us * 1.01)
+        assert (above.schedule, above.modeled_us) == (best.schedule, best.modeled_us)
+        with pytest.raises(NotFaster) as tie:  # a tie is not faster
+            schedule_pattern(pattern, "k", H100, below_us=best.modeled_us)
+        assert tie.value.least_us <= best.modeled_us
+        del built[:]
+        with pytest.raises(NotFaster) as none:  # nothing runs in under a launch
+            schedule_pattern(pattern, "k", H100, below_us=0.5)
+        assert none.value.least_us > 0.5 and len(built) < every or every == 1
+
+
+def test_a_cross_block_refusal_stands_for_every_one_space_schedule(monkeypatch):
+    """A one-space schedule refused for cross-block communication (a reduction read at
+    another thread group's result): the other one-space schedules are refused unbuilt, and
+    each of them, built, is refused so too."""
+    module = parse_file(os.path.join(HLO, "bert_infer_small_tf_h100.hlo"))
+    result = stitch_module(module, Options(target="h100", ptxas=False))
+    (kernel,) = [k for k in result.kernels if k.spec.schedule.kind == "phases"]
+    pattern = flatten(module, kernel.spec.nodes)
+    cross = [r for r in kernel.spec.refused if r.kind is Refusal.CROSS_BLOCK
+             and r.schedule is not None and r.schedule.kind != "phases"]
+    assert len(cross) > 10
+    for refused in cross:
+        with pytest.raises(CodegenError) as built_alone:
+            build_kernel(pattern, refused.schedule, "k")
+        assert built_alone.value.kind is Refusal.CROSS_BLOCK
+    built = _counting_builds(monkeypatch)
+    again = schedule_pattern(pattern, "k", H100)
+    assert again.schedule == kernel.spec.schedule
+    assert len([s for s in built if s.kind != "phases"]) == 1

@@ -6,7 +6,7 @@
 `generate` runs the first two stages and returns a `KernelSpec`; `compile_host` and
 `compile_nvptx` lower the same kernel IR for the CPU and for NVIDIA GPUs.
 """
-from .errors import CodegenError, Refusal
+from .errors import CodegenError, NotFaster, Refusal
 from .generate import (KernelSpec, add_host_kernel, can_stitch, generate, modeled_kernel_us,
                        other_space_nodes)
 from .host import HostKernel, Traffic, compile_host, count_traffic
@@ -14,7 +14,7 @@ from .nvptx import NvptxKernel, compile_nvptx, find_ptxas
 from .schedules.candidates import Schedule
 from .schedules.choose import Refused
 
-__all__ = ["CodegenError", "HostKernel", "KernelSpec", "NvptxKernel", "Refusal", "Refused",
+__all__ = ["CodegenError", "HostKernel", "KernelSpec", "NotFaster", "NvptxKernel", "Refusal", "Refused",
            "Schedule", "Traffic", "add_host_kernel", "can_stitch", "compile_host", "compile_nvptx",
            "count_traffic",
            "find_ptxas", "generate", "modeled_kernel_us", "other_space_nodes"]

@@ -45,3 +45,13 @@ class CodegenError(Exception):
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
+
+
+class NotFaster(Exception):
+    """No schedule of a pattern is modeled faster than the caller asked (``below_us``, XLA's
+    kernels' time): ``least_us`` is a time no schedule is modeled below (modeled)."""
+
+    def __init__(self, least_us: float, below_us: float):
+        super().__init__(f"modeled at {least_us:.2f} us or more, not below {below_us:.2f} us")
+        self.least_us = least_us
+        self.below_us = below_us

@@ -68,7 +68,7 @@ class KernelSpec:
 def generate(module: Module, nodes: list[str], name: str, device: Device | None = None,
              excluded: Mapping[Schedule, str] | None = None,
              chosen: MutableMapping[str, Schedule] | None = None, fastest: bool = True,
-             with_host_kernel: bool = True) -> KernelSpec:
+             with_host_kernel: bool = True, below_us: float | None = None) -> KernelSpec:
     """One kernel for these entry instructions; raises CodegenError when impossible.
 
     ``device``: the GPU whose latency-evaluator chooses among the enumerated schedules
@@ -77,10 +77,11 @@ def generate(module: Module, nodes: list[str], name: str, device: Device | None 
     planning run so far, for patterns equal up to names (see ``schedule_pattern``).
     ``fastest=False``: the first schedule that builds (a capability query; ``spec.fastest``
     says whether it is known to be the fastest). ``with_host_kernel=False``: no
-    ``host_kernel`` (``add_host_kernel`` adds it later)."""
+    ``host_kernel`` (``add_host_kernel`` adds it later). ``below_us``: the kernel is wanted
+    only if modeled faster than this; raises ``NotFaster`` when it is not."""
     pattern = flatten(module, nodes)
     scheduled = schedule_pattern(pattern, name, device or load_device(DEFAULT_TARGET), excluded,
-                                 chosen, fastest)
+                                 chosen, fastest, below_us)
     kernel = scheduled.kernel
     spec = KernelSpec(
         name=name, nodes=list(nodes), inputs=pattern.inputs, outputs=pattern.outputs,

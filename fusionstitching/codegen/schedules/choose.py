@@ -20,7 +20,7 @@ from costmodel.devices import Device
 
 from ..cost.kernel_profile import (kernel_profile, latency_lower_bound_us,
                                    unbounded_instructions)
-from ..errors import CodegenError, Refusal
+from ..errors import CodegenError, NotFaster, Refusal
 from ..flatten import Pattern
 from ..index_expr import strides as _element_strides
 from ..kernel_ir import Kernel
@@ -99,7 +99,7 @@ def _strided_points(pattern: Pattern) -> int:
 def schedule_pattern(pattern: Pattern, name: str, device: Device,
                      excluded: Mapping[Schedule, str] | None = None,
                      chosen: MutableMapping[str, Schedule] | None = None,
-                     fastest: bool = True) -> ScheduledKernel:
+                     fastest: bool = True, below_us: float | None = None) -> ScheduledKernel:
     """Build every enumerated schedule, drop those failing locality or the device's limits
     or ``excluded`` (a schedule -> why the caller excludes it), and keep the one the
     latency-evaluator models fastest.
@@ -114,7 +114,11 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
     processes), by a digest of the pattern's canonical form; a pattern equal up to names to
     an earlier one (a model's repeated layers) gets its schedule, built alone.
     ``fastest=False``: the first schedule that builds is enough (a capability query); the
-    result says whether it is known to be the fastest (``ScheduledKernel.fastest``)."""
+    result says whether it is known to be the fastest (``ScheduledKernel.fastest``).
+    ``below_us``: the caller takes the kernel only if it is modeled faster than this (XLA's
+    kernels' time): a schedule whose least time is not below it is neither built (once one
+    schedule has built) nor priced, and when no schedule is faster, ``NotFaster`` is raised
+    (the same answer as choosing the fastest and comparing, with fewer schedules built)."""
     excluded = excluded or {}
     read = sum(s.byte_size for _, s in pattern.inputs)
     written = sum(s.byte_size for _, s in pattern.outputs)
@@ -125,7 +129,10 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
         if earlier is not None:
             return earlier
     built, refused, candidates, pruned = [], [], [], []
+    # (least us, schedule) of kernels built but not priced: not below ``below_us``
+    not_below: list[tuple[float, Schedule]] = []
     stopped = False  # schedules left unbuilt (``fastest=False``)
+    cutoff = (math.inf if below_us is None else below_us, -1)  # ties go to the caller
     strided = _strided_points(pattern)
     numbers = itertools.count()  # enumeration order: ties go to the first
 
@@ -140,11 +147,16 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
         memory = {sched: memory_bound_us(sched, read + written, device) for _, sched in numbered}
         most_memory = max(memory.values(), default=0.0)
         kernels = []  # (least us, number, schedule, kernel, schemes, no_reuse, counts)
+        # A one-space schedule refused for cross-block communication: the reduction is read
+        # at another thread group's result under any one-space schedule (all partition the
+        # same reduction space into the same groups), so the others are refused unbuilt.
+        cross_block: Refused | None = None
         for number, sched in sorted(numbered, key=lambda n: (memory[n[1]], n[0])):
             if built and not fastest:
                 stopped = True
                 break
-            if built and _best(built) < (memory[sched], number):
+            if (built or not_below or kernels) and \
+                    _bound(built, cutoff) < (memory[sched], number):
                 pruned.append((sched, memory[sched]))
                 continue
             if sched in excluded:
@@ -157,22 +169,30 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
                     sched, Refusal.UNCOALESCED, f"lanes would read points {strided} elements "
                                                 f"apart (uncoalesced)")))
                 continue
+            if cross_block is not None and sched.kind != "phases" and \
+                    not (built or not_below or kernels):
+                refused.append((number, Refused(sched, Refusal.CROSS_BLOCK, cross_block.detail)))
+                continue
             outcome = _build(pattern, sched, name, device)
             if isinstance(outcome, Refused):
                 refused.append((number, outcome))
+                if outcome.kind is Refusal.CROSS_BLOCK and sched.kind != "phases":
+                    cross_block = outcome
                 continue
             kernel, schemes, no_reuse = outcome
             counts = unbounded_instructions(kernel)
             least = latency_lower_bound_us(kernel, counts, read + written, device)
             entry = (least, number, sched, kernel, schemes, no_reuse, counts)
-            if not built and (not fastest or most_memory > least):
+            if cutoff < (least, number):
+                not_below.append((least, sched))  # the caller would not take it
+            elif not built and (not fastest or most_memory > least):
                 # Its time bounds the fastest from above, and some schedule's memory time
                 # may be above that: priced at once, it may spare those builds.
                 price(entry)
             else:
                 kernels.append(entry)
         for entry in sorted(kernels, key=lambda k: k[:2]):
-            if built and _best(built) < entry[:2]:
+            if _bound(built, cutoff) < entry[:2]:
                 pruned.append((entry[2], entry[0]))
                 continue
             price(entry)
@@ -201,10 +221,14 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
             s.num_elements == space.groups * space.reduced for _, s in pattern.outputs))
         sizes = [s.num_elements for _, s in pattern.outputs]
         try_all(enumerate_schedules(space, device, sizes, reuse))
-    if not built and any(r.kind in (Refusal.DIFFERENT_SPACES, Refusal.CROSS_BLOCK)
-                         for _, r in refused):
+    if not built and not not_below and any(
+            r.kind in (Refusal.DIFFERENT_SPACES, Refusal.CROSS_BLOCK) for _, r in refused):
         try_all(enumerate_phased_schedules(pattern, device))
     refused = [r for _, r in sorted(refused, key=lambda n: n[0])]  # in enumeration order
+    if (built or not_below) and not (built and _best(built) < cutoff):
+        # every time priced or bounded: the least of them bounds the fastest from below
+        raise NotFaster(min([b[0] for b in built] + [t for t, _ in not_below]
+                            + [t for _, t in pruned]), below_us)
     if not built:
         # Unsupported ops fail every schedule alike: the first refusal speaks for all; a
         # pattern only the phased schedule could build says why that failed too.
@@ -234,6 +258,12 @@ def memory_bound_us(sched: Schedule, bytes_moved: int, device: Device) -> float:
 def _best(built: list[tuple]) -> tuple[float, int]:
     """(modeled us, enumeration number) of the fastest schedule priced so far."""
     return min(b[:2] for b in built)
+
+
+def _bound(built: list[tuple], cutoff: tuple[float, int]) -> tuple[float, int]:
+    """What a schedule's (least us, number) must be below to matter: the fastest priced
+    so far, or the caller's ``below_us`` (number -1: a tie goes to the caller)."""
+    return min(_best(built), cutoff) if built else cutoff
 
 
 def _memo_key(pattern: Pattern, device: Device, excluded: Mapping[Schedule, str]
