@@ -7,10 +7,16 @@ kernel IR and cheap code.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import lru_cache
 
 import numpy as np
 
 from ..hlo.ir import Shape
+
+
+# Entries of each memoized function below: expressions are immutable, and the same ones recur
+# in every schedule of a pattern and in the explorer's overlapping patterns.
+MEMO_SIZE = 1 << 16
 
 
 class _Expr:
@@ -19,9 +25,11 @@ class _Expr:
     The hash is the dataclass's own (the same value, so set orders do not change)."""
 
     def _cached_hash(self) -> int:
-        if "_hash" not in self.__dict__:
-            self.__dict__["_hash"] = hash(tuple(getattr(self, f.name) for f in fields(self)))
-        return self.__dict__["_hash"]
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = self.__dict__["_hash"] = hash(tuple(getattr(self, f.name)
+                                                         for f in fields(self)))
+        return cached
 
     @property
     def sort_key(self) -> str:
@@ -119,6 +127,7 @@ def _make(coeffs: dict[Atom, int], const: int) -> Ix:
     return Ix(terms, const)
 
 
+@lru_cache(maxsize=MEMO_SIZE)
 def add(*xs: int | Var | Ix) -> Ix:
     coeffs: dict[Atom, int] = {}
     const = 0
@@ -155,11 +164,13 @@ def _bare_floordiv(x: Ix) -> FloorDiv | None:
     return None
 
 
+@lru_cache(maxsize=MEMO_SIZE)
 def scale(x: int | Var | Ix, k: int) -> Ix:
     x = ix(x)
     return _make({a: c * k for a, c in x.terms}, x.const * k)
 
 
+@lru_cache(maxsize=MEMO_SIZE)
 def value_range(x: Ix) -> tuple[int, int]:
     """Inclusive bounds of x over all values of its variables."""
     lo = hi = x.const
@@ -199,6 +210,7 @@ def _aligned(r: Ix, k: int) -> tuple[int, Ix, Ix] | None:
     return None
 
 
+@lru_cache(maxsize=MEMO_SIZE)
 def div(x: int | Var | Ix, k: int) -> Ix:
     x = ix(x)
     if k == 1:
@@ -216,6 +228,7 @@ def div(x: int | Var | Ix, k: int) -> Ix:
     return add(q, Ix(((FloorDiv(r, k), 1),)))
 
 
+@lru_cache(maxsize=MEMO_SIZE)
 def mod(x: int | Var | Ix, k: int) -> Ix:
     x = ix(x)
     _, r = _split(x, k)
@@ -241,11 +254,13 @@ def strides(shape: Shape) -> list[int]:
     return out
 
 
+@lru_cache(maxsize=MEMO_SIZE)
 def linearize(index: tuple[Ix, ...], shape: Shape) -> Ix:
     """Physical element offset of a logical index."""
     return add(*(scale(i, s) for i, s in zip(index, strides(shape))))
 
 
+@lru_cache(maxsize=MEMO_SIZE)
 def delinearize(offset: Ix, shape: Shape) -> tuple[Ix, ...]:
     """Logical index of a physical element offset (inverse of linearize)."""
     return tuple(mod(div(offset, s), d) for s, d in zip(strides(shape), shape.dims))

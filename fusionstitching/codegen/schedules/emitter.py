@@ -134,12 +134,14 @@ class Emitter(IndexMaps):
         return self.cache[key]
 
     def op(self, code: str, dtype: str, *args: tuple[Value, int], attr: str | None = None):
-        key = ("#op", code, dtype, attr, tuple(a for a, _ in args))
-        if key not in self.cache:
-            dst, depth = self.fresh(dtype), max((d for _, d in args), default=0)
-            self.place(Compute(dst, code, [a for a, _ in args], attr), depth)
-            self.cache[key] = (dst, depth)
-        return self.cache[key]
+        values = [a for a, _ in args]
+        key = ("#op", code, dtype, attr, tuple(values))
+        cached = self.cache.get(key)
+        if cached is None:
+            dst, depth = self.fresh(dtype), max([d for _, d in args], default=0)
+            self.place(Compute(dst, code, values, attr), depth)
+            cached = self.cache[key] = (dst, depth)
+        return cached
 
     def index_value(self, index: Ix) -> tuple[Value, int]:
         key = ("#index", index)
@@ -170,9 +172,10 @@ class Emitter(IndexMaps):
     # -- ops at an index -------------------------------------------------------------------
     def value(self, name: str, index: tuple[Ix, ...]) -> tuple[Value, int]:
         key = (name, index)
-        if key not in self.cache:
-            self.cache[key] = self._compute(self.ops[name], index)
-        return self.cache[key]
+        cached = self.cache.get(key)
+        if cached is None:
+            cached = self.cache[key] = self._compute(self.ops[name], index)
+        return cached
 
     def _compute(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
         code, dtype = op.opcode, op.shape.dtype

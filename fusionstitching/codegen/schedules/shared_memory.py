@@ -1,50 +1,47 @@
 """Shared-memory reuse along the dominance tree of a kernel's top-level statements (paper 4.4)."""
 from __future__ import annotations
 
-import networkx as nx
-
 from ..kernel_ir import Barrier, BlockReduce, If, Kernel, Loop, SharedArray, SharedLoad, SharedStore
 
 
-def _touches(stmt, array: SharedArray) -> bool:
+def _arrays_touched(stmt, out: set[int]) -> set[int]:
+    """``out`` with the ids of the shared arrays ``stmt`` reads or writes."""
     match stmt:
         case SharedStore() | SharedLoad():
-            return stmt.array is array
+            out.add(id(stmt.array))
         case BlockReduce():
-            return stmt.scratch is array
+            out.add(id(stmt.scratch))
         case Loop() | If():
-            return any(_touches(s, array) for s in stmt.body)
-    return False
+            for s in stmt.body:
+                _arrays_touched(s, out)
+    return out
 
 
 def reuse_shared_memory(kernel: Kernel) -> int:
     """Let shared arrays share buffers when one's last use dominates the other's first use.
 
-    The dominance tree is built over the kernel's top-level statements (networkx
-    immediate_dominators); an array takes over the buffer of an earlier array whose last use
-    dominates its first use, with a barrier between so that no thread still reads the old
+    The dominance tree is over the kernel's top-level statements, which run one after the
+    other (loops and branches are single statements there): an earlier statement dominates
+    every later one. An array takes over the buffer of an earlier array whose last use comes
+    before its first use, with a barrier between so that no thread still reads the old
     contents. Returns the bytes without reuse; `kernel.shared` holds the reused buffers.
     """
     before = kernel.smem_bytes
     if len(kernel.shared) < 2:
         return before
     body = kernel.body
-    graph = nx.DiGraph([(i, i + 1) for i in range(len(body))])
-    idom = nx.immediate_dominators(graph, 0)
-
-    def dominates(a: int, b: int) -> bool:
-        while b != a and idom[b] != b:
-            b = idom[b]
-        return a == b
-
-    spans = {a.name: [i for i, s in enumerate(body) if _touches(s, a)] for a in kernel.shared}
+    spans: dict[int, list[int]] = {id(a): [] for a in kernel.shared}
+    for i, stmt in enumerate(body):
+        for touched in _arrays_touched(stmt, set()):
+            if touched in spans:
+                spans[touched].append(i)
     slots: list[tuple[SharedArray, int]] = []  # buffer, last statement using it
     rename: dict[str, SharedArray] = {}
     barriers: list[int] = []
     for array in kernel.shared:
-        first, last = spans[array.name][0], spans[array.name][-1]
+        first, last = spans[id(array)][0], spans[id(array)][-1]
         for k, (slot, busy_until) in enumerate(slots):
-            if slot.dtype == array.dtype and busy_until < first and dominates(busy_until, first):
+            if slot.dtype == array.dtype and busy_until < first:
                 slot.size = max(slot.size, array.size)
                 slots[k] = (slot, last)
                 rename[array.name] = slot
