@@ -33,6 +33,17 @@ class Value:
     name: str
     dtype: str
 
+    def __hash__(self) -> int:
+        # The dataclass's own hash, kept: values key every cache of the code generator and
+        # its counts (the same value, so set orders do not change).
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = self.__dict__["_hash"] = hash((self.name, self.dtype))
+        return cached
+
+    def __getstate__(self) -> dict:  # a hash of str is per process: never carry one over
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     def __str__(self) -> str:
         return f"%{self.name}"
 

@@ -46,8 +46,12 @@ class _Block:
         self.issued: dict[str, float] = {}  # per run of the block, every copy
 
     def of(self, values=(), index: Ix | None = None) -> int:
-        deps = list(values) + (list(index.vars()) if index is not None else [])
-        return max((self.level.get(d, 0) for d in deps), default=0)
+        level, highest = self.level, 0
+        for d in (*values, *(index.vars() if index is not None else ())):
+            at = level.get(d, 0)
+            if at > highest:
+                highest = at
+        return highest
 
     def load(self, s: GlobalLoad, registers: int, copies: int) -> None:
         level = self.of(index=s.offset) + 1
@@ -57,8 +61,12 @@ class _Block:
         entry[1] += copies * registers
 
     def longest(self, values) -> tuple[float, dict[str, float]]:
-        return max((self.chain[v] for v in values if v in self.chain),
-                   key=lambda c: c[0], default=(0.0, {}))
+        chain, best = self.chain, None
+        for v in values:
+            c = chain.get(v)
+            if c is not None and (best is None or c[0] > best[0]):  # the first longest
+                best = c
+        return (0.0, {}) if best is None else best
 
     def extend(self, dst: Value, operands, instructions, copies: int, repeat: int = 1) -> None:
         """``dst`` computed by ``instructions`` from ``operands`` in each of ``copies``; its

@@ -35,7 +35,11 @@ def used_lanes(body: list) -> dict[Value, int]:
     extract is used (ptxas drops the dead lanes of a 128-bit load: the corpus's v4 loads of
     which one lane is used are 32-bit LDGs in their SASS)."""
     statements = list(all_statements(body))
-    used = {v for s in statements for v in used_values(s)}
+    # A loop's or branch's used_values repeat its body's, each visited here on its own: only
+    # a loop's accumulations add to them.
+    used = {v for s in statements if not isinstance(s, (Loop, If)) for v in used_values(s)}
+    used.update(v for s in statements if isinstance(s, Loop) for a in s.accumulates
+                for v in (a.init, a.value))
     lanes: dict[Value, set[int]] = {}
     whole = set()  # vectors read whole (stored, packed): every lane is a register
     for s in statements:
