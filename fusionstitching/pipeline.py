@@ -131,17 +131,12 @@ def plan_module(graph: OpGraph, options: Options, device,
     estimate, and each pattern is generated once. ``built`` receives the kernel of every
     accepted pattern, so that the pipeline does not generate the chosen ones again."""
     built = {} if built is None else built  # accepted patterns
-    xla_us: dict[str, float] = {}  # XLA's kernel times, asked again by every query
     # schedules by pattern form: a repeated layer's patterns build one each
     chosen = {} if schedules is None else schedules
 
-    def xla_kernel_us(node: str) -> float:
-        if node not in xla_us:
-            xla_us[node] = _xla_kernel_us(graph, node, device)
-        return xla_us[node]
-
     def can_stitch(nodes: list[str]) -> Refusal | None:
-        xla_us = sum(xla_kernel_us(n) for n in nodes if graph.nodes[n].is_kernel)
+        xla_us = sum(_xla_kernel_us(graph, n, device) for n in nodes
+                     if graph.nodes[n].is_kernel)
         try:
             # below_us: schedules that cannot beat XLA's kernels are not built or priced
             spec = codegen.generate(graph.module, nodes, "probe", device, chosen=chosen,
@@ -155,7 +150,7 @@ def plan_module(graph: OpGraph, options: Options, device,
             return Refusal(exc.kind, exc.detail)
         except Exception as exc:  # a defect of ours: the pattern is refused, with the reason
             return internal(exc)
-        slower = _slower_than_xla(graph, spec, device, options.target, xla_kernel_us)
+        slower = _slower_than_xla(graph, spec, device, options.target)
         if slower:
             return Refusal(PlanRefusal.SLOWER_THAN_XLA, slower)
         if options.ptxas and spec.regs_model >= MAX_REGISTERS_PER_THREAD and \
@@ -182,14 +177,12 @@ def plan_module(graph: OpGraph, options: Options, device,
                    lambda nodes: codegen.other_space_nodes(graph.module, nodes))
 
 
-def _slower_than_xla(graph: OpGraph, spec, device, target: str,
-                     xla_kernel_us=None) -> str | None:
+def _slower_than_xla(graph: OpGraph, spec, device, target: str) -> str | None:
     """No negative optimization: why a stitched kernel modeled slower than the XLA kernels it
-    replaces is not used (None when it is faster). ``xla_kernel_us(node)``: XLA's kernel
-    times, when the caller keeps them."""
+    replaces is not used (None when it is faster)."""
     stitched_us = modeled_kernel_us(spec, device)
-    xla_kernel_us = xla_kernel_us or (lambda n: _xla_kernel_us(graph, n, device))
-    xla_us = sum(xla_kernel_us(n) for n in spec.nodes if graph.nodes[n].is_kernel)
+    xla_us = sum(_xla_kernel_us(graph, n, device) for n in spec.nodes
+                 if graph.nodes[n].is_kernel)
     if stitched_us < xla_us:
         return None
     return (f"stitched kernel modeled at {stitched_us:.2f} us is not faster than XLA's "
@@ -297,8 +290,14 @@ def _reason(exc: Exception) -> str:
 
 
 def _xla_kernel_us(graph: OpGraph, node: str, device) -> float:
-    """Modeled time of one of XLA's own kernels, by the same latency-evaluator."""
-    return costmodel.kernel_latency_us(xla_kernel_profile(graph, node, device), device).total_us
+    """Modeled time of one of XLA's own kernels, by the same latency-evaluator; once per graph
+    and device (the explorer's queries, the cost guard and the Report all ask)."""
+    times = graph.derived.setdefault(("xla_kernel_us", device), {})
+    us = times.get(node)
+    if us is None:
+        us = times[node] = costmodel.kernel_latency_us(xla_kernel_profile(graph, node, device),
+                                                      device).total_us
+    return us
 
 
 def make_report(result: StitchResult, options: Options, device, times: Times) -> Report:

@@ -145,6 +145,9 @@ class OpGraph:
     nodes: dict[str, Node]
     edges: list[Edge]
     outputs: list[str]
+    # What modules below derive from the whole graph once (traffic.py's consumers of each
+    # value): a graph is not changed after build_graph.
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     def buffer_of(self, name: str) -> str:
         """The node whose buffer ``name`` views: bitcasts are looked through, since XLA gives

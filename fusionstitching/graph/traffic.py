@@ -56,12 +56,28 @@ def pattern_traffic(graph: OpGraph, pattern: Iterable[str]) -> tuple[int, int]:
                 size = value_bytes(graph, value)
                 reads[value] = min(size, reads.get(value, 0) + read_bytes(graph, node, operand,
                                                                           size))
-    used_outside: set[Value] = {resolve(graph, o) for o in graph.outputs}
-    for node in graph.kernel_nodes():
-        if node.name not in inside:
-            used_outside.update(_consumed_values(graph, node))
-    writes = {v for v in used_outside if v[0] in inside}
+    # A value made inside is written when the computation returns it or a kernel outside
+    # reads it.
+    consumers, returned = _value_consumers(graph)
+    writes = {v for v in returned if v[0] in inside}
+    for name in inside:
+        writes.update(v for v, readers in consumers.get(name, {}).items()
+                      if not readers <= inside)
     return (sum(reads.values()), sum(value_bytes(graph, v) for v in writes))
+
+
+def _value_consumers(graph: OpGraph) -> tuple[dict[str, dict[Value, set[str]]], set[Value]]:
+    """(producer -> each of its values -> the kernel nodes reading it, the values the
+    computation returns), built once per graph: every kernel's traffic asks it."""
+    derived = graph.derived.get("value_consumers")
+    if derived is None:
+        consumers: dict[str, dict[Value, set[str]]] = {}
+        for node in graph.kernel_nodes():
+            for value in _consumed_values(graph, node):
+                consumers.setdefault(value[0], {}).setdefault(value, set()).add(node.name)
+        returned = {resolve(graph, o) for o in graph.outputs}
+        derived = graph.derived["value_consumers"] = (consumers, returned)
+    return derived
 
 
 def read_bytes(graph: OpGraph, node: Node, operand: str, size: int) -> int:
