@@ -14,7 +14,7 @@ from .nvptx import NvptxKernel, compile_nvptx, find_ptxas
 from .schedules.candidates import Schedule
 from .schedules.choose import Refused
 
-__all__ = ["CodegenError", "HostKernel", "KernelSpec", "NotFaster", "NvptxKernel", "Refusal", "Refused",
-           "Schedule", "Traffic", "add_host_kernel", "can_stitch", "compile_host", "compile_nvptx",
-           "count_traffic",
-           "find_ptxas", "generate", "modeled_kernel_us", "other_space_nodes"]
+__all__ = ["CodegenError", "HostKernel", "KernelSpec", "NotFaster", "NvptxKernel", "Refusal",
+           "Refused", "Schedule", "Traffic", "add_host_kernel", "can_stitch", "compile_host",
+           "compile_nvptx", "count_traffic", "find_ptxas", "generate", "modeled_kernel_us",
+           "other_space_nodes"]

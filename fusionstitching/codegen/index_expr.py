@@ -19,17 +19,26 @@ from ..hlo.ir import Shape
 MEMO_SIZE = 1 << 16
 
 
-class _Expr:
-    """Expressions nest, so hashing or printing one did so for every expression inside it
-    again (a third of the code generator's time went to hash and repr): each is done once.
-    The hash is the dataclass's own (the same value, so set orders do not change)."""
+class HashedOnce:
+    """A frozen dataclass whose hash is computed once (``__hash__ = HashedOnce.hashed_once``):
+    the dataclass's own value, so set orders do not change. Index expressions nest, and
+    kernel values key every cache of the code generator: hashing them again was a third of
+    its time."""
 
-    def _cached_hash(self) -> int:
+    def hashed_once(self) -> int:
         cached = self.__dict__.get("_hash")
         if cached is None:
             cached = self.__dict__["_hash"] = hash(tuple(getattr(self, f.name)
                                                          for f in fields(self)))
         return cached
+
+    def __getstate__(self) -> dict:  # a hash of str is per process: never carry one over
+        return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_repr")}
+
+
+class _Expr(HashedOnce):
+    """Expressions nest, so printing one did so for every expression inside it again: the
+    repr is kept too."""
 
     @property
     def sort_key(self) -> str:
@@ -38,8 +47,6 @@ class _Expr:
             self.__dict__["_repr"] = repr(self)
         return self.__dict__["_repr"]
 
-    def __getstate__(self) -> dict:  # a hash of str is per process: never carry one over
-        return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_repr")}
 
 
 @dataclass(frozen=True)
@@ -49,7 +56,7 @@ class Var(_Expr):
     name: str
     extent: int
 
-    __hash__ = _Expr._cached_hash
+    __hash__ = HashedOnce.hashed_once
 
     def __str__(self) -> str:
         return self.name
@@ -60,7 +67,7 @@ class FloorDiv(_Expr):
     arg: "Ix"
     k: int
 
-    __hash__ = _Expr._cached_hash
+    __hash__ = HashedOnce.hashed_once
 
     def __str__(self) -> str:
         return f"({self.arg} // {self.k})"
@@ -71,7 +78,7 @@ class Mod(_Expr):
     arg: "Ix"
     k: int
 
-    __hash__ = _Expr._cached_hash
+    __hash__ = HashedOnce.hashed_once
 
     def __str__(self) -> str:
         return f"({self.arg} % {self.k})"
@@ -87,7 +94,7 @@ class Ix(_Expr):
     terms: tuple[tuple[Atom, int], ...] = ()
     const: int = 0
 
-    __hash__ = _Expr._cached_hash
+    __hash__ = HashedOnce.hashed_once
 
     def __str__(self) -> str:
         parts = [str(a) if c == 1 else f"{c}*{a}" for a, c in self.terms]

@@ -16,7 +16,7 @@ import numpy as np
 from costmodel import WARP
 
 from ..hlo.ir import Shape
-from .index_expr import Ix, Var, div, ix, mod
+from .index_expr import HashedOnce, Ix, Var, div, ix, mod
 
 # NVPTX's LLVM unrolls loops by 8 (runtime unrolling): a loop of exactly 8 trips becomes
 # straight-line code; fewer trips stay a loop (measured: tid, tid % 32 and tid // k starts,
@@ -26,23 +26,14 @@ UNROLL_FACTOR = 8
 
 
 @dataclass(frozen=True)
-class Value:
+class Value(HashedOnce):
     """An SSA value of one thread. dtype: f32, f16, bf16, s32, s64, u32, u64 or pred (or a
     128-bit vector: f32x4, s32x4)."""
 
     name: str
     dtype: str
 
-    def __hash__(self) -> int:
-        # The dataclass's own hash, kept: values key every cache of the code generator and
-        # its counts (the same value, so set orders do not change).
-        cached = self.__dict__.get("_hash")
-        if cached is None:
-            cached = self.__dict__["_hash"] = hash((self.name, self.dtype))
-        return cached
-
-    def __getstate__(self) -> dict:  # a hash of str is per process: never carry one over
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+    __hash__ = HashedOnce.hashed_once
 
     def __str__(self) -> str:
         return f"%{self.name}"

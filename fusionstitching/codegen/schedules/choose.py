@@ -151,12 +151,15 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
         # at another thread group's result under any one-space schedule (all partition the
         # same reduction space into the same groups), so the others are refused unbuilt.
         cross_block: Refused | None = None
+
+        def any_built() -> bool:  # a kernel built, priced or not
+            return bool(built or not_below or kernels)
+
         for number, sched in sorted(numbered, key=lambda n: (memory[n[1]], n[0])):
             if built and not fastest:
                 stopped = True
                 break
-            if (built or not_below or kernels) and \
-                    _bound(built, cutoff) < (memory[sched], number):
+            if any_built() and _bound(built, cutoff) < (memory[sched], number):
                 pruned.append((sched, memory[sched]))
                 continue
             if sched in excluded:
@@ -169,8 +172,7 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
                     sched, Refusal.UNCOALESCED, f"lanes would read points {strided} elements "
                                                 f"apart (uncoalesced)")))
                 continue
-            if cross_block is not None and sched.kind != "phases" and \
-                    not (built or not_below or kernels):
+            if cross_block is not None and sched.kind != "phases" and not any_built():
                 refused.append((number, Refused(sched, Refusal.CROSS_BLOCK, cross_block.detail)))
                 continue
             outcome = _build(pattern, sched, name, device)
