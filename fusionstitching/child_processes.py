@@ -48,6 +48,27 @@ def run(cmd: list[str], timeout_s: float, input: str | None = None,
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
+def start(cmd: list[str], **popen_options) -> subprocess.Popen:
+    """A long-lived child (a query worker): in a session of its own, killed at interpreter
+    exit unless ``stop`` ended it before."""
+    proc = subprocess.Popen(cmd, start_new_session=True, **popen_options)
+    with _live_lock:
+        _live.add(proc)
+    return proc
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
+    """Wait up to ``grace_s`` for ``proc`` to end by itself, then kill it."""
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        proc.wait()
+    finally:
+        with _live_lock:
+            _live.discard(proc)
+
+
 @atexit.register
 def _kill_children() -> None:
     with _live_lock:

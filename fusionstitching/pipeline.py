@@ -6,7 +6,6 @@ never fails the module: the pattern is left to XLA and listed in ``Report.fallba
 from __future__ import annotations
 
 import dataclasses
-import enum
 import os
 import time
 from collections.abc import MutableMapping
@@ -14,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import costmodel
-from costmodel.latency import MAX_REGISTERS_PER_THREAD
 
-from . import codegen
+from . import capability, codegen
+from .capability import slower_than_xla, xla_kernel_us
 from .codegen import modeled_kernel_us
 from .explain import Unrefused, unstitched_kinds
 from .explorer import FusionPlan, Pattern, explore
@@ -26,15 +25,9 @@ from .graph.refusal import Refusal, internal, kind_text
 from .graph.xla_kernel_model import xla_kernel_profile
 from .graph.traffic import memory_intensive_regions, pattern_traffic, plan_bytes
 from .hlo.ir import Module
+from .query_workers import MIN_KERNELS, QueryWorkers, WorkersFailed, worker_count
 from .report import Fallback, KernelReport, LeftToXla, PlanSummary, Report, Times
 from .verification import stitched_steps, verify
-
-
-class PlanRefusal(enum.Enum):
-    """Why the pipeline refuses a pattern the code generator can build."""
-
-    SLOWER_THAN_XLA = "stitched kernel modeled no faster than XLA's kernels"
-    SPILLS = "ptxas spills the pattern's fastest schedule"
 
 
 @dataclass
@@ -46,6 +39,9 @@ class Options:
     ptxas: bool = True  # assemble each kernel (registers and spills come from ptxas)
     host: bool = False  # build host kernels (always built when verifying)
     seed: int = 0
+    # Processes answering the explorer's capability queries: None, one per core for a module
+    # of query_workers.MIN_KERNELS memory-intensive kernels or more; 0 or 1, none.
+    workers: int | None = None
 
 
 @dataclass
@@ -133,37 +129,36 @@ def plan_module(graph: OpGraph, options: Options, device,
     built = {} if built is None else built  # accepted patterns
     # schedules by pattern form: a repeated layer's patterns build one each
     chosen = {} if schedules is None else schedules
+    workers = _query_workers(graph, options, chosen)
+    notes: list[str] = []
+
+    def without_workers(exc: WorkersFailed) -> None:
+        nonlocal workers
+        notes.append(f"query workers failed ({exc}); the rest was planned in this process")
+        workers.close()
+        workers = None
 
     def can_stitch(nodes: list[str]) -> Refusal | None:
-        xla_us = sum(_xla_kernel_us(graph, n, device) for n in nodes
-                     if graph.nodes[n].is_kernel)
-        try:
-            # below_us: schedules that cannot beat XLA's kernels are not built or priced
-            spec = codegen.generate(graph.module, nodes, "probe", device, chosen=chosen,
-                                    with_host_kernel=False, below_us=xla_us)
-        except codegen.NotFaster as exc:
-            return Refusal(PlanRefusal.SLOWER_THAN_XLA,
-                           f"stitched kernel modeled at {exc.least_us:.2f} us or more is not "
-                           f"faster than XLA's kernels at {xla_us:.2f} us (modeled, "
-                           f"{options.target})")
-        except codegen.CodegenError as exc:
-            return Refusal(exc.kind, exc.detail)
-        except Exception as exc:  # a defect of ours: the pattern is refused, with the reason
-            return internal(exc)
-        slower = _slower_than_xla(graph, spec, device, options.target)
-        if slower:
-            return Refusal(PlanRefusal.SLOWER_THAN_XLA, slower)
-        if options.ptxas and spec.regs_model >= MAX_REGISTERS_PER_THREAD and \
-                codegen.find_ptxas():
-            # At the register model's cap it cannot tell whether ptxas spills: ask ptxas
-            # (the chosen schedule only: trying the others here made planning minutes longer).
-            spills = codegen.compile_nvptx(spec, device.sm_arch).spills
-            if spills:
-                return Refusal(PlanRefusal.SPILLS,
-                               f"ptxas ({device.sm_arch}) spills the pattern's fastest "
-                               f"schedule: {spills} B of spill stores")
-        built[frozenset(nodes)] = spec
+        answer = None
+        if workers is not None:
+            try:
+                answer = workers.answer(tuple(nodes))
+            except WorkersFailed as exc:
+                without_workers(exc)
+        if answer is None:
+            answer = capability.ask(graph, nodes, device, options.target, options.ptxas,
+                                    chosen)
+        if isinstance(answer, Refusal):
+            return answer
+        built[frozenset(nodes)] = answer
         return None
+
+    def ask_ahead(patterns: list[list[str]], next_up: bool) -> None:
+        if workers is not None:
+            try:
+                workers.ahead([tuple(p) for p in patterns], next_up)
+            except WorkersFailed as exc:
+                without_workers(exc)
 
     def profile_of(nodes: list[str]) -> costmodel.KernelProfile:
         if len(nodes) == 1:
@@ -173,20 +168,29 @@ def plan_module(graph: OpGraph, options: Options, device,
             raise ValueError(f"no stitched kernel was built for {nodes}")
         return spec.profile  # as modeled_kernel_us prices it
 
-    return explore(graph, can_stitch, options.explorer, device, profile_of,
-                   lambda nodes: codegen.other_space_nodes(graph.module, nodes))
+    try:
+        plan = explore(graph, can_stitch, options.explorer, device, profile_of,
+                       lambda nodes: codegen.other_space_nodes(graph.module, nodes),
+                       ask_ahead if workers is not None else None)
+    finally:
+        if workers is not None:
+            workers.close()
+    plan.notes += notes
+    return plan
 
 
-def _slower_than_xla(graph: OpGraph, spec, device, target: str) -> str | None:
-    """No negative optimization: why a stitched kernel modeled slower than the XLA kernels it
-    replaces is not used (None when it is faster)."""
-    stitched_us = modeled_kernel_us(spec, device)
-    xla_us = sum(_xla_kernel_us(graph, n, device) for n in spec.nodes
-                 if graph.nodes[n].is_kernel)
-    if stitched_us < xla_us:
+def _query_workers(graph: OpGraph, options: Options, chosen: MutableMapping
+                   ) -> QueryWorkers | None:
+    """Workers for the explorer's capability queries (query_workers.py), None where the
+    module plans in about the time they take to start, or they cannot start."""
+    count = worker_count() if options.workers is None else options.workers
+    if count < 2 or options.workers is None and \
+            sum(1 for _ in graph.memory_intensive_nodes()) < MIN_KERNELS:
         return None
-    return (f"stitched kernel modeled at {stitched_us:.2f} us is not faster than XLA's "
-            f"kernels at {xla_us:.2f} us (modeled, {target})")
+    try:
+        return QueryWorkers(graph.module, options.target, options.ptxas, chosen, count)
+    except WorkersFailed:
+        return None
 
 
 def _c_name(text: str) -> str:
@@ -209,7 +213,7 @@ def _build_kernel(graph, pattern, name, options, device, times, fallbacks, probe
             else str(internal(exc))
         fallbacks.append(Fallback("codegen", list(pattern.nodes), why))
         return None
-    slower = _slower_than_xla(graph, spec, device, options.target)
+    slower = slower_than_xla(graph, spec, device, options.target)
     if slower:
         times.codegen += time.perf_counter() - t0
         fallbacks.append(Fallback("cost", list(pattern.nodes), slower))
@@ -289,17 +293,6 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _xla_kernel_us(graph: OpGraph, node: str, device) -> float:
-    """Modeled time of one of XLA's own kernels, by the same latency-evaluator; once per graph
-    and device (the explorer's queries, the cost guard and the Report all ask)."""
-    times = graph.derived.setdefault(("xla_kernel_us", device), {})
-    us = times.get(node)
-    if us is None:
-        us = times[node] = costmodel.kernel_latency_us(xla_kernel_profile(graph, node, device),
-                                                      device).total_us
-    return us
-
-
 def make_report(result: StitchResult, options: Options, device, times: Times) -> Report:
     """The Report of a plan: XLA's plan and the stitched plan counted and priced alike."""
     graph = result.graph
@@ -315,8 +308,8 @@ def make_report(result: StitchResult, options: Options, device, times: Times) ->
     # Both plans priced by the same latency-evaluator (modeled): XLA's kernels from the graph,
     # stitched kernels from their kernel IR.
     stitched_us = [modeled_kernel_us(k.spec, device) for k in result.kernels]
-    xla_times = [_xla_kernel_us(graph, n, device) for n in mem_nodes]
-    fs_times = stitched_us + [_xla_kernel_us(graph, n, device) for n in mem_nodes
+    xla_times = [xla_kernel_us(graph, n, device) for n in mem_nodes]
+    fs_times = stitched_us + [xla_kernel_us(graph, n, device) for n in mem_nodes
                               if n not in stitched]
 
     def summary(patterns, kernel_us, with_patterns=False):

@@ -25,7 +25,7 @@ from fusionstitching.codegen.schedules.space import reduction_space  # noqa: E40
 from fusionstitching.hlo.evaluator import evaluate  # noqa: E402
 from fusionstitching.hlo.parser import parse_file, parse_module  # noqa: E402
 from fusionstitching.graph import build_graph  # noqa: E402
-from fusionstitching.pipeline import _xla_kernel_us  # noqa: E402
+from fusionstitching.capability import xla_kernel_us  # noqa: E402
 from helpers_codegen import ADD, check_against_xla, kernel_nodes, module_text  # noqa: E402
 
 HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
@@ -130,7 +130,7 @@ def test_full_depth_tiles_combine_each_column_in_a_warp():
     assert text.count("for r = (tid // 8); r < 256; r += 32") == 3, text
     check_against_xla(module, spec)
     graph, h100 = build_graph(module), load_device("h100")
-    assert spec.modeled_us < sum(_xla_kernel_us(graph, n.name, h100) for n in graph.kernel_nodes())
+    assert spec.modeled_us < sum(xla_kernel_us(graph, n.name, h100) for n in graph.kernel_nodes())
 
 
 def test_middle_digits_of_a_delinearized_row_fold_back():

@@ -22,6 +22,7 @@ LAYERS = (
     ("fusionstitching.explorer", "fusionstitching.codegen"),
     ("fusionstitching.report", "fusionstitching.verification", "fusionstitching.explain",
      "fusionstitching.capture"),
+    ("fusionstitching.capability", "fusionstitching.query_workers"),
     ("fusionstitching.pipeline",),
     ("fusionstitching.runtime",),
     ("fusionstitching.stitched_jit", "fusionstitching.demo"),

@@ -11,21 +11,24 @@ from .baseline import connected_region_plan
 from .search import Explorer, beam_plan
 
 STRATEGIES = {
-    "beam": lambda graph, can_stitch, device, profile_of, other_space: beam_plan(
-        graph, can_stitch, device, profile_of=profile_of, other_space=other_space),
-    "greedy": lambda graph, can_stitch, device, profile_of, other_space: connected_region_plan(
-        graph, can_stitch),
+    "beam": lambda graph, can_stitch, device, profile_of, other_space, ask_ahead: beam_plan(
+        graph, can_stitch, device, profile_of=profile_of, other_space=other_space,
+        ask_ahead=ask_ahead),
+    "greedy": lambda graph, can_stitch, device, profile_of, other_space, ask_ahead:
+        connected_region_plan(graph, can_stitch),
 }
 
 
 def explore(graph, can_stitch, strategy: str = "beam", device=None,
-            profile_of=None, other_space=None) -> FusionPlan:
+            profile_of=None, other_space=None, ask_ahead=None) -> FusionPlan:
     """Plan ``graph``'s stitched kernels; ``can_stitch(nodes) -> Refusal | None`` asks the
     code generator whether a set of nodes can become one kernel (None: it can); ``device`` (costmodel.Device,
     default H100) is what the cost model prices; ``profile_of(nodes) -> KernelProfile``, when
     given, is the kernel the plan's report will price for one XLA kernel or an accepted
     pattern (``Explorer``), so plans are compared by the report's model; ``other_space(nodes)``,
-    when given, names a pattern's nodes reducing outside its main reduction space."""
+    when given, names a pattern's nodes reducing outside its main reduction space;
+    ``ask_ahead(patterns)``, when given, is told the patterns ``can_stitch`` will be asked
+    next, in order (query workers start on them)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown explorer {strategy!r}; known: {', '.join(STRATEGIES)}")
-    return STRATEGIES[strategy](graph, can_stitch, device, profile_of, other_space)
+    return STRATEGIES[strategy](graph, can_stitch, device, profile_of, other_space, ask_ahead)

@@ -42,13 +42,11 @@ def connected_region_plan(graph: OpGraph, can_stitch: CanStitch,
         if decision.ok:
             patterns.append(Pattern(region, "connected memory-intensive region"))
             continue
-        levels: dict[int, list[str]] = {}
-        for name in region:
-            levels.setdefault(depth[name], []).append(name)
+        levels = _levels(region, depth)
         if len(levels) == 1:
             parts.append(region)
             continue
-        for level in levels.values():
+        for level in levels:
             if len(level) < 2:
                 continue
             decision = _check(level)
@@ -103,3 +101,30 @@ def connected_region_plan(graph: OpGraph, can_stitch: CanStitch,
                 for i in range(len(patterns))
                 for nodes in sorted(parts.get(i, ()), key=lambda n: dag.order[n[0]])]
     return FusionPlan("greedy", patterns, decisions)
+
+
+def _levels(region: list[str], depth: dict[str, int]) -> list[list[str]]:
+    """The kernels of ``region`` grouped by opaque depth, each group in topological order."""
+    levels: dict[int, list[str]] = {}
+    for name in region:
+        levels.setdefault(depth[name], []).append(name)
+    return list(levels.values())
+
+
+def sure_queries(graph: OpGraph, dag: KernelDag) -> list[frozenset[str]]:
+    """Patterns ``connected_region_plan`` asks the code generator about whatever it answers:
+    each region of two or more kernels, or where the region has a cycle, each of its levels
+    of two or more kernels that has none."""
+    depth = opaque_depth(graph)
+    sure = []
+    for region in memory_intensive_regions(graph):
+        if len(region) < 2:
+            continue
+        if not dag.creates_cycle(frozenset(region)):
+            sure.append(frozenset(region))
+            continue
+        levels = _levels(region, depth)
+        if len(levels) > 1:
+            sure += [frozenset(level) for level in levels
+                     if len(level) > 1 and not dag.creates_cycle(frozenset(level))]
+    return sure

@@ -129,6 +129,18 @@ class CandidatePatterns:
         self.growth[vertex] = reduce(consumers) if consumers else []
         return sorted(pool.values(), key=lambda c: -c.score)
 
+    def speculative_candidates(self, vertex: str) -> list[frozenset[str]]:
+        """The candidates ``buildable_candidates`` would ask first of a vertex not reached yet,
+        as far as the growth of its consumers is known now: ``pattern_reduction`` without
+        its decisions or growth."""
+        self._deciding = False
+        try:
+            pool = self.pattern_reduction(vertex)
+        finally:
+            self._deciding = True
+            del self.growth[vertex]
+        return [c.nodes for c in pool if c.score > 0][:self.top_k]
+
     def buildable_candidates(self, vertex: str, pool: list[Candidate]) -> list[Candidate]:
         """The best ``top_k`` of ``pool`` with f > 0 that the code generator can build; when
         fewer, refused candidates without their reductions in other spaces (``other_space``)
@@ -136,6 +148,8 @@ class CandidatePatterns:
         ready: list[Candidate] = []
         refused: list[Candidate] = []
         tries = 0
+        # the most that may be asked, in the order they would be
+        asked = [c.nodes for c in pool if c.score > 0][:self.top_k + BUILD_TRIES]
         for cand in pool:
             if len(ready) == self.top_k or tries >= self.top_k + BUILD_TRIES:
                 break
@@ -144,6 +158,7 @@ class CandidatePatterns:
                             f"no gain: f = {cand.score:+.3f} us <= 0")
                 continue
             tries += 1
+            self._ahead(asked[tries - 1:])
             refusal = self.can_stitch(cand.nodes)
             if refusal is None:
                 ready.append(cand)
@@ -151,6 +166,7 @@ class CandidatePatterns:
             else:
                 refused.append(cand)
                 self.decide(cand.nodes, refusal.kind, f"code generator: {refusal.detail}")
+        self._ahead([])  # the rest will not be asked
         listed = {c.nodes for c in pool}
         for cand in refused:
             if len(ready) == self.top_k or self.other_space is None:
@@ -167,6 +183,13 @@ class CandidatePatterns:
             else:
                 self.decide(part.nodes, refusal.kind, f"code generator: {refusal.detail}")
         return ready
+
+    def _ahead(self, patterns: list[frozenset[str]], next_up: bool = True) -> None:
+        """Tell ``ask_ahead`` patterns to be asked (those not asked before): ``next_up``, the
+        ones asked next, else ones asked later."""
+        if self.ask_ahead is not None:
+            self.ask_ahead([list(self._names(p)) for p in patterns
+                            if p not in self._buildable], next_up)
 
     def _without_other_spaces(self, vertex: str, nodes: frozenset[str]) -> Candidate | None:
         """The part of ``nodes`` joined to ``vertex`` once the nodes reducing outside the main

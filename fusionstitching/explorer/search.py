@@ -25,7 +25,7 @@ from costmodel import KernelProfile, kernel_latency_us
 from ..graph import OpGraph
 from ..graph.refusal import Refusal
 from ..graph.traffic import connected_components
-from .baseline import connected_region_plan
+from .baseline import connected_region_plan, sure_queries
 from .candidates import TOP_K, Candidate, CandidatePatterns
 from .index import GraphIndex
 from .neighbours import merge_neighbours
@@ -35,8 +35,14 @@ from .pattern_model import PatternModel, packed_profile
 ProfileOf = Callable[[list[str]], KernelProfile]
 # The nodes of a pattern whose reductions lie outside its main reduction space.
 OtherSpace = Callable[[list[str]], list[str]]
+# Told patterns the explorer will ask ``can_stitch``, in order (they may be built side by side
+# before they are asked): with True, the ones asked next; with False, ones asked later.
+AskAhead = Callable[[list[list[str]], bool], None]
 
 BEAM_WIDTH = 3  # paper 5.3
+# Vertices whose candidates are looked ahead at (``speculative_candidates``) while one's are
+# asked, so that query workers have patterns to build.
+SPECULATED_VERTICES = 2
 MAX_PATTERN_KERNELS = 16  # bounds each candidate's cost (the synthetic bench's best cap)
 
 
@@ -79,11 +85,13 @@ class _Beam:
 class Explorer(CandidatePatterns):
     def __init__(self, graph: OpGraph, can_stitch: CanStitch, device, top_k: int = TOP_K,
                  beam_width: int = BEAM_WIDTH, max_pattern: int = MAX_PATTERN_KERNELS,
-                 profile_of: ProfileOf | None = None, other_space: OtherSpace | None = None):
+                 profile_of: ProfileOf | None = None, other_space: OtherSpace | None = None,
+                 ask_ahead: AskAhead | None = None):
         self.graph, self.device = graph, device
         self.top_k, self.beam_width, self.max_pattern = top_k, beam_width, max_pattern
         self.profile_of = profile_of
         self.other_space = other_space
+        self.ask_ahead = ask_ahead
         self.evaluator = costmodel.delta.delta_evaluator(device)
         self._can_stitch = can_stitch
         self._buildable: dict[frozenset[str], Refusal | None] = {}
@@ -117,6 +125,8 @@ class Explorer(CandidatePatterns):
         self._latest: dict[frozenset[str], tuple[enum.Enum | None, str]] = {}
         self._history: list[tuple[frozenset[str], enum.Enum | None, str]] = []
         self.decisions: dict[frozenset[str], Decision] = {}  # the latest, after ``run``
+        self._deciding = True  # False while candidates are only looked ahead at
+        self._sure: list[frozenset[str]] = []  # patterns asked whatever the search finds
         self.growth: dict[str, list[Candidate]] = {}
         self.ready: dict[str, list[Candidate]] = {}
 
@@ -132,6 +142,8 @@ class Explorer(CandidatePatterns):
 
     def decide(self, nodes: frozenset[str], kind: enum.Enum | None, reason: str) -> None:
         """Record a decision on ``nodes``: accepted when ``kind`` is None, else refused."""
+        if not self._deciding:
+            return
         self._latest[nodes] = (kind, reason)
         self._history.append((nodes, kind, reason))
 
@@ -228,6 +240,8 @@ class Explorer(CandidatePatterns):
 
     def remote_fusion(self, units: list[frozenset[str]]) -> list[list[frozenset[str]]]:
         """Pack launch-bound kernels (units in topological order) left to right."""
+        if self.ask_ahead is not None:
+            self._ahead(self._likely_packs(units) + self._sure, next_up=False)
         packs: list[list[frozenset[str]]] = []
         current: list[frozenset[str]] = []
         current_us = 0.0
@@ -269,6 +283,22 @@ class Explorer(CandidatePatterns):
         if len(current) > 1:
             packs.append(current)
         return packs
+
+    def _likely_packs(self, units: list[frozenset[str]]) -> list[frozenset[str]]:
+        """The packs of two neighbouring launch-bound units that ``remote_fusion`` may ask
+        the code generator about: modeled faster than the two apart, and acyclic."""
+        bound = [u for u in units if self.latency_us(u) - costmodel.LAUNCH_US < costmodel.LAUNCH_US]
+        likely = []
+        for a, b in zip(bound, bound[1:]):
+            union = a | b
+            if (a, b) in self._packs or len(union) > self.max_pattern or union in self._buildable:
+                continue
+            separate_us = self.latency_us(a) + self.latency_us(b)
+            packed_us = kernel_latency_us(packed_profile([self._profile(a), self._profile(b)]),
+                                          self.device).total_us
+            if packed_us < separate_us and not self.index.creates_cycle(union):
+                likely.append(union)
+        return likely
 
     def _pack_check(self, union, packed_us, separate_us
                     ) -> tuple[enum.Enum | None, str, float]:
@@ -312,8 +342,16 @@ class Explorer(CandidatePatterns):
             return self._explore()
 
     def _explore(self) -> FusionPlan:
-        for vertex in reversed(self.index.participants):
-            self.ready[vertex] = self.buildable_candidates(vertex, self.pattern_reduction(vertex))
+        # The connected-region plan's first queries, asked whatever the search finds.
+        self._sure = sure = sure_queries(self.graph, self.index)
+        vertices = list(reversed(self.index.participants))
+        for i, vertex in enumerate(vertices):
+            pool = self.pattern_reduction(vertex)
+            if self.ask_ahead is not None:
+                upcoming = vertices[i + 1:i + 1 + SPECULATED_VERTICES]
+                self._ahead([p for u in upcoming for p in self.speculative_candidates(u)]
+                            + sure, next_up=False)
+            self.ready[vertex] = self.buildable_candidates(vertex, pool)
             # Producers also grow from what the code generator can build: when every top-k
             # candidate holds an op it refuses, growing only from those would never yield
             # a buildable pattern through this vertex.

@@ -1,0 +1,82 @@
+"""The capability query the explorer asks of a pattern (XLA's CanFuse): can the code generator
+build it, is the kernel modeled faster than XLA's kernels it replaces, and does ptxas keep it
+out of spills? The same question in the planning process and in the query workers
+(query_workers.py), so a plan does not depend on where its queries ran.
+"""
+from __future__ import annotations
+
+import enum
+from collections.abc import MutableMapping
+
+import costmodel
+from costmodel.latency import MAX_REGISTERS_PER_THREAD
+
+from . import codegen
+from .codegen import modeled_kernel_us
+from .graph import OpGraph
+from .graph.refusal import Refusal, internal
+from .graph.xla_kernel_model import xla_kernel_profile
+
+
+class PlanRefusal(enum.Enum):
+    """Why the pipeline refuses a pattern the code generator can build."""
+
+    SLOWER_THAN_XLA = "stitched kernel modeled no faster than XLA's kernels"
+    SPILLS = "ptxas spills the pattern's fastest schedule"
+
+
+def ask(graph: OpGraph, nodes: list[str], device, target: str, ptxas: bool,
+        chosen: MutableMapping) -> codegen.KernelSpec | Refusal:
+    """The fastest kernel of ``nodes`` when the pipeline would use it, else why not.
+    ``chosen``: the schedules chosen so far by pattern form (``generate``'s)."""
+    xla_us = sum(xla_kernel_us(graph, n, device) for n in nodes if graph.nodes[n].is_kernel)
+    try:
+        # below_us: schedules that cannot beat XLA's kernels are not built or priced
+        spec = codegen.generate(graph.module, nodes, "probe", device, chosen=chosen,
+                                with_host_kernel=False, below_us=xla_us)
+    except codegen.NotFaster as exc:
+        return Refusal(PlanRefusal.SLOWER_THAN_XLA,
+                       f"stitched kernel modeled at {exc.least_us:.2f} us or more is not "
+                       f"faster than XLA's kernels at {xla_us:.2f} us (modeled, {target})")
+    except codegen.CodegenError as exc:
+        return Refusal(exc.kind, exc.detail)
+    except Exception as exc:  # a defect of ours: the pattern is refused, with the reason
+        return internal(exc)
+    slower = slower_than_xla(graph, spec, device, target)
+    if slower:
+        return Refusal(PlanRefusal.SLOWER_THAN_XLA, slower)
+    if ptxas and spec.regs_model >= MAX_REGISTERS_PER_THREAD and codegen.find_ptxas():
+        # At the register model's cap it cannot tell whether ptxas spills: ask ptxas
+        # (the chosen schedule only: trying the others here made planning minutes longer).
+        try:
+            spills = codegen.compile_nvptx(spec, device.sm_arch).spills
+        except Exception as exc:  # ptxas failed or timed out: the pattern is refused
+            return internal(exc)
+        if spills:
+            return Refusal(PlanRefusal.SPILLS,
+                           f"ptxas ({device.sm_arch}) spills the pattern's fastest "
+                           f"schedule: {spills} B of spill stores")
+    return spec
+
+
+def slower_than_xla(graph: OpGraph, spec, device, target: str) -> str | None:
+    """No negative optimization: why a stitched kernel modeled slower than the XLA kernels it
+    replaces is not used (None when it is faster)."""
+    stitched_us = modeled_kernel_us(spec, device)
+    xla_us = sum(xla_kernel_us(graph, n, device) for n in spec.nodes
+                 if graph.nodes[n].is_kernel)
+    if stitched_us < xla_us:
+        return None
+    return (f"stitched kernel modeled at {stitched_us:.2f} us is not faster than XLA's "
+            f"kernels at {xla_us:.2f} us (modeled, {target})")
+
+
+def xla_kernel_us(graph: OpGraph, node: str, device) -> float:
+    """Modeled time of one of XLA's own kernels, by the same latency-evaluator; once per graph
+    and device (the explorer's queries, the cost guard and the Report all ask)."""
+    times = graph.derived.setdefault(("xla_kernel_us", device), {})
+    us = times.get(node)
+    if us is None:
+        us = times[node] = costmodel.kernel_latency_us(xla_kernel_profile(graph, node, device),
+                                                      device).total_us
+    return us

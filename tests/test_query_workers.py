@@ -1,0 +1,126 @@
+"""Capability queries in worker processes (issue 27): the same answers and the same plan as
+in the planning process, whatever order the explorer's patterns are built in, and planning
+that goes on in its own process when a worker dies."""
+import os
+
+import pytest
+
+from costmodel import load_device
+from fusionstitching import capability, pipeline
+from fusionstitching.explorer import explore
+from fusionstitching.graph import build_graph
+from fusionstitching.graph.refusal import Refusal
+from fusionstitching.hlo.parser import parse_file
+from fusionstitching.pipeline import Options, stitch_module
+from fusionstitching.query_workers import QueryWorkers
+
+HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
+H100 = load_device("h100")
+# 27 memory-intensive kernels, planned in about a second: accepted and refused patterns
+FILE = os.path.join(HLO, "bert_infer_small_jax_cpu.hlo.gz")
+
+
+def plan_of(result):
+    """What a plan is made of: its patterns, each kernel's IR and the Report's totals."""
+    return ([k.pattern.nodes for k in result.kernels], [str(k.spec.kernel) for k in result.kernels],
+            result.report.fs, [(d.nodes, d.kind, d.reason) for d in result.plan.decisions])
+
+
+def asked_patterns(graph):
+    """Every pattern the explorer asks the code generator about, in order, with its answer."""
+    asked = []
+
+    def can_stitch(nodes):
+        answer = capability.ask(graph, nodes, H100, "h100", False, {})
+        asked.append((tuple(nodes), answer))
+        return answer if isinstance(answer, Refusal) else None
+
+    explore(graph, can_stitch, "beam", H100)
+    return asked
+
+
+@pytest.mark.parametrize("file", [FILE, os.path.join(HLO, "dien_infer_small_tf_h100.hlo")])
+def test_workers_answer_as_the_planning_process_does(file):
+    """Each answer from a worker, asked ahead in reverse order, equals the in-process one:
+    the same refusal, or the same kernel at the same modeled time."""
+    graph = build_graph(parse_file(file))
+    asked = asked_patterns(graph)
+    assert any(not isinstance(a, Refusal) for _, a in asked)
+    if "dien" in file:  # a refused pattern among them
+        assert any(isinstance(a, Refusal) for _, a in asked)
+    chosen = {}
+    workers = QueryWorkers(graph.module, "h100", False, chosen, count=2)
+    try:
+        workers.ahead([nodes for nodes, _ in asked][::-1], next_up=False)
+        for nodes, expected in asked:
+            answer = workers.answer(nodes)
+            if isinstance(expected, Refusal):
+                assert answer == expected
+            else:
+                assert (str(answer.kernel), answer.modeled_us, answer.schedule) == \
+                       (str(expected.kernel), expected.modeled_us, expected.schedule)
+    finally:
+        workers.close()
+    assert chosen  # the schedules the workers chose are kept by the planning process
+
+
+def test_a_plan_with_query_workers_is_the_plan_without():
+    module = parse_file(FILE)
+    alone = stitch_module(module, Options(target="h100", ptxas=False, workers=0))
+    with_workers = stitch_module(module, Options(target="h100", ptxas=False, workers=2))
+    assert plan_of(with_workers) == plan_of(alone)
+    assert len(alone.kernels) > 1
+    assert not [n for n in with_workers.plan.notes if "query workers" in n]
+
+
+def test_looking_ahead_decides_nothing():
+    """The explorer names patterns ahead (its next vertices' candidates, the connected-region
+    plan's regions) without deciding on them: its decisions and plan are those of a run that
+    does not look ahead."""
+    graph = build_graph(parse_file(FILE))
+    named = []
+
+    def can_stitch(nodes):
+        answer = capability.ask(graph, nodes, H100, "h100", False, {})
+        return answer if isinstance(answer, Refusal) else None
+
+    looking = explore(graph, can_stitch, "beam", H100,
+                      ask_ahead=lambda patterns, next_up: named.append((patterns, next_up)))
+    plain = explore(graph, can_stitch, "beam", H100)
+    assert [p.nodes for p in looking.patterns] == [p.nodes for p in plain.patterns]
+    assert looking.decisions == plain.decisions
+    assert any(next_up and patterns for patterns, next_up in named)
+    assert any(not next_up and patterns for patterns, next_up in named)
+
+
+class DyingWorkers(QueryWorkers):
+    """Query workers that are killed after the first answer."""
+
+    def answer(self, nodes):
+        answer = super().answer(nodes)
+        for proc in self._procs:
+            proc.kill()
+        return answer
+
+
+def test_planning_goes_on_in_process_when_a_worker_dies(monkeypatch):
+    module = parse_file(FILE)
+    alone = stitch_module(module, Options(target="h100", ptxas=False, workers=0))
+    monkeypatch.setattr(pipeline, "QueryWorkers", DyingWorkers)
+    result = stitch_module(module, Options(target="h100", ptxas=False, workers=2))
+    assert plan_of(result)[:3] == plan_of(alone)[:3]
+    (note,) = [n for n in result.plan.notes if "query workers" in n]
+    assert "the rest was planned in this process" in note
+
+
+@pytest.mark.parametrize("workers", [None, 0])
+def test_a_small_module_plans_in_its_own_process(monkeypatch, workers):
+    """Below MIN_KERNELS memory-intensive kernels (or with ``workers=0``) no worker starts:
+    starting one would cost about as long as the planning."""
+    def no_workers(*args, **kwargs):
+        raise AssertionError("a query worker was started")
+
+    monkeypatch.setattr(pipeline, "QueryWorkers", no_workers)
+    result = stitch_module(parse_file(FILE), Options(target="h100", ptxas=False,
+                                                     workers=workers))
+    assert result.kernels
