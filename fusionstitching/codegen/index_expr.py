@@ -21,19 +21,23 @@ MEMO_SIZE = 1 << 16
 
 class HashedOnce:
     """A frozen dataclass whose hash is computed once (``__hash__ = HashedOnce.hashed_once``):
-    the dataclass's own value, so set orders do not change. Index expressions nest, and
-    kernel values key every cache of the code generator: hashing them again was a third of
-    its time."""
+    the dataclass's own value, so set orders do not change. Index expressions nest and key
+    the code generator's caches: hashing them again was a third of its time."""
 
     def hashed_once(self) -> int:
         cached = self.__dict__.get("_hash")
         if cached is None:
-            cached = self.__dict__["_hash"] = hash(tuple(getattr(self, f.name)
-                                                         for f in fields(self)))
+            names = _FIELD_NAMES.get(type(self))
+            if names is None:
+                names = _FIELD_NAMES[type(self)] = tuple(f.name for f in fields(self))
+            cached = self.__dict__["_hash"] = hash(tuple(getattr(self, n) for n in names))
         return cached
 
     def __getstate__(self) -> dict:  # a hash of str is per process: never carry one over
-        return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_repr")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_repr", "_vars")}
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # a dataclass's field names, in order
 
 
 class _Expr(HashedOnce):
@@ -103,9 +107,13 @@ class Ix(_Expr):
         return " + ".join(parts)
 
     def vars(self) -> set[Var]:
-        out: set[Var] = set()
-        for atom, _ in self.terms:
-            out |= {atom} if isinstance(atom, Var) else atom.arg.vars()
+        """The variables the expression reads (kept: expressions nest; never mutate it)."""
+        out = self.__dict__.get("_vars")
+        if out is None:
+            out = set()
+            for atom, _ in self.terms:
+                out |= {atom} if isinstance(atom, Var) else atom.arg.vars()
+            self.__dict__["_vars"] = out
         return out
 
     def evaluate(self, env: dict[str, np.ndarray]) -> np.ndarray:
