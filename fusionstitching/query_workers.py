@@ -93,7 +93,7 @@ class QueryWorkers:
         """capability.ask's answer for ``nodes`` (the schedules it chose are in ``chosen``),
         waiting for it."""
         if nodes not in self._answers and nodes not in self._busy.values():
-            self._pending.insert(0, nodes)
+            self._pending = [nodes] + [p for p in self._pending if p != nodes]
             self._dispatch()
         while nodes not in self._answers:
             self._dispatch(keep_idle=0)
@@ -121,11 +121,12 @@ class QueryWorkers:
         while self._idle and self._pending:
             self._start(self._pending.pop(0))
         while len(self._idle) > keep_idle and self._later:
-            nodes = self._later.pop(0)
-            if nodes not in self._answers and nodes not in self._busy.values():
-                self._start(nodes)
+            self._start(self._later.pop(0))
 
     def _start(self, nodes: Nodes) -> None:
+        """Send ``nodes`` to an idle worker unless it is answered or asked already."""
+        if nodes in self._answers or nodes in self._busy.values():
+            return
         conn = self._idle.pop()
         self._send(conn, ("ask", list(nodes)))
         self._busy[conn] = nodes
