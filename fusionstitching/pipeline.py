@@ -80,22 +80,29 @@ def stitch_module(module: Module, options: Options | None = None,
                   for n in graph.nodes.values() if n.refusal is not None]
     t0 = time.perf_counter()
     built: dict[frozenset[str], codegen.KernelSpec] = {}
+    chosen = {} if schedules is None else schedules
+    # The explorer's queries and then the plan's assembly run in them (one per core).
+    workers = _query_workers(graph, options, chosen)
     try:
-        plan = plan_module(graph, options, device, built, schedules)
-    except Exception as exc:  # a defect of ours: the module keeps XLA's plan
-        plan = FusionPlan(options.explorer, [], notes=["explorer failed; XLA's plan kept"])
-        fallbacks.append(Fallback("explore", [], str(internal(exc))))
-    times.explore = time.perf_counter() - t0
+        try:
+            plan = plan_module(graph, options, device, built, chosen, workers)
+        except Exception as exc:  # a defect of ours: the module keeps XLA's plan
+            plan = FusionPlan(options.explorer, [], notes=["explorer failed; XLA's plan kept"])
+            fallbacks.append(Fallback("explore", [], str(internal(exc))))
+        times.explore = time.perf_counter() - t0
 
-    kernels: list[StitchedKernel] = []
-    for index, pattern in enumerate(plan.patterns):
-        name = f"fusionstitching_{_c_name(module.name)[:40]}_{index}"
-        kernel = _build_kernel(graph, pattern, name, options, device, times, fallbacks,
-                               built.get(frozenset(pattern.nodes)))
-        if kernel is not None:
-            kernels.append(kernel)
-    if options.ptxas:
-        kernels = _assembled(graph, kernels, options, device, times, fallbacks)
+        kernels: list[StitchedKernel] = []
+        for index, pattern in enumerate(plan.patterns):
+            name = f"fusionstitching_{_c_name(module.name)[:40]}_{index}"
+            kernel = _build_kernel(graph, pattern, name, options, device, times, fallbacks,
+                                   built.get(frozenset(pattern.nodes)))
+            if kernel is not None:
+                kernels.append(kernel)
+        if options.ptxas:
+            kernels = _assembled(graph, kernels, options, device, times, fallbacks, workers)
+    finally:
+        if workers is not None:
+            workers.close()
 
     kernels = _schedulable(module, kernels, fallbacks)
     result = StitchResult(module, graph, plan, kernels, report=None, fallbacks=fallbacks)
@@ -116,7 +123,8 @@ def stitch_module(module: Module, options: Options | None = None,
 
 def plan_module(graph: OpGraph, options: Options, device,
                 built: dict[frozenset[str], codegen.KernelSpec] | None = None,
-                schedules: MutableMapping | None = None) -> FusionPlan:
+                schedules: MutableMapping | None = None,
+                workers: QueryWorkers | None = None) -> FusionPlan:
     """The fusion plan of ``graph``, asking the code generator the question the pipeline
     will: can it build the pattern, and does the kernel pass the cost guard below? So the
     explorer plans around patterns that would be given back to XLA instead of losing them.
@@ -125,11 +133,15 @@ def plan_module(graph: OpGraph, options: Options, device,
     profile of the kernel the query built, one XLA kernel by ``xla_kernel_profile``. So the
     explorer's final choice ranks plans by the modeled times the Report shows, not by its own
     estimate, and each pattern is generated once. ``built`` receives the kernel of every
-    accepted pattern, so that the pipeline does not generate the chosen ones again."""
+    accepted pattern, so that the pipeline does not generate the chosen ones again.
+    ``workers``: the caller's query workers, kept open (stitch_module's); without, this
+    starts its own where the module is large enough (``_query_workers``)."""
     built = {} if built is None else built  # accepted patterns
     # schedules by pattern form: a repeated layer's patterns build one each
     chosen = {} if schedules is None else schedules
-    workers = _query_workers(graph, options, chosen)
+    own = workers is None
+    if own:
+        workers = _query_workers(graph, options, chosen)
     notes: list[str] = []
 
     def without_workers(exc: WorkersFailed) -> None:
@@ -173,7 +185,7 @@ def plan_module(graph: OpGraph, options: Options, device,
                        lambda nodes: codegen.other_space_nodes(graph.module, nodes),
                        ask_ahead if workers is not None else None)
     finally:
-        if workers is not None:
+        if own and workers is not None:
             workers.close()
     plan.notes += notes
     return plan
@@ -228,10 +240,11 @@ def _build_kernel(graph, pattern, name, options, device, times, fallbacks, probe
     return StitchedKernel(pattern, spec, host=host)
 
 
-def _assembled(graph, kernels: list[StitchedKernel], options, device, times, fallbacks
-               ) -> list[StitchedKernel]:
-    """``kernels`` through ptxas (side by side, a thread per core), each with its ``nvptx``;
-    one that spills gets its next-fastest schedules (``_fewest_spills``), one that fails is
+def _assembled(graph, kernels: list[StitchedKernel], options, device, times, fallbacks,
+               workers: QueryWorkers | None = None) -> list[StitchedKernel]:
+    """``kernels`` through ptxas side by side, each with its ``nvptx``: in the query
+    workers, else a thread per core (LLVM one kernel at a time, ptxas children in parallel).
+    One that spills gets its next-fastest schedules (``_fewest_spills``), one that fails is
     left to XLA."""
     t0 = time.perf_counter()
 
@@ -241,10 +254,17 @@ def _assembled(graph, kernels: list[StitchedKernel], options, device, times, fal
         except Exception as exc:  # reported per kernel below
             return exc
 
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        assembled = list(pool.map(nvptx, [k.spec for k in kernels]))
+    assembled = None
+    if workers is not None and workers.alive:
+        try:
+            assembled = workers.assemble([k.spec for k in kernels], device.sm_arch)
+        except WorkersFailed:  # assembled here instead
+            assembled = None
+    if assembled is None:
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            assembled = list(pool.map(nvptx, [k.spec for k in kernels]))
     out = []
-    for kernel, nv in zip(kernels, assembled):
+    for kernel, nv in zip(kernels, assembled, strict=True):
         try:
             if isinstance(nv, Exception):
                 raise nv

@@ -1,6 +1,7 @@
 """Capability queries (capability.ask) in worker processes, one per core: the explorer names
 the patterns it will ask next (``ahead``) and the workers build them side by side while it
-waits for the first (``answer``). A worker is a fresh interpreter (``python -m
+waits for the first (``answer``); then the plan's kernels go through LLVM and ptxas in them
+(``assemble``). A worker is a fresh interpreter (``python -m
 fusionstitching.query_workers FD``, never a fork of a process with threads, never a rerun of
 the user's script) holding the module; the planning process keeps the schedules chosen
 (workers look them up and add to them through it), so answers are the same as in-process ones.
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import costmodel
 
-from . import capability, child_processes
+from . import capability, child_processes, codegen
 from .graph import build_graph
 from .hlo.ir import Module
 
@@ -29,6 +30,8 @@ MAX_WORKERS = 8  # each holds the module and its graph
 # start (an interpreter and the package's imports, ~1 s): it plans in its own process.
 MIN_KERNELS = 40
 Nodes = tuple[str, ...]
+# The key of an assembly request (an HLO name never starts with "#")
+ASSEMBLE = "#assemble"
 
 
 class WorkersFailed(RuntimeError):
@@ -54,6 +57,7 @@ class QueryWorkers:
         self._idle: list[Connection] = []
         self._procs: list[subprocess.Popen] = []
         self._senders: list[threading.Thread] = []
+        self._requests: dict[tuple, tuple] = {}  # messages other than a query, by key
         package_root = str(Path(__file__).resolve().parent.parent)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
@@ -100,6 +104,23 @@ class QueryWorkers:
             self._receive()
         return self._answers.pop(nodes)
 
+    def assemble(self, specs: list, arch: str) -> list:
+        """``codegen.compile_nvptx`` of each kernel, side by side in the workers: its
+        NvptxKernel, or what it raised (as a RuntimeError naming it)."""
+        keys = [(ASSEMBLE, i) for i in range(len(specs))]
+        self._requests.update((k, ("assemble", spec, arch)) for k, spec in zip(keys, specs))
+        self._pending, self._later = list(keys), []  # nothing more is asked ahead
+        for key in keys:
+            while key not in self._answers:
+                self._dispatch(keep_idle=0)
+                self._receive()
+        return [self._answers.pop(k) for k in keys]
+
+    @property
+    def alive(self) -> bool:
+        """Not closed (a failed pool is closed by its user)."""
+        return bool(self._procs)
+
     def close(self) -> None:
         """End every worker (one still on a query named ahead is killed)."""
         for proc in self._procs:
@@ -128,7 +149,7 @@ class QueryWorkers:
         if nodes in self._answers or nodes in self._busy.values():
             return
         conn = self._idle.pop()
-        self._send(conn, ("ask", list(nodes)))
+        self._send(conn, self._requests.pop(nodes, None) or ("ask", list(nodes)))
         self._busy[conn] = nodes
 
     def _receive(self) -> None:
@@ -215,9 +236,15 @@ def serve(conn: Connection) -> None:
             return
         if message is None:
             return
-        _, nodes = message
         chosen.added = {}
-        answer = capability.ask(graph, nodes, device, target, ptxas, chosen)
+        if message[0] == "assemble":
+            _, spec, arch = message
+            try:
+                answer = codegen.compile_nvptx(spec, arch)
+            except Exception as exc:  # sent as text: not every exception pickles
+                answer = RuntimeError(f"{type(exc).__name__}: {exc}")
+        else:
+            answer = capability.ask(graph, message[1], device, target, ptxas, chosen)
         conn.send(("answer", answer, chosen.added))
 
 

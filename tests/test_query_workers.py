@@ -93,6 +93,17 @@ def test_looking_ahead_decides_nothing():
     assert any(not next_up and patterns for patterns, next_up in named)
 
 
+def test_the_plans_kernels_assemble_in_the_workers_as_here():
+    """With workers, the plan's kernels go through LLVM and ptxas in them: the same PTX
+    (and cubin, where ptxas is installed) as assembled in this process."""
+    module = parse_file(FILE)
+    assembled = [[(k.spec.name, k.nvptx.ptx, k.nvptx.cubin, k.nvptx.spills)
+                  for k in stitch_module(module, Options(target="h100", workers=w)).kernels]
+                 for w in (0, 2)]
+    assert assembled[0] == assembled[1]
+    assert len(assembled[0]) > 1 and all(ptx for _, ptx, _, _ in assembled[0])
+
+
 class DyingWorkers(QueryWorkers):
     """Query workers that are killed after the first answer."""
 
