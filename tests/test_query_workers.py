@@ -1,8 +1,9 @@
-"""Capability queries in worker processes (issue 27): the same answers and the same plan as
-in the planning process, whatever order the explorer's patterns are built in, and planning
-that goes on in its own process when a worker dies."""
+"""Capability queries in worker processes (issue 27): the same answers, plan and PTX as in the
+planning process, whatever order the explorer's patterns are built in; planning that goes on
+in its own process when a worker dies; workers started by the runtime inside a JAX process."""
 import os
 
+import numpy as np
 import pytest
 
 from costmodel import load_device
@@ -13,6 +14,7 @@ from fusionstitching.graph.refusal import Refusal
 from fusionstitching.hlo.parser import parse_file
 from fusionstitching.pipeline import Options, stitch_module
 from fusionstitching.query_workers import QueryWorkers
+from helpers import args, layernorm
 
 HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
 H100 = load_device("h100")
@@ -122,6 +124,35 @@ def test_planning_goes_on_in_process_when_a_worker_dies(monkeypatch):
     assert plan_of(result)[:3] == plan_of(alone)[:3]
     (note,) = [n for n in result.plan.notes if "query workers" in n]
     assert "the rest was planned in this process" in note
+
+
+class CountedWorkers(QueryWorkers):
+    started = 0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        CountedWorkers.started += 1
+
+
+def test_a_jit_step_plans_with_query_workers_inside_a_jax_process(monkeypatch):
+    """The runtime plans in the user's process, where JAX has threads: its query workers are
+    fresh interpreters, and the stitched step gives XLA's numbers."""
+    import jax
+
+    from fusionstitching.stitched_jit import jit
+
+    monkeypatch.setattr(pipeline, "MIN_KERNELS", 0)  # workers even for this small step
+    monkeypatch.setattr(pipeline, "worker_count", lambda: 2)
+    monkeypatch.setattr(pipeline, "QueryWorkers", CountedWorkers)
+    CountedWorkers.started = 0
+    x, g, b = args()
+    stitched = jit(layernorm, cache_dir=None, keep="stitched")
+    got = stitched(x, g, b)
+    (report,) = stitched.reports()
+    assert CountedWorkers.started == 1
+    assert report.fs.patterns >= 1 and not report.fallbacks
+    np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(layernorm)(x, g, b)),
+                               rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("workers", [None, 0])
