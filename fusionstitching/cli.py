@@ -113,7 +113,7 @@ def explain(args: argparse.Namespace) -> int:
     from .explain import explain_text, plan_dot, write_svg
     from .graph import build_graph
     from .hlo.parser import parse_file
-    from .pipeline import Options, plan_module
+    from .pipeline import Options, plan_module, planning_workers
 
     try:
         module = parse_file(args.file)
@@ -121,8 +121,10 @@ def explain(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     graph = build_graph(module)
-    plan = plan_module(graph, Options(target=args.target, explorer=args.explorer),
-                       costmodel.load_device(args.target))
+    options, chosen = Options(target=args.target, explorer=args.explorer), {}
+    with planning_workers(graph, options, chosen) as workers:
+        plan = plan_module(graph, options, costmodel.load_device(args.target),
+                           schedules=chosen, workers=workers)
     try:
         print(explain_text(graph, plan, args.node))
     except KeyError as exc:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -82,8 +83,7 @@ def stitch_module(module: Module, options: Options | None = None,
     built: dict[frozenset[str], codegen.KernelSpec] = {}
     chosen = {} if schedules is None else schedules
     # The explorer's queries and then the plan's assembly run in them (one per core).
-    workers = _query_workers(graph, options, chosen)
-    try:
+    with planning_workers(graph, options, chosen) as workers:
         try:
             plan = plan_module(graph, options, device, built, chosen, workers)
         except Exception as exc:  # a defect of ours: the module keeps XLA's plan
@@ -100,9 +100,6 @@ def stitch_module(module: Module, options: Options | None = None,
                 kernels.append(kernel)
         if options.ptxas:
             kernels = _assembled(graph, kernels, options, device, times, fallbacks, workers)
-    finally:
-        if workers is not None:
-            workers.close()
 
     kernels = _schedulable(module, kernels, fallbacks)
     result = StitchResult(module, graph, plan, kernels, report=None, fallbacks=fallbacks)
@@ -134,14 +131,11 @@ def plan_module(graph: OpGraph, options: Options, device,
     explorer's final choice ranks plans by the modeled times the Report shows, not by its own
     estimate, and each pattern is generated once. ``built`` receives the kernel of every
     accepted pattern, so that the pipeline does not generate the chosen ones again.
-    ``workers``: the caller's query workers, kept open (stitch_module's); without, this
-    starts its own where the module is large enough (``_query_workers``)."""
+    ``workers``: query workers to ask through (``planning_workers``, given ``schedules`` as
+    their chosen schedules); without, every query is asked in this process."""
     built = {} if built is None else built  # accepted patterns
     # schedules by pattern form: a repeated layer's patterns build one each
     chosen = {} if schedules is None else schedules
-    own = workers is None
-    if own:
-        workers = _query_workers(graph, options, chosen)
     notes: list[str] = []
 
     def without_workers(exc: WorkersFailed) -> None:
@@ -180,29 +174,32 @@ def plan_module(graph: OpGraph, options: Options, device,
             raise ValueError(f"no stitched kernel was built for {nodes}")
         return spec.profile  # as modeled_kernel_us prices it
 
-    try:
-        plan = explore(graph, can_stitch, options.explorer, device, profile_of,
-                       lambda nodes: codegen.other_space_nodes(graph.module, nodes),
-                       ask_ahead if workers is not None else None)
-    finally:
-        if own and workers is not None:
-            workers.close()
+    plan = explore(graph, can_stitch, options.explorer, device, profile_of,
+                   lambda nodes: codegen.other_space_nodes(graph.module, nodes),
+                   ask_ahead if workers is not None else None)
     plan.notes += notes
     return plan
 
 
-def _query_workers(graph: OpGraph, options: Options, chosen: MutableMapping
-                   ) -> QueryWorkers | None:
-    """Workers for the explorer's capability queries (query_workers.py), None where the
-    module plans in about the time they take to start, or they cannot start."""
+@contextmanager
+def planning_workers(graph: OpGraph, options: Options, chosen: MutableMapping
+                     ) -> Iterator[QueryWorkers | None]:
+    """Query workers for planning ``graph`` (query_workers.py), closed on leaving; None where
+    the module plans in about the time they take to start (``Options.workers``), or they
+    cannot start. ``chosen``: the schedules chosen by pattern form that planning keeps."""
     count = worker_count() if options.workers is None else options.workers
-    if count < 2 or options.workers is None and \
-            sum(1 for _ in graph.memory_intensive_nodes()) < MIN_KERNELS:
-        return None
+    workers = None
+    if count >= 2 and (options.workers is not None or
+                       sum(1 for _ in graph.memory_intensive_nodes()) >= MIN_KERNELS):
+        try:
+            workers = QueryWorkers(graph.module, options.target, options.ptxas, chosen, count)
+        except WorkersFailed:
+            workers = None
     try:
-        return QueryWorkers(graph.module, options.target, options.ptxas, chosen, count)
-    except WorkersFailed:
-        return None
+        yield workers
+    finally:
+        if workers is not None:
+            workers.close()
 
 
 def _c_name(text: str) -> str:

@@ -29,8 +29,7 @@ MAX_WORKERS = 8  # each holds the module and its graph
 # Below this many memory-intensive kernels a module plans in about the time workers take to
 # start (an interpreter and the package's imports, ~1 s): it plans in its own process.
 MIN_KERNELS = 40
-Nodes = tuple[str, ...]
-# The key of an assembly request (an HLO name never starts with "#")
+Nodes = tuple[str, ...]  # a query's key; an assembly's is (ASSEMBLE, its number)
 ASSEMBLE = "#assemble"
 
 
@@ -50,10 +49,10 @@ class QueryWorkers:
     def __init__(self, module: Module, target: str, ptxas: bool, chosen: MutableMapping,
                  count: int):
         self.chosen = chosen
-        self._answers: dict[Nodes, tuple] = {}
-        self._pending: list[Nodes] = []  # named ahead, not yet sent
-        self._later: list[Nodes] = []  # named ahead, to be asked later, not yet sent
-        self._busy: dict[Connection, Nodes] = {}  # the query each busy worker is on
+        self._answers: dict[tuple, object] = {}  # by key, until taken
+        self._pending: list[tuple] = []  # named ahead, not yet sent
+        self._later: list[tuple] = []  # named ahead, to be asked later, not yet sent
+        self._busy: dict[Connection, tuple] = {}  # the key each busy worker is on
         self._idle: list[Connection] = []
         self._procs: list[subprocess.Popen] = []
         self._senders: list[threading.Thread] = []

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fusionstitching import codegen
+from fusionstitching import capability, codegen
 from fusionstitching.cli import main as cli_main
 from fusionstitching.hlo.parser import parse_file
 from fusionstitching.pipeline import Options, stitch_module
@@ -164,8 +164,6 @@ def test_a_stitched_kernel_modeled_slower_than_xlas_is_left_to_xla(monkeypatch):
     """No negative optimization: the pattern stays XLA's, with the cost named as the reason.
     The explorer asks the same cost question as the pipeline, so it plans around the pattern
     (a refused decision) instead of planning it and losing it to a fallback."""
-    import fusionstitching.capability as capability
-
     monkeypatch.setattr(capability, "modeled_kernel_us", lambda spec, device: 1e9)
     result = stitch_module(parse_file(DATA / "layernorm_64x256_jax_cpu.hlo"), Options(ptxas=False))
     report = result.report

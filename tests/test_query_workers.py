@@ -3,6 +3,7 @@ planning process, whatever order the explorer's patterns are built in; planning 
 in its own process when a worker dies; workers started by the runtime inside a JAX process."""
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -14,6 +15,7 @@ from fusionstitching.graph.refusal import Refusal
 from fusionstitching.hlo.parser import parse_file
 from fusionstitching.pipeline import Options, stitch_module
 from fusionstitching.query_workers import QueryWorkers
+from fusionstitching.stitched_jit import jit
 from helpers import args, layernorm
 
 HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
@@ -137,10 +139,6 @@ class CountedWorkers(QueryWorkers):
 def test_a_jit_step_plans_with_query_workers_inside_a_jax_process(monkeypatch):
     """The runtime plans in the user's process, where JAX has threads: its query workers are
     fresh interpreters, and the stitched step gives XLA's numbers."""
-    import jax
-
-    from fusionstitching.stitched_jit import jit
-
     monkeypatch.setattr(pipeline, "MIN_KERNELS", 0)  # workers even for this small step
     monkeypatch.setattr(pipeline, "worker_count", lambda: 2)
     monkeypatch.setattr(pipeline, "QueryWorkers", CountedWorkers)

@@ -19,12 +19,12 @@ from ..hlo.ir import Shape
 MEMO_SIZE = 1 << 16
 
 
-class HashedOnce:
-    """A frozen dataclass whose hash is computed once (``__hash__ = HashedOnce.hashed_once``):
-    the dataclass's own value, so set orders do not change. Index expressions nest and key
-    the code generator's caches: hashing them again was a third of its time."""
+class _Expr:
+    """Expressions nest, so hashing or printing one did so for every expression inside it
+    again (a third of the code generator's time went to hash and repr): each is done once.
+    The hash is the dataclass's own (the same value, so set orders do not change)."""
 
-    def hashed_once(self) -> int:
+    def _cached_hash(self) -> int:
         cached = self.__dict__.get("_hash")
         if cached is None:
             names = _FIELD_NAMES.get(type(self))
@@ -33,17 +33,6 @@ class HashedOnce:
             cached = self.__dict__["_hash"] = hash(tuple(getattr(self, n) for n in names))
         return cached
 
-    def __getstate__(self) -> dict:  # a hash of str is per process: never carry one over
-        return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_repr", "_vars")}
-
-
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # a dataclass's field names, in order
-
-
-class _Expr(HashedOnce):
-    """Expressions nest, so printing one did so for every expression inside it again: the
-    repr is kept too."""
-
     @property
     def sort_key(self) -> str:
         """``repr``, the order of terms in a sum."""
@@ -51,6 +40,11 @@ class _Expr(HashedOnce):
             self.__dict__["_repr"] = repr(self)
         return self.__dict__["_repr"]
 
+    def __getstate__(self) -> dict:  # a hash of str is per process: never carry one over
+        return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_repr", "_vars")}
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # a dataclass's field names, in order
 
 
 @dataclass(frozen=True)
@@ -60,7 +54,7 @@ class Var(_Expr):
     name: str
     extent: int
 
-    __hash__ = HashedOnce.hashed_once
+    __hash__ = _Expr._cached_hash
 
     def __str__(self) -> str:
         return self.name
@@ -71,7 +65,7 @@ class FloorDiv(_Expr):
     arg: "Ix"
     k: int
 
-    __hash__ = HashedOnce.hashed_once
+    __hash__ = _Expr._cached_hash
 
     def __str__(self) -> str:
         return f"({self.arg} // {self.k})"
@@ -82,7 +76,7 @@ class Mod(_Expr):
     arg: "Ix"
     k: int
 
-    __hash__ = HashedOnce.hashed_once
+    __hash__ = _Expr._cached_hash
 
     def __str__(self) -> str:
         return f"({self.arg} % {self.k})"
@@ -98,7 +92,7 @@ class Ix(_Expr):
     terms: tuple[tuple[Atom, int], ...] = ()
     const: int = 0
 
-    __hash__ = HashedOnce.hashed_once
+    __hash__ = _Expr._cached_hash
 
     def __str__(self) -> str:
         parts = [str(a) if c == 1 else f"{c}*{a}" for a, c in self.terms]

@@ -27,8 +27,9 @@ def explore(graph, can_stitch, strategy: str = "beam", device=None,
     given, is the kernel the plan's report will price for one XLA kernel or an accepted
     pattern (``Explorer``), so plans are compared by the report's model; ``other_space(nodes)``,
     when given, names a pattern's nodes reducing outside its main reduction space;
-    ``ask_ahead(patterns)``, when given, is told the patterns ``can_stitch`` will be asked
-    next, in order (query workers start on them)."""
+    ``ask_ahead(patterns, next_up)``, when given, is told patterns ``can_stitch`` will be
+    asked, in order: the ones asked next, or (``next_up`` False) ones asked later (query
+    workers start on them)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown explorer {strategy!r}; known: {', '.join(STRATEGIES)}")
     return STRATEGIES[strategy](graph, can_stitch, device, profile_of, other_space, ask_ahead)

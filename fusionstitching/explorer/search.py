@@ -246,9 +246,9 @@ class Explorer(CandidatePatterns):
         current: list[frozenset[str]] = []
         current_us = 0.0
         for unit in units:
+            if not self._launch_bound(unit):
+                continue
             unit_us = self.latency_us(unit)
-            if unit_us - costmodel.LAUNCH_US >= costmodel.LAUNCH_US:
-                continue  # not launch-bound
             if not current:
                 current, current_us = [unit], unit_us
                 continue
@@ -284,10 +284,14 @@ class Explorer(CandidatePatterns):
             packs.append(current)
         return packs
 
+    def _launch_bound(self, unit: frozenset[str]) -> bool:
+        """Whether the unit runs for less than its own launch (remote fusion packs these)."""
+        return self.latency_us(unit) - costmodel.LAUNCH_US < costmodel.LAUNCH_US
+
     def _likely_packs(self, units: list[frozenset[str]]) -> list[frozenset[str]]:
         """The packs of two neighbouring launch-bound units that ``remote_fusion`` may ask
         the code generator about: modeled faster than the two apart, and acyclic."""
-        bound = [u for u in units if self.latency_us(u) - costmodel.LAUNCH_US < costmodel.LAUNCH_US]
+        bound = [u for u in units if self._launch_bound(u)]
         likely = []
         for a, b in zip(bound, bound[1:]):
             union = a | b
