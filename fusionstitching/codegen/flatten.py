@@ -133,13 +133,13 @@ def refuse_dynamic(inst: Instruction) -> None:
 
 def flatten(module: Module, nodes: list[str]) -> Pattern:
     entry = module.entry
-    by_name = entry.by_name()
+    index = entry.index()
+    by_name, users = index.by_name, index.users
     missing = [n for n in nodes if n not in by_name]
     if missing:
         raise CodegenError(Refusal.NOT_IN_ENTRY,
                            f"not in the entry computation: {', '.join(missing)}")
     # A multi-output fusion's get-tuple-elements are no-ops: they belong to its pattern.
-    users = entry.users()
     in_pattern = set(nodes) | {u for n in nodes if by_name[n].shape.is_tuple for u in users[n]
                                if by_name[u].opcode == "get-tuple-element"}
     ops: list[FlatOp] = []
@@ -242,9 +242,9 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
         root = local[comp.root.name]
         return parts.get(root, [root])
 
-    for inst in entry.instructions:  # printed order: operands before users
-        if inst.name not in in_pattern:
-            continue
+    # printed order: operands before users
+    in_order = [by_name[n] for n in sorted(in_pattern, key=index.position.__getitem__)]
+    for inst in in_order:
         if inst.opcode == "get-tuple-element" and inst.operands[0] in elements:
             value[inst.name] = elements[inst.operands[0]][int(inst.attrs["index"])]
             continue
@@ -269,10 +269,8 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
 
     outputs: list[tuple[str, Shape]] = []
     output_values: list[str] = []
-    for inst in entry.instructions:
+    for inst in in_order:
         name = inst.name
-        if name not in in_pattern:
-            continue
         outside = [u for u in users[name] if u not in in_pattern]
         if inst.shape.is_tuple:
             if inst.is_root or outside:

@@ -108,7 +108,7 @@ def critical_chain(instructions: list[Instruction]) -> set[str]:
 
 def fused_instructions(graph: OpGraph, node_name: str) -> list[Instruction]:
     """The instructions one XLA kernel runs: a fusion's computation, or the op itself."""
-    inst = graph.computation.by_name()[node_name]
+    inst = graph.computation.index().by_name[node_name]
     if inst.opcode == "fusion":
         return graph.module.computation(inst.called_computations[0]).instructions
     return [inst]

@@ -240,6 +240,30 @@ class Computation:
                 out[op].append(inst.name)
         return out
 
+    def __getstate__(self) -> dict:  # pickled and copied without the kept index
+        return {k: v for k, v in self.__dict__.items() if k != "_index"}
+
+    def index(self) -> ComputationIndex:
+        """``by_name``, ``users`` and each instruction's position, built once and kept while
+        the instruction list stays the same list of the same length (read-only: the
+        explorer's queries flatten thousands of patterns of one entry)."""
+        key = (id(self.instructions), len(self.instructions))
+        kept = self.__dict__.get("_index")
+        if kept is None or kept[0] != key:
+            kept = self.__dict__["_index"] = (key, ComputationIndex(
+                self.by_name(), self.users(),
+                {inst.name: k for k, inst in enumerate(self.instructions)}))
+        return kept[1]
+
+
+@dataclass(frozen=True)
+class ComputationIndex:
+    """Lookups over one computation's instructions (`Computation.index`); not to be changed."""
+
+    by_name: dict[str, Instruction]
+    users: dict[str, list[str]]
+    position: dict[str, int]
+
 
 @dataclass
 class Module:
@@ -264,11 +288,19 @@ class Module:
                 return comp
         return self.computations[-1]
 
+    def __getstate__(self) -> dict:  # pickled and copied without the kept name map
+        return {k: v for k, v in self.__dict__.items() if k != "_by_name"}
+
     def computation(self, name: str) -> Computation:
-        for comp in self.computations:
-            if comp.name == name:
-                return comp
-        raise KeyError(name)
+        # by a name map kept while the list stays the same list of the same length (code
+        # generation looks up each fusion's computation, in modules of thousands)
+        key = (id(self.computations), len(self.computations))
+        kept = self.__dict__.get("_by_name")
+        if kept is None or kept[0] != key:
+            kept = self.__dict__["_by_name"] = (key, {})
+            for comp in self.computations:
+                kept[1].setdefault(comp.name, comp)  # the first of a name, as before
+        return kept[1][name]
 
     def computation_map(self) -> dict[str, Computation]:
         return {c.name: c for c in self.computations}
