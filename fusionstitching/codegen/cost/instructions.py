@@ -111,6 +111,9 @@ class _InstructionCounter:
     def times_of(self, index: Ix) -> float:
         return max((self.var_times.get(v, 1.0) for v in index.vars()), default=0.0)
 
+    def times_of_atom(self, atom) -> float:
+        return max((self.var_times.get(v, 1.0) for v in _atom_vars(atom)), default=0.0)
+
     def index(self, index: Ix) -> None:
         """Integer instructions for an index, as LLVM's GVN, LICM and reassociation leave
         them: each sub-expression (a division or remainder, a partial sum) is computed once,
@@ -121,8 +124,10 @@ class _InstructionCounter:
         about 430 integer instructions in its SASS (sm_90, static count) for 222 loads;
         counting every index from scratch gave 3,028 per thread, this 456."""
         prefix: tuple = ()
-        for atom, c in sorted(index.terms, key=lambda t: (self.times_of(Ix((t,))), repr(t))):
-            if not (Ix(((atom, c),)).vars() - self.constant):
+        # (the atoms of a sum are distinct: their printed form orders terms of equal times)
+        for atom, c in sorted(index.terms, key=lambda t: (self.times_of_atom(t[0]),
+                                                          t[0].sort_key)):
+            if not (_atom_vars(atom) - self.constant):
                 continue  # a constant in each copy: folded into the offset
             if not isinstance(atom, Var) and atom not in self.computed:
                 self.computed.add(atom)
@@ -160,7 +165,7 @@ class _InstructionCounter:
         """A global access's 64-bit address: a buffer's base plus the offset is two adds
         (IADD3, IADD3.X) per access pattern of a straight-line block; the copies of an
         unrolled loop and constant offsets share it (``[R+imm]`` in the SASS)."""
-        varying = tuple(t for t in offset.terms if Ix((t,)).vars() - self.constant)
+        varying = tuple(t for t in offset.terms if _atom_vars(t[0]) - self.constant)
         if (buffer, varying) not in block.addresses:
             block.addresses.add((buffer, varying))
             self.add({"int": 2}, times)
@@ -266,6 +271,11 @@ def count_instructions(kernel: Kernel, counts: dict[str, float],
     Other instructions: a block waits the latency of the instructions on its longest
     dependency chain and issues the others behind them (``_Block``)."""
     _InstructionCounter(kernel, counts, load_window).walk(kernel.body, 1.0)
+
+
+def _atom_vars(atom) -> set[Var]:
+    """The variables of one term of a sum (an Ix of that term alone has the same)."""
+    return {atom} if isinstance(atom, Var) else atom.arg.vars()
 
 
 def _warp_reduce(kind: str, dtype: str, steps: int = SHUFFLE_STEPS) -> dict[str, float]:
