@@ -33,7 +33,8 @@ def ask(graph: OpGraph, nodes: list[str], device, target: str, ptxas: bool,
     try:
         # below_us: schedules that cannot beat XLA's kernels are not built or priced
         spec = codegen.generate(graph.module, nodes, "probe", device, chosen=chosen,
-                                with_host_kernel=False, below_us=xla_us)
+                                with_host_kernel=False, below_us=xla_us,
+                                kept=graph.derived.setdefault(("kept kernels", device), {}))
     except codegen.NotFaster as exc:
         return Refusal(PlanRefusal.SLOWER_THAN_XLA,
                        f"stitched kernel modeled at {exc.least_us:.2f} us or more is not "

@@ -12,9 +12,12 @@ from fusionstitching.codegen.cost.kernel_profile import (latency_lower_bound_us,
 from fusionstitching.codegen.errors import CodegenError, NotFaster, Refusal
 from fusionstitching.codegen.flatten import flatten
 from fusionstitching.codegen.schedules import choose
+from fusionstitching.codegen.schedules.candidates import enumerate_schedules
 from fusionstitching.codegen.schedules.choose import (_build_and_price, build_kernel,
                                                       memory_bound_us, schedule_pattern)
-from fusionstitching.hlo.parser import parse_file
+from fusionstitching.codegen.schedules.one_space import launch_free, relaunched
+from fusionstitching.codegen.schedules.space import reduction_space
+from fusionstitching.hlo.parser import parse_file, parse_module
 from fusionstitching.pipeline import Options, stitch_module
 from fusionstitching.runtime import cache as kernel_cache
 
@@ -202,3 +205,63 @@ def test_a_cross_block_refusal_stands_for_every_one_space_schedule(monkeypatch):
     again = schedule_pattern(pattern, "k", H100)
     assert again.schedule == kernel.spec.schedule
     assert len([s for s in built if s.kind != "phases"]) == 1
+
+
+# Two outputs of different sizes (two grid-stride loops), and the same chain twice under
+# other names (patterns equal up to names).
+TWO_CHAINS = """HloModule two_chains
+ENTRY e {
+  a = f32[64,96] parameter(0)
+  b = f32[64,96] parameter(1)
+  c = f32[96] parameter(2)
+  cc = f32[64,96] broadcast(c), dimensions={1}
+  x1 = f32[64,96] multiply(a, cc)
+  y1 = f32[64,96] exponential(x1)
+  n1 = f32[96] negate(c)
+  x2 = f32[64,96] multiply(b, cc)
+  y2 = f32[64,96] exponential(x2)
+  ROOT t = (f32[64,96], f32[96], f32[64,96]) tuple(y1, n1, y2)
+}
+"""
+
+
+def test_loop_schedules_of_one_width_are_built_once_and_relaunched():
+    """A loop schedule's kernel relaunched from another of the same vector width is the
+    kernel built for it (grid-stride loops and single-chunk ifs alike), counted the same."""
+    module = parse_module(TWO_CHAINS, "two_chains")
+    pattern = flatten(module, ["cc", "x1", "y1", "n1"])
+    schedules = [s for s in enumerate_schedules(reduction_space(pattern), H100,
+                                                [s.num_elements for _, s in pattern.outputs],
+                                                False) if s.kind == "loop"]
+    first: dict[int, object] = {}
+    relaunches = 0
+    for sched in schedules:
+        kernel, _ = build_kernel(pattern, sched, "k")
+        if not launch_free(pattern, sched):
+            continue
+        if sched.vector not in first:
+            first[sched.vector] = kernel
+            continue
+        again = relaunched(first[sched.vector], sched)
+        assert str(again) == str(kernel), sched.why
+        assert unbounded_instructions(again) == unbounded_instructions(kernel), sched.why
+        relaunches += 1
+    assert relaunches >= 4 and set(first) == {1, 4}
+
+
+def test_a_pattern_equal_up_to_names_gets_the_kept_kernel_unbuilt(monkeypatch):
+    """``kept``: the second of two patterns equal up to names is the first's kernel with its
+    own buffers, built by no schedule, and equal to its kernel built alone."""
+    module = parse_module(TWO_CHAINS, "two_chains")
+    one, two = flatten(module, ["x1", "y1"]), flatten(module, ["x2", "y2"])
+    chosen, kept = {}, {}
+    first = schedule_pattern(one, "k", H100, chosen=chosen, kept=kept)
+    assert len(kept) == 1 and not first.kernel.shared
+    built = _counting_builds(monkeypatch)
+    second = schedule_pattern(two, "k", H100, chosen=chosen, kept=kept)
+    assert built == []
+    alone = schedule_pattern(two, "k", H100, chosen=chosen)
+    assert len(built) == 1
+    assert str(second.kernel) == str(alone.kernel) != str(first.kernel)
+    assert (second.schedule, second.profile, second.modeled_us, second.candidates) == (
+        alone.schedule, alone.profile, alone.modeled_us, alone.candidates)

@@ -10,10 +10,12 @@ tuple-shaped `reduce` op carrying its `Combiner`, read through ``reduce#i`` ops.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..hlo.attrs import Window, parse_literal
 from ..hlo.ir import Instruction, Module, Shape
 from .errors import CodegenError, Refusal
+from .kernel_ir import Buffer
 from .ops import REDUCERS, REDUCIBLE, identity
 
 
@@ -43,7 +45,14 @@ class FlatOp:
 
     @property
     def dimensions(self) -> tuple[int, ...]:
-        return Instruction(self.name, self.shape, self.opcode, attrs=self.attrs).dimensions
+        return _dimensions(self.attrs.get("dimensions"))
+
+
+@lru_cache(maxsize=1 << 12)
+def _dimensions(text: str | None) -> tuple[int, ...]:
+    """``dimensions={1,0}`` as an Instruction reads it, once per text (read per element)."""
+    return Instruction("", None, "", attrs={} if text is None else {"dimensions": text}
+                       ).dimensions
 
 
 @dataclass
@@ -56,6 +65,11 @@ class Pattern:
 
     def op_map(self) -> dict[str, FlatOp]:
         return {op.name: op for op in self.ops}
+
+    def buffers(self) -> list[Buffer]:
+        """A kernel's buffers: the inputs, then the outputs."""
+        return [Buffer(n, s, False) for n, s in self.inputs] + \
+            [Buffer(n, s, True) for n, s in self.outputs]
 
     def canonical_form(self) -> tuple | None:
         """The pattern with every name replaced by its position: equal for patterns that

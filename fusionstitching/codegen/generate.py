@@ -14,7 +14,8 @@ from .errors import CodegenError
 from .flatten import flatten
 from .kernel_ir import Kernel
 from .schedules.candidates import Schedule
-from .schedules.choose import Refused, build_kernel, host_schedule, schedule_pattern
+from .schedules.choose import (KeptKernel, Refused, build_kernel, host_schedule,
+                               schedule_pattern)
 from .schedules.space import outside_main_space
 from .traffic import global_traffic
 
@@ -68,7 +69,8 @@ class KernelSpec:
 def generate(module: Module, nodes: list[str], name: str, device: Device | None = None,
              excluded: Mapping[Schedule, str] | None = None,
              chosen: MutableMapping[str, Schedule] | None = None, fastest: bool = True,
-             with_host_kernel: bool = True, below_us: float | None = None) -> KernelSpec:
+             with_host_kernel: bool = True, below_us: float | None = None,
+             kept: MutableMapping[str, KeptKernel] | None = None) -> KernelSpec:
     """One kernel for these entry instructions; raises CodegenError when impossible.
 
     ``device``: the GPU whose latency-evaluator chooses among the enumerated schedules
@@ -78,10 +80,11 @@ def generate(module: Module, nodes: list[str], name: str, device: Device | None 
     ``fastest=False``: the first schedule that builds (a capability query; ``spec.fastest``
     says whether it is known to be the fastest). ``with_host_kernel=False``: no
     ``host_kernel`` (``add_host_kernel`` adds it later). ``below_us``: the kernel is wanted
-    only if modeled faster than this; raises ``NotFaster`` when it is not."""
+    only if modeled faster than this; raises ``NotFaster`` when it is not. ``kept``: the
+    chosen kernels kept by pattern form (``schedule_pattern``'s), for one module's planning."""
     pattern = flatten(module, nodes)
     scheduled = schedule_pattern(pattern, name, device or load_device(DEFAULT_TARGET), excluded,
-                                 chosen, fastest, below_us)
+                                 chosen, fastest, below_us, kept)
     kernel = scheduled.kernel
     spec = KernelSpec(
         name=name, nodes=list(nodes), inputs=pattern.inputs, outputs=pattern.outputs,

@@ -25,7 +25,7 @@ from ..flatten import Pattern
 from ..index_expr import strides as _element_strides
 from ..kernel_ir import Kernel
 from .candidates import Schedule, enumerate_schedules
-from .one_space import build_one_space_kernel
+from .one_space import build_one_space_kernel, launch_free, relaunched
 from .phased import build_phased_kernel, enumerate_phased_schedules
 from .shared_memory import reuse_shared_memory
 from .space import reduction_space, reduction_stages
@@ -99,7 +99,8 @@ def _strided_points(pattern: Pattern) -> int:
 def schedule_pattern(pattern: Pattern, name: str, device: Device,
                      excluded: Mapping[Schedule, str] | None = None,
                      chosen: MutableMapping[str, Schedule] | None = None,
-                     fastest: bool = True, below_us: float | None = None) -> ScheduledKernel:
+                     fastest: bool = True, below_us: float | None = None,
+                     kept: MutableMapping[str, KeptKernel] | None = None) -> ScheduledKernel:
     """Build every enumerated schedule, drop those failing locality or the device's limits
     or ``excluded`` (a schedule -> why the caller excludes it), and keep the one the
     latency-evaluator models fastest.
@@ -118,15 +119,20 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
     ``below_us``: the caller takes the kernel only if it is modeled faster than this (XLA's
     kernels' time): a schedule whose least time is not below it is neither built (once one
     schedule has built) nor priced, and when no schedule is faster, ``NotFaster`` is raised
-    (the same answer as choosing the fastest and comparing, with fewer schedules built)."""
+    (the same answer as choosing the fastest and comparing, with fewer schedules built).
+    ``kept``: the chosen kernels that hold no name of their pattern (`KeptKernel`), by the
+    same digest: an equal pattern's kernel is then that one with its own buffers, unbuilt."""
     excluded = excluded or {}
     read = sum(s.byte_size for _, s in pattern.inputs)
     written = sum(s.byte_size for _, s in pattern.outputs)
     key = _memo_key(pattern, device, excluded) if chosen is not None else None
     before = chosen.get(key) if key is not None else None
     if before is not None:
-        earlier = _chosen_before(pattern, before, name, device, read, written)
+        earlier = _chosen_before(pattern, before, name, device, read, written,
+                                 kept.get(key) if kept is not None else None)
         if earlier is not None:
+            if kept is not None:
+                _keep(kept, key, earlier)
             return earlier
     built, refused, candidates, pruned = [], [], [], []
     # (least us, schedule) of kernels built but not priced: not below ``below_us``
@@ -135,6 +141,7 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
     cutoff = (math.inf if below_us is None else below_us, -1)  # ties go to the caller
     strided = _strided_points(pattern)
     numbers = itertools.count()  # enumeration order: ties go to the first
+    same_width: dict[int, tuple[Kernel, set[str]]] = {}  # `_build`'s
 
     def try_all(schedules: list[Schedule]) -> None:
         """Build ``schedules`` and price them, into ``built``, ``refused`` and ``pruned``.
@@ -175,7 +182,7 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
             if cross_block is not None and sched.kind != "phases" and not any_built():
                 refused.append((number, Refused(sched, Refusal.CROSS_BLOCK, cross_block.detail)))
                 continue
-            outcome = _build(pattern, sched, name, device)
+            outcome = _build(pattern, sched, name, device, same_width)
             if isinstance(outcome, Refused):
                 refused.append((number, outcome))
                 if outcome.kind is Refusal.CROSS_BLOCK and sched.kind != "phases":
@@ -240,14 +247,18 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
         raise CodegenError(first.kind, first.detail + (
             f"; phased schedule: {phased[0]}" if phased and phased[0] != first.detail else ""))
     modeled, _, sched, kernel, schemes, no_reuse, profile = min(built, key=itemgetter(0, 1))
+    result = ScheduledKernel(kernel, sched, _in_order(schemes), modeled, no_reuse,
+                             candidates + [(f"{s.why}; not priced: at least {least:.3f} us, "
+                                            f"not below the fastest (modeled)", math.inf)
+                                           for s, least in pruned]
+                             + [(f"{r.what}; refused: {r.detail}", math.inf)
+                                for r in refused],
+                             profile, refused, fastest=not stopped, pruned=pruned)
     if key is not None and fastest:
         chosen[key] = sched
-    return ScheduledKernel(kernel, sched, _in_order(schemes), modeled, no_reuse,
-                           candidates + [(f"{s.why}; not priced: at least {least:.3f} us, "
-                                          f"not below the fastest (modeled)", math.inf)
-                                         for s, least in pruned]
-                           + [(f"{r.what}; refused: {r.detail}", math.inf) for r in refused],
-                           profile, refused, fastest=not stopped, pruned=pruned)
+        if kept is not None:
+            _keep(kept, key, result)
+    return result
 
 
 def memory_bound_us(sched: Schedule, bytes_moved: int, device: Device) -> float:
@@ -279,11 +290,37 @@ def _memo_key(pattern: Pattern, device: Device, excluded: Mapping[Schedule, str]
                           ).hexdigest()
 
 
+@dataclass(frozen=True)
+class KeptKernel:
+    """A chosen schedule's kernel that holds no name of its pattern but its buffers' (no
+    shared arrays, named after reductions; not phased, whose loops are too): a pattern
+    equal up to names has the same kernel, with its own buffers."""
+
+    schedule: Schedule
+    kernel: Kernel
+    schemes: tuple[str, ...]
+    smem_bytes_no_reuse: int
+    profile: KernelProfile
+    modeled_us: float
+
+
+def _keep(kept: MutableMapping[str, KeptKernel], key: str, result: ScheduledKernel) -> None:
+    if key not in kept and not result.kernel.shared and result.schedule.kind != "phases":
+        kept[key] = KeptKernel(result.schedule, result.kernel, tuple(result.schemes),
+                               result.smem_bytes_no_reuse, result.profile, result.modeled_us)
+
+
 def _chosen_before(pattern: Pattern, sched: Schedule, name: str, device: Device, read: int,
-                   written: int) -> ScheduledKernel | None:
+                   written: int, kept: KeptKernel | None = None) -> ScheduledKernel | None:
     """The kernel of the schedule chosen for a pattern equal up to names, built alone (None
-    if it does not build here after all: then every schedule is tried)."""
-    outcome = _build_and_price(pattern, sched, name, device, read, written)
+    if it does not build here after all: then every schedule is tried); ``kept``'s kernel
+    with this pattern's buffers when it is the one of that schedule."""
+    if kept is not None and kept.schedule == sched:
+        kernel = dataclasses.replace(kept.kernel, name=name, buffers=pattern.buffers())
+        outcome = (kernel, set(kept.schemes), kept.smem_bytes_no_reuse, kept.profile,
+                   kept.modeled_us)
+    else:
+        outcome = _build_and_price(pattern, sched, name, device, read, written)
     if isinstance(outcome, Refused):
         return None
     kernel, schemes, no_reuse, profile, modeled = outcome
@@ -316,12 +353,30 @@ def _priced(kernel: Kernel, sched: Schedule, read: int, written: int, device: De
         return Refused(sched, Refusal.CANNOT_LAUNCH, str(e))
 
 
-def _build(pattern: Pattern, sched: Schedule, name: str, device: Device) -> tuple | Refused:
-    """(kernel, schemes, shared memory before reuse) of one schedule, or why it is refused."""
+def _build(pattern: Pattern, sched: Schedule, name: str, device: Device,
+           same_width: dict[int, tuple[Kernel, set[str]]] | None = None) -> tuple | Refused:
+    """(kernel, schemes, shared memory before reuse) of one schedule, or why it is refused.
+    ``same_width``: kernels of `launch_free` loop schedules built so far for this pattern,
+    by vector width; a loop schedule of a width built before is `relaunched` from it (the
+    same kernel, without building it again)."""
+    width = sched.vector if same_width is not None and sched.kind == "loop" and \
+        launch_free(pattern, sched) else None
+    if width is not None and width in same_width:
+        earlier, schemes = same_width[width]
+        return _launched(relaunched(earlier, sched), sched, set(schemes), device)
     try:
         kernel, schemes = build_kernel(pattern, sched, name)
     except CodegenError as e:
         return Refused(sched, e.kind, e.detail)
+    if width is not None:
+        same_width[width] = (kernel, set(schemes))
+    return _launched(kernel, sched, schemes, device)
+
+
+def _launched(kernel: Kernel, sched: Schedule, schemes: set[str], device: Device
+              ) -> tuple | Refused:
+    """A built kernel with its shared memory reused and its launch bounds, or why the
+    device cannot launch it."""
     no_reuse = reuse_shared_memory(kernel)
     if math.prod(kernel.grid) <= device.sm_count:
         kernel.min_blocks_per_sm = 1  # the grid is one wave of one block per SM

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..flatten import Pattern
 from ..index_expr import Ix, Var, add, div, ix, linearize, mod, scale
-from ..kernel_ir import WARP, Buffer, If, IndexLet, Kernel, SharedArray
+from ..kernel_ir import WARP, If, IndexLet, Kernel, Loop, SharedArray
 from .candidates import Schedule
 from .emitter import Emitter
 from .loops import Points, over_points, packed_outputs, stores_at_group
@@ -28,8 +28,7 @@ def build_one_space_kernel(pattern: Pattern, sched: Schedule, name: str
     em = Emitter(pattern, group)
     schemes = {"thread_composition"}
     shared: list[SharedArray] = []
-    buffers = [Buffer(n, s, False) for n, s in pattern.inputs] + \
-              [Buffer(n, s, True) for n, s in pattern.outputs]
+    buffers = pattern.buffers()
     first_output = len(pattern.inputs)
     outputs = list(enumerate(zip(pattern.outputs, pattern.output_values)))
     o, r = space.groups, space.reduced
@@ -101,3 +100,48 @@ def build_one_space_kernel(pattern: Pattern, sched: Schedule, name: str
     kernel = Kernel(name, buffers, sched.grid, sched.block, shared, em.scopes[0], tid, bid,
                     list(em.constants.values()))
     return kernel, schemes
+
+
+def launch_free(pattern: Pattern, sched: Schedule) -> bool:
+    """Whether the kernel of loop schedule ``sched`` reads its launch only in the first chunk
+    and the step of each grid-stride loop (`relaunched`): every output size has a loop
+    variable, unless its threads take exactly one chunk each (then straight-line code at
+    the thread's own index, `over_points`)."""
+    total = sched.block[0] * sched.grid_blocks
+    for _, shape in pattern.outputs:
+        n = shape.num_elements
+        if total == n // (sched.vector if n % sched.vector == 0 else 1):
+            return False
+    return True
+
+
+def relaunched(kernel: Kernel, sched: Schedule) -> Kernel:
+    """The kernel `build_one_space_kernel` builds for loop schedule ``sched``, from the kernel
+    of another loop schedule of the same pattern and vector width, both `launch_free`. Their
+    statements are the same but for each grid-stride loop over the chunks of an output size
+    (a loop, or an ``if`` where every thread takes at most one chunk), whose body reads only
+    its chunk variable: so the schedules of one width are built once."""
+    threads = sched.block[0]
+    tid, bid = Var("tid", threads), Var("bid", sched.grid_blocks)
+    member, step = add(scale(bid, threads), tid), threads * sched.grid_blocks
+    body = []
+    for s in kernel.body:
+        if isinstance(s, Loop) and _is_chunk(s.var):
+            chunk, inner = s.var, s.body
+        elif isinstance(s, If) and s.body and isinstance(s.body[0], IndexLet) and \
+                _is_chunk(s.body[0].var):
+            chunk, inner = s.body[0].var, s.body[1:]
+        else:
+            body.append(s)
+            continue
+        if step >= chunk.extent:
+            body.append(If(member, ix(chunk.extent), [IndexLet(chunk, member)] + inner, "lt"))
+        else:
+            body.append(Loop(chunk, member, chunk.extent, step, inner, []))
+    return Kernel(kernel.name, kernel.buffers, sched.grid, sched.block, kernel.shared, body,
+                  tid, bid, kernel.constants)
+
+
+def _is_chunk(var: Var) -> bool:
+    """A packed loop's chunk variable (``e<size>``, `packed_outputs`)."""
+    return var.name[:1] == "e" and var.name[1:].isdigit()

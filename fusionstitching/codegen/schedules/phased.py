@@ -16,7 +16,7 @@ from costmodel.devices import Device
 from ..errors import CodegenError, Refusal
 from ..flatten import FlatOp, Pattern
 from ..index_expr import Ix, Var, add, div, ix, mod, scale
-from ..kernel_ir import (UNROLL_FACTOR, WARP, Barrier, BlockReduce, Buffer, GlobalStore, If,
+from ..kernel_ir import (UNROLL_FACTOR, WARP, Barrier, BlockReduce, GlobalStore, If,
                          IndexLet, Kernel, SharedArray, SharedStore, Value, WarpReduce)
 from .candidates import Schedule
 from .emitter import Emitter
@@ -201,8 +201,7 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
     if sched.unrolled and not em.short_loops:
         raise CodegenError(Refusal.SAME_KERNEL,
                            "no short loop to unroll (the same kernel as without)")
-    buffers = [Buffer(n, s, False) for n, s in pattern.inputs] + \
-              [Buffer(n, s, True) for n, s in pattern.outputs]
+    buffers = pattern.buffers()
     kernel = Kernel(name, buffers, sched.grid, sched.block, shared, em.scopes[0], tid, bid,
                     list(em.constants.values()))
     return kernel, schemes
