@@ -34,22 +34,38 @@ def used_lanes(body: list) -> dict[Value, int]:
     """Registers of each vector value only read through lane extracts: the lanes whose
     extract is used (ptxas drops the dead lanes of a 128-bit load: the corpus's v4 loads of
     which one lane is used are 32-bit LDGs in their SASS)."""
-    statements = list(all_statements(body))
-    # A loop's or branch's used_values repeat its body's, each visited here on its own: only
-    # a loop's accumulations add to them.
-    used = {v for s in statements if not isinstance(s, (Loop, If)) for v in used_values(s)}
-    used.update(v for s in statements if isinstance(s, Loop) for a in s.accumulates
-                for v in (a.init, a.value))
+    used: set[Value] = set()
+    extracts: list[VectorExtract] = []
+    whole: set[Value] = set()  # vectors read whole (stored, packed): every lane is a register
+    _read(body, used, extracts, whole)
     lanes: dict[Value, set[int]] = {}
-    whole = set()  # vectors read whole (stored, packed): every lane is a register
-    for s in statements:
-        if isinstance(s, VectorExtract):
-            lanes.setdefault(s.src, set())
-            if s.dst in used:
-                lanes[s.src].add(s.lane)
-        elif not isinstance(s, (Loop, If)):  # their bodies' reads are visited one by one
-            whole.update(v for v in used_values(s) if v.dtype in VECTOR_WIDTHS)
+    for s in extracts:
+        lanes.setdefault(s.src, set())
+        if s.dst in used:
+            lanes[s.src].add(s.lane)
     return {v: max(1, len(used_lanes)) for v, used_lanes in lanes.items() if v not in whole}
+
+
+def _read(body: list, used: set[Value], extracts: list[VectorExtract], whole: set[Value]
+          ) -> None:
+    """`used_lanes`' one walk: the values read, the lane extracts in order, the vectors read
+    whole. A loop's or branch's used_values repeat its body's, visited here statement by
+    statement: only a loop's accumulations add to them."""
+    for s in body:
+        if isinstance(s, Loop):
+            for a in s.accumulates:
+                used.add(a.init)
+                used.add(a.value)
+            _read(s.body, used, extracts, whole)
+        elif isinstance(s, If):
+            _read(s.body, used, extracts, whole)
+        else:
+            values = used_values(s)
+            used.update(values)
+            if isinstance(s, VectorExtract):
+                extracts.append(s)
+            else:
+                whole.update(v for v in values if v.dtype in VECTOR_WIDTHS)
 
 
 def _reads_var(body: list, var: Var) -> bool:
