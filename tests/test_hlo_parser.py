@@ -2,7 +2,9 @@
 (jaxlib), the constructs JAX / TF / XLA:GPU print, error positions, and robustness."""
 from __future__ import annotations
 
+import copy
 import gzip
+import pickle
 import random
 import re
 import subprocess
@@ -430,3 +432,38 @@ def test_jit_stays_the_function_once_its_module_is_loaded():
             "from fusionstitching import jit; "
             "print(fusionstitching.jit is function is jit)")
     assert _fresh_python(code) == "True"
+
+
+KEPT = """HloModule kept
+add_f32 {
+  x = f32[] parameter(0)
+  y = f32[] parameter(1)
+  ROOT s = f32[] add(x, y)
+}
+ENTRY e {
+  a = f32[8] parameter(0)
+  n = f32[8] negate(a)
+  z = f32[] constant(0)
+  ROOT r = f32[] reduce(n, z), dimensions={0}, to_apply=add_f32
+}
+"""
+
+
+def test_kept_lookups_follow_the_instruction_lists_and_are_not_copied():
+    """``Computation.index`` and ``Module.computation`` keep their maps while the lists stay
+    the same; a new list is read again; a pickled or copied module carries neither."""
+    module = parse_module(KEPT, "kept")
+    entry = module.entry
+    index = entry.index()
+    assert entry.index() is index
+    assert (index.by_name, index.users) == (entry.by_name(), entry.users())
+    assert [index.position[i.name] for i in entry.instructions] == list(range(4))
+    assert module.computation("add_f32").root.name == "s"
+    entry.instructions = entry.instructions[:2]
+    assert set(entry.index().by_name) == {"a", "n"} and entry.index().users["n"] == []
+    module.computations = [entry]
+    with pytest.raises(KeyError):
+        module.computation("add_f32")
+    for other in (pickle.loads(pickle.dumps(module)), copy.deepcopy(module)):
+        assert "_by_name" not in other.__dict__ and "_index" not in other.entry.__dict__
+        assert other == module

@@ -245,15 +245,15 @@ class Computation:
 
     def index(self) -> ComputationIndex:
         """``by_name``, ``users`` and each instruction's position, built once and kept while
-        the instruction list stays the same list of the same length (read-only: the
-        explorer's queries flatten thousands of patterns of one entry)."""
-        key = (id(self.instructions), len(self.instructions))
+        ``instructions`` is the same list of the same length (the explorer's queries flatten
+        thousands of patterns of one entry; a change in place that keeps the length is not
+        seen)."""
         kept = self.__dict__.get("_index")
-        if kept is None or kept[0] != key:
-            kept = self.__dict__["_index"] = (key, ComputationIndex(
-                self.by_name(), self.users(),
-                {inst.name: k for k, inst in enumerate(self.instructions)}))
-        return kept[1]
+        if kept is None or kept[0] is not self.instructions or kept[1] != len(kept[0]):
+            index = ComputationIndex(self.by_name(), self.users(),
+                                     {inst.name: k for k, inst in enumerate(self.instructions)})
+            kept = self.__dict__["_index"] = (self.instructions, len(self.instructions), index)
+        return kept[2]
 
 
 @dataclass(frozen=True)
@@ -292,15 +292,14 @@ class Module:
         return {k: v for k, v in self.__dict__.items() if k != "_by_name"}
 
     def computation(self, name: str) -> Computation:
-        # by a name map kept while the list stays the same list of the same length (code
+        # by a name map kept while ``computations`` is the same list of the same length (code
         # generation looks up each fusion's computation, in modules of thousands)
-        key = (id(self.computations), len(self.computations))
         kept = self.__dict__.get("_by_name")
-        if kept is None or kept[0] != key:
-            kept = self.__dict__["_by_name"] = (key, {})
+        if kept is None or kept[0] is not self.computations or kept[1] != len(kept[0]):
+            kept = self.__dict__["_by_name"] = (self.computations, len(self.computations), {})
             for comp in self.computations:
-                kept[1].setdefault(comp.name, comp)  # the first of a name, as before
-        return kept[1][name]
+                kept[2].setdefault(comp.name, comp)  # the first of a name, as before
+        return kept[2][name]
 
     def computation_map(self) -> dict[str, Computation]:
         return {c.name: c for c in self.computations}
