@@ -9,10 +9,17 @@ import time
 import traceback
 from pathlib import Path
 
+import costmodel
 from costmodel import TARGETS
 
+from .demo import run as run_demo
+from .explain import explain_text, plan_dot, write_svg
 from .explorer import STRATEGIES
+from .graph import build_graph
 from .hlo.ir import HloParseError
+from .hlo.parser import parse_file
+from .pipeline import Options, plan_module, planning_workers, stitch_module
+from .report import format_summary, write_json
 
 
 def collect_hlo_files(paths: list[str]) -> list[Path]:
@@ -29,10 +36,6 @@ def collect_hlo_files(paths: list[str]) -> list[Path]:
 
 
 def replay(args: argparse.Namespace) -> int:
-    from .hlo.parser import parse_file
-    from .pipeline import Options, stitch_module
-    from .report import format_summary, write_json
-
     files = collect_hlo_files(args.paths)
     if not files:
         print("fusionstitching replay: no HLO files found", file=sys.stderr)
@@ -101,20 +104,11 @@ def _innermost_frame(exc: BaseException) -> str:
 
 
 def demo(args: argparse.Namespace) -> int:
-    from .demo import run
-
-    return run(rows=args.rows, cols=args.cols, target=args.target)
+    return run_demo(rows=args.rows, cols=args.cols, target=args.target)
 
 
 def explain(args: argparse.Namespace) -> int:
     """Print the plan and why a node was or was not stitched; write the plan as DOT/SVG."""
-    import costmodel
-
-    from .explain import explain_text, plan_dot, write_svg
-    from .graph import build_graph
-    from .hlo.parser import parse_file
-    from .pipeline import Options, plan_module, planning_workers
-
     try:
         module = parse_file(args.file)
     except (HloParseError, OSError) as exc:

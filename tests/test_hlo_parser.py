@@ -434,36 +434,25 @@ def test_jit_stays_the_function_once_its_module_is_loaded():
     assert _fresh_python(code) == "True"
 
 
-KEPT = """HloModule kept
-add_f32 {
-  x = f32[] parameter(0)
-  y = f32[] parameter(1)
-  ROOT s = f32[] add(x, y)
-}
-ENTRY e {
-  a = f32[8] parameter(0)
-  n = f32[8] negate(a)
-  z = f32[] constant(0)
-  ROOT r = f32[] reduce(n, z), dimensions={0}, to_apply=add_f32
-}
-"""
-
-
 def test_kept_lookups_follow_the_instruction_lists_and_are_not_copied():
     """``Computation.index`` and ``Module.computation`` keep their maps while the lists stay
     the same; a new list is read again; a pickled or copied module carries neither."""
-    module = parse_module(KEPT, "kept")
+    module = parse_file(DATA / "hlo" / "layernorm_64x256_jax_cpu.hlo")
     entry = module.entry
     index = entry.index()
     assert entry.index() is index
     assert (index.by_name, index.users) == (entry.by_name(), entry.users())
-    assert [index.position[i.name] for i in entry.instructions] == list(range(4))
-    assert module.computation("add_f32").root.name == "s"
-    entry.instructions = entry.instructions[:2]
-    assert set(entry.index().by_name) == {"a", "n"} and entry.index().users["n"] == []
+    assert [index.position[i.name] for i in entry.instructions] == \
+        list(range(len(entry.instructions)))
+    called = next(c for c in module.computations if not c.is_entry)
+    assert module.computation(called.name) is called
+    first, second = entry.instructions[:2]
+    entry.instructions = [first, second]
+    assert set(entry.index().by_name) == {first.name, second.name}
+    assert entry.index().users[second.name] == []
     module.computations = [entry]
     with pytest.raises(KeyError):
-        module.computation("add_f32")
+        module.computation(called.name)
     for other in (pickle.loads(pickle.dumps(module)), copy.deepcopy(module)):
         assert "_by_name" not in other.__dict__ and "_index" not in other.entry.__dict__
         assert other == module

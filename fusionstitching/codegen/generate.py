@@ -14,7 +14,7 @@ from .errors import CodegenError
 from .flatten import flatten
 from .kernel_ir import Kernel
 from .schedules.candidates import Schedule
-from .schedules.choose import (KeptKernel, Refused, build_kernel, host_schedule,
+from .schedules.choose import (Refused, ScheduledKernel, build_kernel, host_schedule,
                                schedule_pattern)
 from .schedules.space import outside_main_space
 from .traffic import global_traffic
@@ -74,7 +74,7 @@ def generate(module: Module, nodes: list[str], name: str, device: Device | None 
              excluded: Mapping[Schedule, str] | None = None,
              chosen: MutableMapping[str, Schedule] | None = None, fastest: bool = True,
              with_host_kernel: bool = True, below_us: float | None = None,
-             kept: MutableMapping[str, KeptKernel] | None = None) -> KernelSpec:
+             kept: MutableMapping[str, ScheduledKernel] | None = None) -> KernelSpec:
     """One kernel for these entry instructions; raises CodegenError when impossible.
 
     ``device``: the GPU whose latency-evaluator chooses among the enumerated schedules

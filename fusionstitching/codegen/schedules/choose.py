@@ -100,7 +100,7 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
                      excluded: Mapping[Schedule, str] | None = None,
                      chosen: MutableMapping[str, Schedule] | None = None,
                      fastest: bool = True, below_us: float | None = None,
-                     kept: MutableMapping[str, KeptKernel] | None = None) -> ScheduledKernel:
+                     kept: MutableMapping[str, ScheduledKernel] | None = None) -> ScheduledKernel:
     """Build every enumerated schedule, drop those failing locality or the device's limits
     or ``excluded`` (a schedule -> why the caller excludes it), and keep the one the
     latency-evaluator models fastest.
@@ -120,8 +120,8 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
     kernels' time): a schedule whose least time is not below it is neither built (once one
     schedule has built) nor priced, and when no schedule is faster, ``NotFaster`` is raised
     (the same answer as choosing the fastest and comparing, with fewer schedules built).
-    ``kept``: the chosen kernels that hold no name of their pattern (`KeptKernel`), by the
-    same digest: an equal pattern's kernel is then that one with its own buffers, unbuilt."""
+    ``kept``: the chosen kernels that hold no name of their pattern (`_keep`), by the same
+    digest: an equal pattern's kernel is then that one with its own buffers, unbuilt."""
     excluded = excluded or {}
     read = sum(s.byte_size for _, s in pattern.inputs)
     written = sum(s.byte_size for _, s in pattern.outputs)
@@ -290,28 +290,17 @@ def _memo_key(pattern: Pattern, device: Device, excluded: Mapping[Schedule, str]
                           ).hexdigest()
 
 
-@dataclass(frozen=True)
-class KeptKernel:
-    """A chosen schedule's kernel that holds no name of its pattern but its buffers' (no
-    shared arrays, named after reductions; not phased, whose loops are too): a pattern
-    equal up to names has the same kernel, with its own buffers."""
-
-    schedule: Schedule
-    kernel: Kernel
-    schemes: tuple[str, ...]
-    smem_bytes_no_reuse: int
-    profile: KernelProfile
-    modeled_us: float
-
-
-def _keep(kept: MutableMapping[str, KeptKernel], key: str, result: ScheduledKernel) -> None:
+def _keep(kept: MutableMapping[str, ScheduledKernel], key: str, result: ScheduledKernel
+          ) -> None:
+    """Keep the chosen kernel for patterns equal up to names when it holds no name of its
+    pattern but its buffers': no shared arrays (named after reductions), not phased (whose
+    loop variables are too). Such a pattern's kernel is this one with its own buffers."""
     if key not in kept and not result.kernel.shared and result.schedule.kind != "phases":
-        kept[key] = KeptKernel(result.schedule, result.kernel, tuple(result.schemes),
-                               result.smem_bytes_no_reuse, result.profile, result.modeled_us)
+        kept[key] = result
 
 
 def _chosen_before(pattern: Pattern, sched: Schedule, name: str, device: Device, read: int,
-                   written: int, kept: KeptKernel | None = None) -> ScheduledKernel | None:
+                   written: int, kept: ScheduledKernel | None = None) -> ScheduledKernel | None:
     """The kernel of the schedule chosen for a pattern equal up to names, built alone (None
     if it does not build here after all: then every schedule is tried); ``kept``'s kernel
     with this pattern's buffers when it is the one of that schedule."""
