@@ -222,8 +222,9 @@ def test_entries_of_another_uid_are_refused_not_rebuilt(tmp_path, caplog, monkey
 def test_anything_others_could_have_written_is_refused_before_loading(tmp_path, caplog,
                                                                       monkeypatch, target, bits):
     directory = populate(tmp_path, caplog, name="parent/cache")
-    path = {"entry": entries(directory, "kernel")[0], "shard": entries(directory)[0].parent,
-            "cache": directory, "parent": directory.parent}[target]
+    kernel = entries(directory, "kernel")[0]  # read on every hit, so its shard is checked
+    path = {"entry": kernel, "shard": kernel.parent, "cache": directory,
+            "parent": directory.parent}[target]
     if bits & 0o020:  # group-writable, by a group that is not this user's private one
         give_away(path, -1, OTHER_UID)
     path.chmod(path.stat().st_mode | bits)
