@@ -21,7 +21,8 @@ tier, train and infer) and per target (XLA:CPU, deviceless XLA:GPU H100), in one
 
 The sums and the largest ratio come last. Each library runs in a child process of its own
 (the Keras backend is chosen once per process), as in make_third_party.py; JAX, TF and
-fusionstitching are imported inside the functions for that reason.
+the capture (which loads JAX) are imported inside the functions for that reason. The
+planner loads neither, so it is imported here.
 """
 from __future__ import annotations
 
@@ -38,6 +39,13 @@ from pathlib import Path
 
 import make_third_party
 from third_party_models import MODELS
+
+from costmodel.devices import load_device
+from fusionstitching import codegen
+from fusionstitching.codegen import flatten, index_expr
+from fusionstitching.codegen.cost import registers
+from fusionstitching.hlo.parser import parse_module
+from fusionstitching.pipeline import Options, stitch_module
 
 REPO = Path(__file__).resolve().parent.parent
 ZOO = "zoo"
@@ -82,10 +90,6 @@ def plan(text: str, target: str) -> dict:
     """Our planning of an optimized module (wall seconds): as replay plans it, and as the JIT
     does with the machine code its step runs (module docstring). Each starts with the
     memoized expressions of earlier plannings forgotten, as in a process of its own."""
-    from fusionstitching import codegen
-    from fusionstitching.hlo.parser import parse_module
-    from fusionstitching.pipeline import Options, stitch_module
-
     forget_memos()
     started = time.perf_counter()
     result = stitch_module(parse_module(text, "<step>"), Options(target="h100"))
@@ -96,8 +100,9 @@ def plan(text: str, target: str) -> dict:
     jit = stitch_module(parse_module(text, "<step>"),
                         Options(target="h100", ptxas=False, host=target == "cpu"))
     if target != "cpu":
+        arch = load_device("h100").sm_arch
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            list(pool.map(lambda k: codegen.compile_nvptx(k.spec, "sm_90"), jit.kernels))
+            list(pool.map(lambda k: codegen.compile_nvptx(k.spec, arch), jit.kernels))
     runtime_s = time.perf_counter() - started
     return dict(ours_s=seconds, explore_s=times.explore, ptxas_s=times.ptxas,
                 kernels=len(result.kernels), runtime_s=runtime_s, runtime_kernels=len(jit.kernels))
@@ -106,9 +111,6 @@ def plan(text: str, target: str) -> dict:
 def forget_memos() -> None:
     """Clear the code generator's memoized functions (index expressions, flatten's and the
     register model's), so that one planning does not find another's answers."""
-    from fusionstitching.codegen import flatten, index_expr
-    from fusionstitching.codegen.cost import registers
-
     for module in (index_expr, flatten, registers):
         for value in vars(module).values():
             if callable(getattr(value, "cache_clear", None)):
