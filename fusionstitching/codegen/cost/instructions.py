@@ -8,6 +8,8 @@ longest dependency chain wait for their operands; the others cost their issue cy
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from functools import lru_cache
 
 from costmodel.instructions import (GENERIC_CLASS, OVERLAPPED_LOAD, add_instructions,
                                     op_instructions, overlapped)
@@ -34,15 +36,18 @@ class _Block:
 
     The other instructions by dependency chain: ``chain`` holds, for each value computed in
     the block, the longest chain of instructions ending at it (its cycles, ``chain_latency``,
-    and its instructions by class); loaded values and values from earlier blocks
-    start chains. The block's longest chain waits each instruction's latency, and every other
-    instruction issues while the chain waits (``_InstructionCounter.flush``)."""
+    and its link: the instructions that end it and the link of the chain it extends);
+    loaded values and values from earlier blocks start chains. The block's longest chain
+    waits each instruction's latency, and every other instruction issues while the chain
+    waits (``_InstructionCounter.flush``). A chain's instructions by class are added up
+    from its links only for the longest (`chain_counts`): one dict per block, not one per
+    value."""
 
     def __init__(self):
         self.level: dict = {}  # Value or index Var defined in this block -> its level
         self.loads: dict[int, list[float]] = {}  # level -> [loads, registers they hold]
         self.addresses: set = set()  # (buffer, offset less unrolled constants) seen
-        self.chain: dict[Value, tuple[float, dict[str, float]]] = {}
+        self.chain: dict[Value, tuple[float, tuple | None]] = {}  # (cycles, link)
         self.issued: dict[str, float] = {}  # per run of the block, every copy
 
     def of(self, values=(), index: Ix | None = None) -> int:
@@ -60,22 +65,35 @@ class _Block:
         entry[0] += copies
         entry[1] += copies * registers
 
-    def longest(self, values) -> tuple[float, dict[str, float]]:
+    def longest(self, values) -> tuple[float, tuple | None]:
         chain, best = self.chain, None
         for v in values:
             c = chain.get(v)
             if c is not None and (best is None or c[0] > best[0]):  # the first longest
                 best = c
-        return (0.0, {}) if best is None else best
+        return (0.0, None) if best is None else best
 
-    def extend(self, dst: Value, operands, instructions, copies: int, repeat: int = 1) -> None:
-        """``dst`` computed by ``instructions`` from ``operands`` in each of ``copies``; its
-        chain repeats them ``repeat`` times (an accumulation across unrolled copies)."""
-        cycles, counts = self.longest(operands)
-        counts = dict(counts)
-        add_instructions(counts, instructions, repeat)
-        self.chain[dst] = (cycles + repeat * chain_latency(instructions), counts)
+    def extend(self, dst: Value, operands, instructions, latency: float, copies: int,
+               repeat: int = 1) -> None:
+        """``dst`` computed by ``instructions`` (of ``latency`` cycles) from ``operands`` in
+        each of ``copies``; its chain repeats them ``repeat`` times (an accumulation across
+        unrolled copies)."""
+        cycles, link = self.longest(operands)
+        self.chain[dst] = (cycles + repeat * latency, (link, instructions, repeat))
         add_instructions(self.issued, instructions, copies)
+
+
+def chain_counts(link: tuple | None) -> dict[str, float]:
+    """A chain's instructions by class, added up from its first link to its last (in that
+    order, so each class's sum is the same float as when the chain was extended)."""
+    links = []
+    while link is not None:
+        links.append(link)
+        link = link[0]
+    counts: dict[str, float] = {}
+    for _, instructions, repeat in reversed(links):
+        add_instructions(counts, instructions, repeat)
+    return counts
 
 
 class _InstructionCounter:
@@ -145,7 +163,7 @@ class _InstructionCounter:
         other one issues while they wait (ptxas interleaves independent chains: the copies
         of an unrolled loop, the per-point work of a straight-line stage), so it costs only
         its issue cycles (``<class>_overlapped``)."""
-        _, chain = block.longest(block.chain)
+        chain = chain_counts(block.longest(block.chain)[1])
         self.add(chain, times)
         self.add({overlapped(k): n - chain.get(k, 0.0) for k, n in block.issued.items()
                   if n > chain.get(k, 0.0)}, times)
@@ -188,11 +206,11 @@ class _InstructionCounter:
                         self.constant.add(s.var)
                     block.level[s.var] = block.of(index=s.index)
                 case Compute():
-                    instructions = {} if self.renames_registers(s) else \
-                        op_instructions(s.op, compute_dtype(s))
+                    instructions, latency = _NO_INSTRUCTIONS if self.renames_registers(s) \
+                        else _op_instructions(s.op, compute_dtype(s))
                     # An accumulator carried through unrolled copies joins them in a chain.
                     repeat = copies if self.carried.intersection(s.args) else 1
-                    block.extend(s.dst, s.args, instructions, copies, repeat)
+                    block.extend(s.dst, s.args, instructions, latency, copies, repeat)
                     block.level[s.dst] = block.of(s.args)
                 case GlobalLoad():
                     self.index(s.offset)
@@ -204,7 +222,7 @@ class _InstructionCounter:
                     self.index(s.offset)
                     self.address(block, s.buffer, s.offset, times)
                 case SharedLoad():
-                    block.extend(s.dst, (), {"ld_shared": 1}, copies)
+                    block.extend(s.dst, (), _SHARED_LOAD, _SHARED_LOAD_LATENCY, copies)
                     self.index(s.index)
                 case SharedStore():
                     self.add({"st_shared": 1}, each)
@@ -217,8 +235,8 @@ class _InstructionCounter:
                     self.add({"int": 1}, each)
                     self.walk(s.body, each)  # if any lane of the warp does
                 case WarpReduce():
-                    block.extend(s.dst, [s.src], _warp_reduce(s.kind, s.dst.dtype,
-                                                              len(s.offsets())), copies)
+                    butterfly = _warp_reduce(s.kind, s.dst.dtype, len(s.offsets()))
+                    block.extend(s.dst, [s.src], butterfly, chain_latency(butterfly), copies)
                     block.level[s.dst] = block.of([s.src])
                 case BlockReduce():  # as expand_block_reduce lowers it: a barrier inside
                     self.flush(block, times)
@@ -271,6 +289,19 @@ def count_instructions(kernel: Kernel, counts: dict[str, float],
     Other instructions: a block waits the latency of the instructions on its longest
     dependency chain and issues the others behind them (``_Block``)."""
     _InstructionCounter(kernel, counts, load_window).walk(kernel.body, 1.0)
+
+
+_NO_INSTRUCTIONS: tuple[dict[str, float], float] = ({}, 0.0)
+_SHARED_LOAD = {"ld_shared": 1}
+_SHARED_LOAD_LATENCY = chain_latency(_SHARED_LOAD)
+
+
+@lru_cache(maxsize=None)
+def _op_instructions(op: str, dtype: str) -> tuple[Mapping[str, int], float]:
+    """An op's instructions by class and their chain latency: both depend on the op and type
+    alone, and a kernel has thousands of computes over a few dozen of them."""
+    instructions = op_instructions(op, dtype)
+    return instructions, chain_latency(instructions)
 
 
 def _atom_vars(atom) -> set[Var]:

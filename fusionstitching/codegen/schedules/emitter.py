@@ -55,6 +55,8 @@ class Emitter(IndexMaps):
         # (a shared array of the results, or the value every thread holds for one result).
         self.staged: dict[str, SharedArray | Value] = {}
         self.constants: dict[str, ConstArray] = {}
+        # elementwise's checks passed, by op and operand types: computes in f32?
+        self.elementwise_narrow: dict[tuple, bool] = {}
         self.names = itertools.count()
         # Stores of one scope waiting for the other lanes of their 16-byte group:
         # (buffer, group offset, depth) -> {lane: (offset, value)}.
@@ -64,7 +66,13 @@ class Emitter(IndexMaps):
         return Value(f"v{next(self.names)}", dtype)
 
     def index_depth(self, *exprs: Ix) -> int:
-        return max((self.var_depth.get(v, 0) for e in exprs for v in e.vars()), default=0)
+        depth, var_depth = 0, self.var_depth
+        for e in exprs:
+            for v in e.vars():
+                d = var_depth.get(v, 0)
+                if d > depth:
+                    depth = d
+        return depth
 
     def open_loop(self, var: Var) -> None:
         self.scopes.append([])
@@ -182,7 +190,9 @@ class Emitter(IndexMaps):
         if dtype not in DTYPES:
             raise CodegenError(Refusal.UNSUPPORTED_TYPE,
                                f"{code} {op.name}: element type {dtype} is not supported")
-        operand = lambda i: self.ops[op.operands[i]]
+        if code in ELEMENTWISE:  # most ops: tested before the other opcodes one by one
+            return self.elementwise(op, [self.value(o, index) for o in op.operands])
+        ops = self.ops
         match code:
             case "parameter":
                 return self.load(op.parameter_number, op.shape, linearize(index, op.shape))
@@ -195,13 +205,13 @@ class Emitter(IndexMaps):
                 return self.value(op.operands[0], tuple(index[d] for d in op.dimensions))
             case "reshape":
                 flat = linearize(index, row_major(op.shape))
-                return self.value(op.operands[0], delinearize(flat, row_major(operand(0).shape)))
+                return self.value(op.operands[0], delinearize(flat, row_major(ops[op.operands[0]].shape)))
             case "bitcast":
                 source = self.value(op.operands[0],
-                                    delinearize(linearize(index, op.shape), operand(0).shape))
-                if operand(0).shape.dtype == dtype:
+                                    delinearize(linearize(index, op.shape), ops[op.operands[0]].shape))
+                if ops[op.operands[0]].shape.dtype == dtype:
                     return source
-                return self.bitcast_convert(op, operand(0).shape.dtype, source)
+                return self.bitcast_convert(op, ops[op.operands[0]].shape.dtype, source)
             case "copy":
                 return self.value(op.operands[0], index)
             case "transpose":
@@ -238,21 +248,36 @@ class Emitter(IndexMaps):
                 self.check_locality(op, index)
                 return self.reduced[op.name], self.index_depth(ix(self.group))
             case "get-tuple-element":  # a result of a variadic reduce
-                self.check_locality(operand(0), index)
+                self.check_locality(ops[op.operands[0]], index)
                 return self.reduced[op.operands[0]][int(op.attrs["index"])], \
                     self.index_depth(ix(self.group))
-        if code not in ELEMENTWISE:
-            raise CodegenError(Refusal.UNSUPPORTED_OP,
-                               f"{code} {op.name}: op not supported by the code generator")
-        return self.elementwise(op, [self.value(o, index) for o in op.operands])
+        raise CodegenError(Refusal.UNSUPPORTED_OP,
+                           f"{code} {op.name}: op not supported by the code generator")
 
     def elementwise(self, op: FlatOp, args: list[tuple[Value, int]]) -> tuple[Value, int]:
         code, dtype = op.opcode, op.shape.dtype
-        attr = op.attrs.get("direction") if code == "compare" else None
         if code == "convert":
             return self.convert(args[0], dtype)
         if code == "bitcast-convert":
             return self.bitcast_convert(op, args[0][0].dtype, args[0])
+        # The checks read the op and its operands' types only: once per op and types.
+        key = (op.name, *(a.dtype for a, _ in args))
+        narrow = self.elementwise_narrow.get(key)
+        if narrow is None:
+            narrow = self.elementwise_narrow[key] = self.check_elementwise(op, args)
+        attr = op.attrs.get("direction") if code == "compare" else None
+        if not narrow:
+            return self.op(code, dtype, *args, attr=attr)
+        # f16/bf16 arithmetic: widen to f32, compute, round back once (XLA:GPU's upcast).
+        wide = [self.convert(a, "f32") if a[0].dtype in NARROW_FLOATS else a for a in args]
+        result = self.op(code, "pred" if dtype == "pred" else "f32", *wide, attr=attr)
+        return result if dtype == "pred" else self.convert(result, dtype)
+
+    @staticmethod
+    def check_elementwise(op: FlatOp, args: list[tuple[Value, int]]) -> bool:
+        """Refuses an elementwise op the code generator does not build for these operand
+        types; else whether it computes in f32 for f16/bf16 operands."""
+        code = op.opcode
         types = {a.dtype for a, _ in args[1:]} if code == "select" else {a.dtype for a, _ in args}
         if code == "compare" and op.attrs.get("type") in ("TOTALORDER",):
             raise CodegenError(Refusal.UNSUPPORTED_OP,
@@ -269,12 +294,7 @@ class Emitter(IndexMaps):
         if code == "power" and not floats:
             raise CodegenError(Refusal.UNSUPPORTED_OP,
                                f"power {op.name}: integer power is not supported")
-        if code == "select" or not types & NARROW_FLOATS:
-            return self.op(code, dtype, *args, attr=attr)
-        # f16/bf16 arithmetic: widen to f32, compute, round back once (XLA:GPU's upcast).
-        wide = [self.convert(a, "f32") if a[0].dtype in NARROW_FLOATS else a for a in args]
-        result = self.op(code, "pred" if dtype == "pred" else "f32", *wide, attr=attr)
-        return result if dtype == "pred" else self.convert(result, dtype)
+        return not (code == "select" or not types & NARROW_FLOATS)
 
     def convert(self, v: tuple[Value, int], dtype: str) -> tuple[Value, int]:
         return v if v[0].dtype == dtype else self.op("convert", dtype, v)
