@@ -50,6 +50,9 @@ def ask(graph: OpGraph, nodes: list[str], device, target: str, ptxas: bool,
         # At the register model's cap it cannot tell whether ptxas spills: ask ptxas
         # (the chosen schedule only: trying the others here made planning minutes longer).
         try:
+            if spec.borrowed:  # assembled under its own names: the chosen schedule, built
+                spec = codegen.generate(graph.module, nodes, "probe", device, chosen=chosen,
+                                        with_host_kernel=False)
             spills = codegen.compile_nvptx(spec, device.sm_arch).spills
         except Exception as exc:  # ptxas failed or timed out: the pattern is refused
             return internal(exc)

@@ -2,10 +2,12 @@
 still chooses what pricing every schedule would; ptxas runs side by side."""
 import functools
 import os
+from types import SimpleNamespace
 
 import pytest
 
 from costmodel import load_device
+from fusionstitching import capability, codegen, pipeline
 from fusionstitching.codegen import compile_nvptx, find_ptxas, generate
 from fusionstitching.codegen.cost.kernel_profile import (latency_lower_bound_us,
                                                          unbounded_instructions)
@@ -17,6 +19,7 @@ from fusionstitching.codegen.schedules.choose import (_build_and_price, build_ke
                                                       memory_bound_us, schedule_pattern)
 from fusionstitching.codegen.schedules.one_space import launch_free, relaunched
 from fusionstitching.codegen.schedules.space import reduction_space
+from fusionstitching.graph import build_graph
 from fusionstitching.hlo.parser import parse_file, parse_module
 from fusionstitching.pipeline import Options, stitch_module
 from fusionstitching.runtime import cache as kernel_cache
@@ -265,3 +268,86 @@ def test_a_pattern_equal_up_to_names_gets_the_kept_kernel_unbuilt(monkeypatch):
     assert str(second.kernel) == str(alone.kernel) != str(first.kernel)
     assert (second.schedule, second.profile, second.modeled_us, second.candidates) == (
         alone.schedule, alone.profile, alone.modeled_us, alone.candidates)
+    assert not second.borrowed
+
+
+TWO_NORMS = """HloModule two_norms
+add {
+  p = f32[] parameter(0)
+  q = f32[] parameter(1)
+  ROOT s = f32[] add(p, q)
+}
+ENTRY e {
+  a = f32[8,4096] parameter(0)
+  b = f32[8,4096] parameter(1)
+  z = f32[] constant(0)
+  e1 = f32[8,4096] exponential(a)
+  s1 = f32[8] reduce(e1, z), dimensions={1}, to_apply=add
+  d1 = f32[8,4096] broadcast(s1), dimensions={0}
+  y1 = f32[8,4096] divide(e1, d1)
+  e2 = f32[8,4096] exponential(b)
+  s2 = f32[8] reduce(e2, z), dimensions={1}, to_apply=add
+  d2 = f32[8,4096] broadcast(s2), dimensions={0}
+  y2 = f32[8,4096] divide(e2, d2)
+  ROOT t = (f32[8,4096], f32[8,4096]) tuple(y1, y2)
+}
+"""
+NORM_1, NORM_2 = ["e1", "s1", "d1", "y1"], ["e2", "s2", "d2", "y2"]
+
+
+def test_a_kept_kernel_holding_other_names_is_borrowed_unbuilt_and_priced_the_same(
+        monkeypatch):
+    """A kept kernel with a shared array (named after its pattern's reduction) serves an
+    equal pattern unbuilt and unpriced, marked ``borrowed``: its buffers are the pattern's,
+    its shared array the earlier one's; priced as the kernel built alone is."""
+    module = parse_module(TWO_NORMS, "two_norms")
+    chosen, kept = {}, {}
+    first = schedule_pattern(flatten(module, NORM_1), "k", H100, chosen=chosen, kept=kept)
+    assert [a.name for a in first.kernel.shared] == ["smem_s1"]
+    built = _counting_builds(monkeypatch)
+    second = schedule_pattern(flatten(module, NORM_2), "k", H100, chosen=chosen, kept=kept)
+    assert built == [] and second.borrowed
+    alone = schedule_pattern(flatten(module, NORM_2), "k", H100, chosen=chosen)
+    assert len(built) == 1 and not alone.borrowed
+    assert [a.name for a in second.kernel.shared] == ["smem_s1"]
+    assert [a.name for a in alone.kernel.shared] == ["smem_s2"]
+    assert second.kernel.buffers == alone.kernel.buffers
+    assert (second.schedule, second.profile, second.modeled_us) == (
+        alone.schedule, alone.profile, alone.modeled_us)
+
+
+def test_a_borrowed_query_answer_is_generated_again_for_the_plan(monkeypatch):
+    """The plan's kernels are built under their own names: a pattern whose capability query
+    borrowed an equal pattern's kernel is generated with the schedule chosen then, and is
+    the kernel generating it alone gives."""
+    module = parse_module(TWO_NORMS, "two_norms")
+    probes = {}
+    real = pipeline._build_kernel
+    monkeypatch.setattr(pipeline, "_build_kernel", lambda *a: probes.setdefault(
+        tuple(a[1].nodes), a[7]) and real(*a))
+    result = stitch_module(module, Options(target="h100", ptxas=False, workers=0))
+    assert sorted(probes) == [tuple(NORM_1), tuple(NORM_2)]
+    assert sorted(p.borrowed for p in probes.values()) == [False, True]  # the one asked later
+    for k in result.kernels:
+        assert not k.spec.borrowed
+        assert str(k.spec.kernel) == str(generate(module, k.spec.nodes, k.spec.name,
+                                                  H100).kernel)
+    assert [a.name for k in result.kernels for a in k.spec.kernel.shared] == \
+        ["smem_s1", "smem_s2"]
+
+
+def test_a_borrowed_query_answer_is_assembled_under_its_own_names(monkeypatch):
+    """The spill check assembles the pattern's own kernel, not the borrowed one."""
+    module = parse_module(TWO_NORMS, "two_norms")
+    graph = build_graph(module)
+    assembled = []
+    monkeypatch.setattr(capability, "MAX_REGISTERS_PER_THREAD", 0)  # every kernel is checked
+    monkeypatch.setattr(codegen, "find_ptxas", lambda: "ptxas")
+    monkeypatch.setattr(codegen, "compile_nvptx", lambda spec, arch: assembled.append(
+        spec) or SimpleNamespace(spills=0))
+    chosen = {}
+    for nodes in (NORM_1, NORM_2):
+        spec = capability.ask(graph, nodes, H100, "h100", True, chosen)
+        assert isinstance(spec, codegen.KernelSpec), spec
+    assert [[a.name for a in s.kernel.shared] for s in assembled] == [["smem_s1"], ["smem_s2"]]
+    assert not any(s.borrowed for s in assembled)

@@ -58,6 +58,10 @@ class KernelSpec:
     refused: list[Refused] = field(default_factory=list)
     # False: the first schedule that built, not necessarily the fastest (``fastest=False``).
     fastest: bool = True
+    # True: ``kernel`` is an earlier pattern's equal up to names, with these buffers but that
+    # pattern's shared arrays and loop variables (``schedule_pattern``'s ``kept``): it prices
+    # as this pattern's kernel would, and is generated again before it is compiled.
+    borrowed: bool = False
 
     def __str__(self) -> str:
         return str(self.kernel)
@@ -85,7 +89,8 @@ def generate(module: Module, nodes: list[str], name: str, device: Device | None 
     says whether it is known to be the fastest). ``with_host_kernel=False``: no
     ``host_kernel`` (``add_host_kernel`` adds it later). ``below_us``: the kernel is wanted
     only if modeled faster than this; raises ``NotFaster`` when it is not. ``kept``: the
-    chosen kernels kept by pattern form (``schedule_pattern``'s), for one module's planning."""
+    chosen kernels kept by pattern form (``schedule_pattern``'s), for one module's planning:
+    a spec may then be ``borrowed``, for questions only, never compiled."""
     pattern = flatten(module, nodes)
     scheduled = schedule_pattern(pattern, name, device or load_device(DEFAULT_TARGET), excluded,
                                  chosen, fastest, below_us, kept)
@@ -102,7 +107,7 @@ def generate(module: Module, nodes: list[str], name: str, device: Device | None 
         host_kernel=build_kernel(pattern, host_schedule(pattern, scheduled.schedule), name)[0]
         if with_host_kernel else None,
         profile=scheduled.profile, schedule=scheduled.schedule, refused=scheduled.refused,
-        fastest=scheduled.fastest)
+        fastest=scheduled.fastest, borrowed=scheduled.borrowed)
     return spec
 
 

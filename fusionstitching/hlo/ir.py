@@ -283,13 +283,17 @@ class Module:
 
     @property
     def entry(self) -> Computation:
-        for comp in self.computations:
-            if comp.is_entry:
-                return comp
-        return self.computations[-1]
+        # kept while ``computations`` is the same list of the same length, as the name map
+        # (a module has thousands of fused computations before its entry)
+        kept = self.__dict__.get("_entry")
+        if kept is None or kept[0] is not self.computations or \
+                kept[1] != len(self.computations):
+            entry = next((c for c in self.computations if c.is_entry), self.computations[-1])
+            kept = self.__dict__["_entry"] = (self.computations, len(self.computations), entry)
+        return kept[2]
 
-    def __getstate__(self) -> dict:  # pickled and copied without the kept name map
-        return {k: v for k, v in self.__dict__.items() if k != "_by_name"}
+    def __getstate__(self) -> dict:  # pickled and copied without the kept lookups
+        return {k: v for k, v in self.__dict__.items() if k not in ("_by_name", "_entry")}
 
     def computation(self, name: str) -> Computation:
         # by a name map kept while ``computations`` is the same list of the same length (code

@@ -57,6 +57,10 @@ class ScheduledKernel:
     profile: KernelProfile  # what modeled_us was priced from
     refused: list[Refused]
     fastest: bool = True  # False: the first schedule that built (others left untried)
+    # True: the kernel of an earlier pattern equal up to names, with this one's buffers but
+    # the earlier one's shared arrays and loop variables (`_chosen_before`): priced the same,
+    # to be built under its own names before it is compiled.
+    borrowed: bool = False
     # Schedules not priced (or not built) because their least time was not below the fastest's
     # (branch and bound), each with that least time.
     pruned: list[tuple[Schedule, float]] = dataclasses.field(default_factory=list)
@@ -120,8 +124,10 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
     kernels' time): a schedule whose least time is not below it is neither built (once one
     schedule has built) nor priced, and when no schedule is faster, ``NotFaster`` is raised
     (the same answer as choosing the fastest and comparing, with fewer schedules built).
-    ``kept``: the chosen kernels that hold no name of their pattern (`_keep`), by the same
-    digest: an equal pattern's kernel is then that one with its own buffers, unbuilt."""
+    ``kept``: the chosen kernels by the same digest (`_keep`): an equal pattern's kernel is
+    then that one with its own buffers, unbuilt and not priced again (``borrowed`` where it
+    holds the earlier pattern's other names: only for the caller's questions, never to be
+    compiled)."""
     excluded = excluded or {}
     read = sum(s.byte_size for _, s in pattern.inputs)
     written = sum(s.byte_size for _, s in pattern.outputs)
@@ -292,22 +298,30 @@ def _memo_key(pattern: Pattern, device: Device, excluded: Mapping[Schedule, str]
 
 def _keep(kept: MutableMapping[str, ScheduledKernel], key: str, result: ScheduledKernel
           ) -> None:
-    """Keep the chosen kernel for patterns equal up to names when it holds no name of its
-    pattern but its buffers': no shared arrays (named after reductions), not phased (whose
-    loop variables are too). Such a pattern's kernel is this one with its own buffers."""
-    if key not in kept and not result.kernel.shared and result.schedule.kind != "phases":
+    """Keep the chosen kernel for patterns equal up to names: their kernel is this one with
+    their own buffers (`_chosen_before`)."""
+    if key not in kept:
         kept[key] = result
+
+
+def _holds_names(result: ScheduledKernel) -> bool:
+    """Whether a kernel holds names of its pattern besides its buffers': shared arrays (named
+    after reductions), a phased schedule's (its loop variables too)."""
+    return bool(result.kernel.shared) or result.schedule.kind == "phases"
 
 
 def _chosen_before(pattern: Pattern, sched: Schedule, name: str, device: Device, read: int,
                    written: int, kept: ScheduledKernel | None = None) -> ScheduledKernel | None:
     """The kernel of the schedule chosen for a pattern equal up to names, built alone (None
     if it does not build here after all: then every schedule is tried); ``kept``'s kernel
-    with this pattern's buffers when it is the one of that schedule."""
+    with this pattern's buffers when it is the one of that schedule, unbuilt and priced as
+    it was (``borrowed`` where it holds that pattern's other names: `_holds_names`)."""
+    borrowed = False
     if kept is not None and kept.schedule == sched:
         kernel = dataclasses.replace(kept.kernel, name=name, buffers=pattern.buffers())
         outcome = (kernel, set(kept.schemes), kept.smem_bytes_no_reuse, kept.profile,
                    kept.modeled_us)
+        borrowed = _holds_names(kept)
     else:
         outcome = _build_and_price(pattern, sched, name, device, read, written)
     if isinstance(outcome, Refused):
@@ -316,7 +330,8 @@ def _chosen_before(pattern: Pattern, sched: Schedule, name: str, device: Device,
     description = _description(sched, kernel, profile) + \
         "; chosen for an earlier pattern equal up to names"
     return ScheduledKernel(kernel, sched, _in_order(schemes), modeled, no_reuse,
-                           [(description, modeled)], profile, [], fastest=True)
+                           [(description, modeled)], profile, [], fastest=True,
+                           borrowed=borrowed)
 
 
 def _build_and_price(pattern: Pattern, sched: Schedule, name: str, device: Device, read: int,
