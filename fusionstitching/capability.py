@@ -34,7 +34,8 @@ def ask(graph: OpGraph, nodes: list[str], device, target: str, ptxas: bool,
         # below_us: schedules that cannot beat XLA's kernels are not built or priced
         spec = codegen.generate(graph.module, nodes, "probe", device, chosen=chosen,
                                 with_host_kernel=False, below_us=xla_us,
-                                kept=graph.derived.setdefault(("kept kernels", device), {}))
+                                kept=graph.derived.setdefault(("kept kernels", device), {}),
+                                not_faster=graph.derived.setdefault(("not faster", device), {}))
     except codegen.NotFaster as exc:
         return Refusal(PlanRefusal.SLOWER_THAN_XLA,
                        f"stitched kernel modeled at {exc.least_us:.2f} us or more is not "
@@ -50,9 +51,8 @@ def ask(graph: OpGraph, nodes: list[str], device, target: str, ptxas: bool,
         # At the register model's cap it cannot tell whether ptxas spills: ask ptxas
         # (the chosen schedule only: trying the others here made planning minutes longer).
         try:
-            if spec.borrowed:  # assembled under its own names: the chosen schedule, built
-                spec = codegen.generate(graph.module, nodes, "probe", device, chosen=chosen,
-                                        with_host_kernel=False)
+            if spec.borrowed:  # assembled under its own names
+                spec = codegen.with_own_names(graph.module, spec, spec.name, device)
             spills = codegen.compile_nvptx(spec, device.sm_arch).spills
         except Exception as exc:  # ptxas failed or timed out: the pattern is refused
             return internal(exc)

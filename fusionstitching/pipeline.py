@@ -95,7 +95,7 @@ def stitch_module(module: Module, options: Options | None = None,
         for index, pattern in enumerate(plan.patterns):
             name = f"fusionstitching_{_c_name(module.name)[:40]}_{index}"
             kernel = _build_kernel(graph, pattern, name, options, device, times, fallbacks,
-                                   built.get(frozenset(pattern.nodes)), chosen)
+                                   built.get(frozenset(pattern.nodes)))
             if kernel is not None:
                 kernels.append(kernel)
         if options.ptxas:
@@ -206,20 +206,18 @@ def _c_name(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)
 
 
-def _build_kernel(graph, pattern, name, options, device, times, fallbacks, probed=None,
-                  chosen=None):
+def _build_kernel(graph, pattern, name, options, device, times, fallbacks, probed=None):
     """``probed``: the kernel the explorer's capability query built for this pattern (the
-    same generation under another name, when its schedule is the fastest), else it is
-    generated here; a ``borrowed`` one is generated here with the schedule it was chosen
-    with (``chosen``: the planning's schedules by pattern form)."""
+    same generation under another name, when its schedule is the fastest; a ``borrowed``
+    one's schedule built here under the pattern's own names), else it is generated here."""
     t0 = time.perf_counter()
     try:
-        if probed is not None and probed.fastest and not probed.borrowed:
+        if probed is not None and probed.borrowed:
+            spec = codegen.with_own_names(graph.module, probed, name, device)
+        elif probed is not None and probed.fastest:
             spec = _renamed(probed, name)
         else:
-            spec = codegen.generate(graph.module, pattern.nodes, name, device,
-                                    chosen=chosen if probed is not None and probed.borrowed
-                                    else None)
+            spec = codegen.generate(graph.module, pattern.nodes, name, device)
         if options.host:
             spec = codegen.add_host_kernel(graph.module, spec)
     except Exception as exc:  # any codegen failure leaves the pattern to XLA

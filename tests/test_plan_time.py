@@ -164,8 +164,9 @@ def test_schedules_kept_in_the_cache_serve_another_process(tmp_path):
 
 def _counting_builds(monkeypatch) -> list:
     """The schedules ``choose`` builds from now on, in order."""
-    built, real = [], choose._build
-    monkeypatch.setattr(choose, "_build", lambda p, s, *a: built.append(s) or real(p, s, *a))
+    built, real = [], choose.build_launched
+    monkeypatch.setattr(choose, "build_launched",
+                        lambda p, s, *a: built.append(s) or real(p, s, *a))
     return built
 
 
@@ -351,3 +352,23 @@ def test_a_borrowed_query_answer_is_assembled_under_its_own_names(monkeypatch):
         assert isinstance(spec, codegen.KernelSpec), spec
     assert [[a.name for a in s.kernel.shared] for s in assembled] == [["smem_s1"], ["smem_s2"]]
     assert not any(s.borrowed for s in assembled)
+
+
+def test_an_equal_pattern_not_faster_than_asked_is_answered_unbuilt(monkeypatch):
+    """``not_faster``: a pattern equal up to names to one no schedule of which beat the same
+    ``below_us`` gets the same answer, with no schedule built; another ``below_us`` is
+    searched again."""
+    module = parse_module(TWO_NORMS, "two_norms")
+    chosen, kept, not_faster = {}, {}, {}
+    ask = functools.partial(schedule_pattern, name="k", device=H100, chosen=chosen, kept=kept,
+                            not_faster=not_faster)
+    with pytest.raises(NotFaster) as first:
+        ask(flatten(module, NORM_1), below_us=0.5)
+    built = _counting_builds(monkeypatch)
+    with pytest.raises(NotFaster) as second:
+        ask(flatten(module, NORM_2), below_us=0.5)
+    assert built == [] and str(second.value) == str(first.value)
+    assert second.value.least_us == first.value.least_us >= 0.5
+    with pytest.raises(NotFaster) as searched:
+        ask(flatten(module, NORM_2), below_us=0.25)
+    assert built and searched.value.below_us == 0.25 and chosen == {}

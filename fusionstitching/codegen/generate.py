@@ -14,8 +14,8 @@ from .errors import CodegenError
 from .flatten import flatten
 from .kernel_ir import Kernel
 from .schedules.candidates import Schedule
-from .schedules.choose import (Refused, ScheduledKernel, build_kernel, host_schedule,
-                               schedule_pattern)
+from .schedules.choose import (Refused, ScheduledKernel, build_kernel, build_launched,
+                               host_schedule, schedule_pattern)
 from .schedules.space import outside_main_space
 from .traffic import global_traffic
 
@@ -78,7 +78,8 @@ def generate(module: Module, nodes: list[str], name: str, device: Device | None 
              excluded: Mapping[Schedule, str] | None = None,
              chosen: MutableMapping[str, Schedule] | None = None, fastest: bool = True,
              with_host_kernel: bool = True, below_us: float | None = None,
-             kept: MutableMapping[str, ScheduledKernel] | None = None) -> KernelSpec:
+             kept: MutableMapping[str, ScheduledKernel] | None = None,
+             not_faster: MutableMapping[tuple, float] | None = None) -> KernelSpec:
     """One kernel for these entry instructions; raises CodegenError when impossible.
 
     ``device``: the GPU whose latency-evaluator chooses among the enumerated schedules
@@ -90,10 +91,11 @@ def generate(module: Module, nodes: list[str], name: str, device: Device | None 
     ``host_kernel`` (``add_host_kernel`` adds it later). ``below_us``: the kernel is wanted
     only if modeled faster than this; raises ``NotFaster`` when it is not. ``kept``: the
     chosen kernels kept by pattern form (``schedule_pattern``'s), for one module's planning:
-    a spec may then be ``borrowed``, for questions only, never compiled."""
+    a spec may then be ``borrowed``, for questions only, never compiled; ``not_faster``:
+    the ``NotFaster`` answers kept the same way."""
     pattern = flatten(module, nodes)
     scheduled = schedule_pattern(pattern, name, device or load_device(DEFAULT_TARGET), excluded,
-                                 chosen, fastest, below_us, kept)
+                                 chosen, fastest, below_us, kept, not_faster)
     kernel = scheduled.kernel
     spec = KernelSpec(
         name=name, nodes=list(nodes), inputs=pattern.inputs, outputs=pattern.outputs,
@@ -109,6 +111,15 @@ def generate(module: Module, nodes: list[str], name: str, device: Device | None 
         profile=scheduled.profile, schedule=scheduled.schedule, refused=scheduled.refused,
         fastest=scheduled.fastest, borrowed=scheduled.borrowed)
     return spec
+
+
+def with_own_names(module: Module, spec: KernelSpec, name: str, device: Device) -> KernelSpec:
+    """A ``borrowed`` spec with its pattern's own kernel, named ``name``: its schedule built
+    under the pattern's names, priced as the borrowed kernel was (an equal pattern's)."""
+    outcome = build_launched(flatten(module, spec.nodes), spec.schedule, name, device)
+    if isinstance(outcome, Refused):
+        raise CodegenError(outcome.kind, outcome.detail)
+    return dataclasses.replace(spec, name=name, kernel=outcome[0], borrowed=False)
 
 
 def add_host_kernel(module: Module, spec: KernelSpec) -> KernelSpec:

@@ -104,7 +104,8 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
                      excluded: Mapping[Schedule, str] | None = None,
                      chosen: MutableMapping[str, Schedule] | None = None,
                      fastest: bool = True, below_us: float | None = None,
-                     kept: MutableMapping[str, ScheduledKernel] | None = None) -> ScheduledKernel:
+                     kept: MutableMapping[str, ScheduledKernel] | None = None,
+                     not_faster: MutableMapping[tuple, float] | None = None) -> ScheduledKernel:
     """Build every enumerated schedule, drop those failing locality or the device's limits
     or ``excluded`` (a schedule -> why the caller excludes it), and keep the one the
     latency-evaluator models fastest.
@@ -127,7 +128,8 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
     ``kept``: the chosen kernels by the same digest (`_keep`): an equal pattern's kernel is
     then that one with its own buffers, unbuilt and not priced again (``borrowed`` where it
     holds the earlier pattern's other names: only for the caller's questions, never to be
-    compiled)."""
+    compiled). ``not_faster``: the ``NotFaster`` answers by the same digest and ``below_us``
+    (the search is the same for an equal pattern: so is its answer, which holds no name)."""
     excluded = excluded or {}
     read = sum(s.byte_size for _, s in pattern.inputs)
     written = sum(s.byte_size for _, s in pattern.outputs)
@@ -140,6 +142,9 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
             if kept is not None:
                 _keep(kept, key, earlier)
             return earlier
+    verdict = (key, below_us, fastest)
+    if key is not None and not_faster is not None and verdict in not_faster:
+        raise NotFaster(not_faster[verdict], below_us)
     built, refused, candidates, pruned = [], [], [], []
     # (least us, schedule) of kernels built but not priced: not below ``below_us``
     not_below: list[tuple[float, Schedule]] = []
@@ -147,7 +152,7 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
     cutoff = (math.inf if below_us is None else below_us, -1)  # ties go to the caller
     strided = _strided_points(pattern)
     numbers = itertools.count()  # enumeration order: ties go to the first
-    same_width: dict[int, tuple[Kernel, set[str]]] = {}  # `_build`'s
+    same_width: dict[int, tuple[Kernel, set[str]]] = {}  # `build_launched`'s
 
     def try_all(schedules: list[Schedule]) -> None:
         """Build ``schedules`` and price them, into ``built``, ``refused`` and ``pruned``.
@@ -188,7 +193,7 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
             if cross_block is not None and sched.kind != "phases" and not any_built():
                 refused.append((number, Refused(sched, Refusal.CROSS_BLOCK, cross_block.detail)))
                 continue
-            outcome = _build(pattern, sched, name, device, same_width)
+            outcome = build_launched(pattern, sched, name, device, same_width)
             if isinstance(outcome, Refused):
                 refused.append((number, outcome))
                 if outcome.kind is Refusal.CROSS_BLOCK and sched.kind != "phases":
@@ -242,8 +247,10 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
     refused = [r for _, r in sorted(refused, key=lambda n: n[0])]  # in enumeration order
     if (built or not_below) and not (built and _best(built) < cutoff):
         # every time priced or bounded: the least of them bounds the fastest from below
-        raise NotFaster(min([b[0] for b in built] + [t for t, _ in not_below]
-                            + [t for _, t in pruned]), below_us)
+        least = min([b[0] for b in built] + [t for t, _ in not_below] + [t for _, t in pruned])
+        if key is not None and not_faster is not None:
+            not_faster[verdict] = least
+        raise NotFaster(least, below_us)
     if not built:
         # Unsupported ops fail every schedule alike: the first refusal speaks for all; a
         # pattern only the phased schedule could build says why that failed too.
@@ -338,7 +345,7 @@ def _build_and_price(pattern: Pattern, sched: Schedule, name: str, device: Devic
                      written: int) -> tuple | Refused:
     """(kernel, schemes, shared memory before reuse, profile, modeled us) of one schedule,
     or why it is refused."""
-    outcome = _build(pattern, sched, name, device)
+    outcome = build_launched(pattern, sched, name, device)
     if isinstance(outcome, Refused):
         return outcome
     kernel, schemes, no_reuse = outcome
@@ -357,9 +364,11 @@ def _priced(kernel: Kernel, sched: Schedule, read: int, written: int, device: De
         return Refused(sched, Refusal.CANNOT_LAUNCH, str(e))
 
 
-def _build(pattern: Pattern, sched: Schedule, name: str, device: Device,
-           same_width: dict[int, tuple[Kernel, set[str]]] | None = None) -> tuple | Refused:
-    """(kernel, schemes, shared memory before reuse) of one schedule, or why it is refused.
+def build_launched(pattern: Pattern, sched: Schedule, name: str, device: Device,
+                   same_width: dict[int, tuple[Kernel, set[str]]] | None = None
+                   ) -> tuple | Refused:
+    """(kernel, schemes, shared memory before reuse) of one schedule, with its launch bounds,
+    or why it is refused.
     ``same_width``: kernels of `launch_free` loop schedules built so far for this pattern,
     by vector width; a loop schedule of a width built before is `relaunched` from it (the
     same kernel, without building it again)."""
