@@ -124,6 +124,30 @@ def test_baseline_cuts_an_unbuildable_region_greedily():
     assert any(d.kind is Stub.TOO_MANY_REDUCTIONS for d in plan.decisions)
 
 
+def test_the_baseline_names_each_run_s_next_patterns_ahead_and_plans_the_same():
+    """Query workers start on what a run asks next, whether the pattern being asked builds
+    or not: every pattern a run grows to, and every fresh start, was named before it was
+    asked; the plan is the one planned without naming ahead."""
+    graph = build_graph(parse_module(LAYERNORM))
+
+    class Stub(enum.Enum):
+        TOO_MANY_REDUCTIONS = "too many reductions"
+
+    named, asked = [], []
+
+    def at_most_two(nodes):
+        asked.append(list(nodes))
+        return None if len(nodes) <= 2 else Refusal(Stub.TOO_MANY_REDUCTIONS, "3 or more")
+
+    plan = connected_region_plan(graph, at_most_two, ask_ahead=named.extend)
+    assert [p.nodes for p in plan.patterns] == [["sum", "center"], ["sq", "rs"]]
+    region, first, *rest = asked
+    assert len(region) == 5 and first == ["sum", "center"] and rest
+    assert all(p in named for p in rest)
+    assert [p.nodes for p in connected_region_plan(graph, at_most_two).patterns] == \
+        [p.nodes for p in plan.patterns]
+
+
 def test_a_bitcast_between_pattern_kernels_is_not_a_cycle():
     module = parse_module("""
 HloModule m

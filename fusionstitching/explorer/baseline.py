@@ -9,6 +9,8 @@ replaces this; the baseline stays selectable for comparison.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..graph import OpGraph
 from ..graph.traffic import memory_intensive_regions, opaque_depth
 from .index import KernelDag
@@ -16,9 +18,12 @@ from .plan import CanStitch, Decision, ExplorerRefusal, FusionPlan, Pattern
 
 
 def connected_region_plan(graph: OpGraph, can_stitch: CanStitch,
-                          dag: KernelDag | None = None) -> FusionPlan:
+                          dag: KernelDag | None = None,
+                          ask_ahead: Callable[[list[list[str]]], None] | None = None
+                          ) -> FusionPlan:
     """``dag`` is the graph's kernel DAG when the caller already has one (the beam explorer
-    does)."""
+    does). ``ask_ahead``, when given, is told the patterns a run asks next if the pattern
+    being asked builds, and if not (query workers start on them meanwhile)."""
     dag = dag or KernelDag(graph)
 
     def _check(nodes: list[str]) -> Decision:
@@ -58,10 +63,13 @@ def connected_region_plan(graph: OpGraph, can_stitch: CanStitch,
                 parts.append(level)
     for part in parts:
         current: list[str] = []
-        for name in part:  # in topological order
+        for i, name in enumerate(part):  # in topological order
             candidate = current + [name]
             ok = True
             if current:
+                if ask_ahead is not None and i + 1 < len(part):
+                    following = [candidate + [part[i + 1]], [name, part[i + 1]]]
+                    ask_ahead([p for p in following if not dag.creates_cycle(frozenset(p))])
                 decision = _check(candidate)
                 decisions.append(decision)
                 ok = decision.ok

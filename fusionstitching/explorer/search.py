@@ -376,7 +376,8 @@ class Explorer(CandidatePatterns):
                 f"beam {i}", [c.nodes for c in chosen], {}, notes,
                 f", f = {sum(c.score for c in chosen):+.3f} us"))
         greedy = connected_region_plan(  # its code generator queries are cached with ours
-            self.graph, lambda nodes: self.can_stitch(frozenset(nodes)), self.index)
+            self.graph, lambda nodes: self.can_stitch(frozenset(nodes)), self.index,
+            lambda patterns: self._ahead([frozenset(p) for p in patterns], next_up=False))
         greedy_patterns = [frozenset(p.nodes) for p in greedy.patterns]
         greedy_kernels = self._units(greedy_patterns)
         greedy_us, greedy_bytes = self.plan_cost(greedy_kernels)
