@@ -23,6 +23,7 @@ from fusionstitching.graph import build_graph
 from fusionstitching.hlo.parser import parse_file, parse_module
 from fusionstitching.pipeline import Options, stitch_module
 from fusionstitching.runtime import cache as kernel_cache
+from helpers import HEAD_WITH_ADD
 
 HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
 H100 = load_device("h100")
@@ -272,12 +273,7 @@ def test_a_pattern_equal_up_to_names_gets_the_kept_kernel_unbuilt(monkeypatch):
     assert not second.borrowed
 
 
-TWO_NORMS = """HloModule two_norms
-add {
-  p = f32[] parameter(0)
-  q = f32[] parameter(1)
-  ROOT s = f32[] add(p, q)
-}
+TWO_NORMS = HEAD_WITH_ADD + """
 ENTRY e {
   a = f32[8,4096] parameter(0)
   b = f32[8,4096] parameter(1)
