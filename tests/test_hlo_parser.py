@@ -435,8 +435,9 @@ def test_jit_stays_the_function_once_its_module_is_loaded():
 
 
 def test_kept_lookups_follow_the_instruction_lists_and_are_not_copied():
-    """``Computation.index`` and ``Module.computation`` keep their maps while the lists stay
-    the same; a new list is read again; a pickled or copied module carries neither."""
+    """``Computation.index``, ``Module.computation`` and ``Module.entry`` keep their lookups
+    while the lists stay the same; a new list is read again; a pickled or copied module
+    carries none."""
     module = parse_file(DATA / "hlo" / "layernorm_64x256_jax_cpu.hlo")
     entry = module.entry
     index = entry.index()
@@ -453,6 +454,11 @@ def test_kept_lookups_follow_the_instruction_lists_and_are_not_copied():
     module.computations = [entry]
     with pytest.raises(KeyError):
         module.computation(called.name)
+    assert module.entry is entry
+    module.computations = [called]  # no ENTRY: the last computation, as before
+    assert module.entry is called
+    module.computations = [entry, called]
+    assert module.entry is entry
     for other in (pickle.loads(pickle.dumps(module)), copy.deepcopy(module)):
-        assert "_by_name" not in other.__dict__ and "_index" not in other.entry.__dict__
+        assert "_kept_lookups" not in other.__dict__ and "_index" not in other.entry.__dict__
         assert other == module

@@ -283,27 +283,28 @@ class Module:
 
     @property
     def entry(self) -> Computation:
-        # kept while ``computations`` is the same list of the same length, as the name map
-        # (a module has thousands of fused computations before its entry)
-        kept = self.__dict__.get("_entry")
-        if kept is None or kept[0] is not self.computations or \
-                kept[1] != len(self.computations):
-            entry = next((c for c in self.computations if c.is_entry), self.computations[-1])
-            kept = self.__dict__["_entry"] = (self.computations, len(self.computations), entry)
-        return kept[2]
+        entry = self._lookups()[1]
+        return entry if entry is not None else self.computations[-1]
 
     def __getstate__(self) -> dict:  # pickled and copied without the kept lookups
-        return {k: v for k, v in self.__dict__.items() if k not in ("_by_name", "_entry")}
+        return {k: v for k, v in self.__dict__.items() if k != "_kept_lookups"}
 
     def computation(self, name: str) -> Computation:
-        # by a name map kept while ``computations`` is the same list of the same length (code
-        # generation looks up each fusion's computation, in modules of thousands)
-        kept = self.__dict__.get("_by_name")
+        return self._lookups()[0][name]
+
+    def _lookups(self) -> tuple[dict[str, Computation], Computation | None]:
+        """The computations by name (the first of a name) and the ENTRY one, kept while
+        ``computations`` is the same list of the same length: code generation looks up each
+        fusion's computation and the entry, in modules of thousands."""
+        kept = self.__dict__.get("_kept_lookups")
         if kept is None or kept[0] is not self.computations or kept[1] != len(kept[0]):
-            kept = self.__dict__["_by_name"] = (self.computations, len(self.computations), {})
+            by_name: dict[str, Computation] = {}
             for comp in self.computations:
-                kept[2].setdefault(comp.name, comp)  # the first of a name, as before
-        return kept[2][name]
+                by_name.setdefault(comp.name, comp)
+            entry = next((c for c in self.computations if c.is_entry), None)
+            kept = self.__dict__["_kept_lookups"] = (self.computations, len(self.computations),
+                                                by_name, entry)
+        return kept[2], kept[3]
 
     def computation_map(self) -> dict[str, Computation]:
         return {c.name: c for c in self.computations}

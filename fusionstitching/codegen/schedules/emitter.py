@@ -192,7 +192,6 @@ class Emitter(IndexMaps):
                                f"{code} {op.name}: element type {dtype} is not supported")
         if code in ELEMENTWISE:  # most ops: tested before the other opcodes one by one
             return self.elementwise(op, [self.value(o, index) for o in op.operands])
-        ops = self.ops
         match code:
             case "parameter":
                 return self.load(op.parameter_number, op.shape, linearize(index, op.shape))
@@ -205,13 +204,15 @@ class Emitter(IndexMaps):
                 return self.value(op.operands[0], tuple(index[d] for d in op.dimensions))
             case "reshape":
                 flat = linearize(index, row_major(op.shape))
-                return self.value(op.operands[0], delinearize(flat, row_major(ops[op.operands[0]].shape)))
+                source_shape = self.ops[op.operands[0]].shape
+                return self.value(op.operands[0], delinearize(flat, row_major(source_shape)))
             case "bitcast":
+                source_shape = self.ops[op.operands[0]].shape
                 source = self.value(op.operands[0],
-                                    delinearize(linearize(index, op.shape), ops[op.operands[0]].shape))
-                if ops[op.operands[0]].shape.dtype == dtype:
+                                    delinearize(linearize(index, op.shape), source_shape))
+                if source_shape.dtype == dtype:
                     return source
-                return self.bitcast_convert(op, ops[op.operands[0]].shape.dtype, source)
+                return self.bitcast_convert(op, source_shape.dtype, source)
             case "copy":
                 return self.value(op.operands[0], index)
             case "transpose":
@@ -248,7 +249,7 @@ class Emitter(IndexMaps):
                 self.check_locality(op, index)
                 return self.reduced[op.name], self.index_depth(ix(self.group))
             case "get-tuple-element":  # a result of a variadic reduce
-                self.check_locality(ops[op.operands[0]], index)
+                self.check_locality(self.ops[op.operands[0]], index)
                 return self.reduced[op.operands[0]][int(op.attrs["index"])], \
                     self.index_depth(ix(self.group))
         raise CodegenError(Refusal.UNSUPPORTED_OP,
