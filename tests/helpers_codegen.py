@@ -70,15 +70,20 @@ def check_against_xla(module, spec, kernel=None, rtol=2e-6, atol=1e-6):
     if kernel is not None:
         spec = dataclasses.replace(spec, kernel=kernel, grid=kernel.grid, block=kernel.block)
     number = {p.name: p.parameter_number for p in module.entry.parameters}
-    got = compile_host(spec)(*[args[number[n]] for n, _ in spec.inputs])
-    assert len(got) == len(expected)
-    for (name, _), value in zip(spec.outputs, got):
-        want = np.asarray(expected[name])
-        if want.dtype.kind == "f" or want.dtype.name in ("bfloat16",):
-            np.testing.assert_allclose(value.astype(np.float32), want.astype(np.float32),
-                                       rtol=rtol, atol=atol, err_msg=name)
-        else:
-            np.testing.assert_array_equal(value, want, err_msg=name)
+    inputs = [args[number[n]] for n, _ in spec.inputs]
+    # The GPU schedule emulated, and the CPU-scheduled kernel the runtime runs on XLA:CPU.
+    runs = [("emulated", compile_host(spec)(*inputs))]
+    if spec.host_kernel is not None:
+        runs.append(("fast host", compile_host(spec, fast=True)(*inputs)))
+    for kind, got in runs:
+        assert len(got) == len(expected)
+        for (name, _), value in zip(spec.outputs, got):
+            want = np.asarray(expected[name])
+            if want.dtype.kind == "f" or want.dtype.name in ("bfloat16",):
+                np.testing.assert_allclose(value.astype(np.float32), want.astype(np.float32),
+                                           rtol=rtol, atol=atol, err_msg=f"{kind}: {name}")
+            else:
+                np.testing.assert_array_equal(value, want, err_msg=f"{kind}: {name}")
 
 
 def assert_assembles_without_spills(specs, arch: str) -> None:

@@ -19,8 +19,9 @@ from llvmlite import ir
 
 from ..hlo.ir import Shape
 from .index_expr import Ix, add
-from .kernel_ir import DTYPE_BYTES, LANE_TYPES, VECTOR_LANES, WARP, Barrier, ConstArray, \
-    DynamicIndex, IndexLet, Kernel, SharedArray, Value, WarpReduce, defined_values, \
+from . import host_math
+from .kernel_ir import DTYPE_BYTES, LANE_TYPES, VECTOR_LANES, WARP, Accumulate, Barrier, \
+    ConstArray, DynamicIndex, IndexLet, Kernel, SharedArray, Value, WarpReduce, defined_values, \
     expand_block_reduce, used_values
 from .llvm_lowering import F32, I8, I32, I64, PTR, STORAGE_TYPES, VALUE_TYPES, ThreadLowering, \
     optimize
@@ -33,13 +34,22 @@ _MATH = {"exponential": "llvm.exp.f32", "log": "llvm.log.f32", "tanh": "llvm.tan
          "log-plus-one": "log1pf", "cbrt": "cbrtf", "erf": "erff"}
 
 
+# f32 reductions a fast host kernel lets LLVM reorder (and so vectorize)
+_REASSOCIABLE = {"add": ir.IRBuilder.fadd, "multiply": ir.IRBuilder.fmul}
+
+
 class HostLowering(ThreadLowering):
     """``instrument``: the ``buffers`` argument continues with one byte array per buffer (an
-    element's byte is set when it is accessed) and an i64[2] of raw load and store bytes."""
+    element's byte is set when it is accessed) and an i64[2] of raw load and store bytes.
+    ``fast``: exp, log, tanh and erf as vectorizable arithmetic (`host_math`) and f32 sums and
+    products reassociable, so LLVM vectorizes their loops (XLA:CPU's reductions reassociate
+    too); otherwise the C library's functions and reductions in the kernel's own order."""
 
-    def __init__(self, kernel: Kernel, module: ir.Module, instrument: bool = False):
+    def __init__(self, kernel: Kernel, module: ir.Module, instrument: bool = False,
+                 fast: bool = False):
         function = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), kernel.name)
         super().__init__(kernel, module, function)
+        self.fast = fast
         self.shared = {a.name: self.alloca(STORAGE_TYPES[a.dtype], a.size) for a in kernel.shared}
         self.constants = {c.name: self.constant_global(c) for c in kernel.constants}
         count = 2 * len(kernel.buffers) + 1 if instrument else len(kernel.buffers)
@@ -70,7 +80,15 @@ class HostLowering(ThreadLowering):
         return self.shared[array.name]
 
     def math_call(self, op: str, args: list[ir.Value]) -> ir.Value:
+        if self.fast and op in host_math.FUNCTIONS:
+            return host_math.FUNCTIONS[op](self.builder, args[0])
         return self.intrinsic(_MATH[op], F32, args)
+
+    def combine(self, a: Accumulate | WarpReduce, x: ir.Value, y: ir.Value) -> ir.Value:
+        if self.fast and isinstance(a, Accumulate) and not a.ordered and a.dst.dtype == "f32" \
+                and a.kind in _REASSOCIABLE:
+            return _REASSOCIABLE[a.kind](self.builder, x, y, flags=("reassoc",))
+        return super().combine(a, x, y)
 
     def constant_pointer(self, array: ConstArray) -> ir.Value:
         return self.constants[array.name]
@@ -204,11 +222,16 @@ def compile_host(spec, fast: bool = False) -> HostKernel:
     return _compile(spec, spec.host_kernel if fast else spec.kernel, fast)
 
 
-def _compile(spec, kernel: Kernel, fast: bool, instrument: bool = False) -> HostKernel:
-    module = ir.Module(name=spec.name)
+def host_ir(kernel: Kernel, fast: bool, instrument: bool = False) -> str:
+    """The kernel's LLVM IR for this host (``fast``: as `HostLowering` says)."""
+    module = ir.Module(name=kernel.name)
     module.triple = llvm.get_process_triple()
-    HostLowering(kernel, module, instrument).build()
-    text = str(module)
+    HostLowering(kernel, module, instrument, fast).build()
+    return str(module)
+
+
+def _compile(spec, kernel: Kernel, fast: bool, instrument: bool = False) -> HostKernel:
+    text = host_ir(kernel, fast, instrument)
     machine = _host_machine()
     parsed = llvm.parse_assembly(text)
     parsed.verify()

@@ -145,6 +145,9 @@ class Accumulate:
     init: Value
     value: Value
     carried: Value | None = None
+    # Combined in the loop's order as XLA defines it (scatter's update windows, reduce-window's
+    # positions), so a fast host kernel does not reorder it as it does reductions.
+    ordered: bool = False
 
 
 @dataclass

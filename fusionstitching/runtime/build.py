@@ -18,7 +18,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from .. import pipeline
+from .. import codegen, pipeline
 from ..hlo.parser import parse_module
 from ..hlo.ir import print_module
 from ..hlo.xla_runner import optimized_hlo_text
@@ -89,7 +89,9 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     for kernel in result.kernels:
         nodes = list(kernel.pattern.nodes)
         try:
-            host, key = kernel_cache.compile_host_cached(kernel.spec, cache, stats)
+            # the pattern scheduled for the CPU (the spec's own kernel is a GPU schedule)
+            spec = codegen.add_host_kernel(result.graph.module, kernel.spec)
+            host, key = kernel_cache.compile_host_cached(spec, cache, stats)
         except Exception as exc:
             left.append((kernel.spec.name, Fallback("host", nodes, reason(exc))))
             continue
@@ -105,7 +107,7 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
             left.append((kernel.spec.name, Fallback("ffi", nodes, reason(exc))))
             continue
         kernels.append(kernel)
-        cached_kernels.append({"name": kernel.spec.name, "symbol": kernel.spec.kernel.name,
+        cached_kernels.append({"name": kernel.spec.name, "symbol": spec.host_kernel.name,
                                "key": key, "inputs": len(kernel.spec.inputs),
                                "outputs": len(kernel.spec.outputs)})
 

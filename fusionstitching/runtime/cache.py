@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 
 import llvmlite
 import llvmlite.binding as llvm
-from llvmlite import ir
 
 from ..codegen import Schedule
-from ..codegen.host import HostKernel, HostLowering
+from ..codegen import host
+from ..codegen.host import HostKernel
 from ..codegen.schedules.space import Space
 from ..codegen.llvm_lowering import optimize
 
-FORMAT = "fusionstitching.kernel/1"
+FORMAT = "fusionstitching.kernel/2"  # 2: fast host kernels (vectorized), not emulated GPU ones
 log = logging.getLogger("fusionstitching")
 
 
@@ -85,11 +85,12 @@ def _host_features() -> str:
 
 
 def host_ir(spec) -> str:
-    """The kernel's LLVM IR for the host target (what codegen.compile_host compiles)."""
-    module = ir.Module(name=spec.name)
-    module.triple = llvm.get_process_triple()
-    HostLowering(spec.kernel, module).build()
-    return str(module)
+    """The LLVM IR the runtime compiles for the kernel on this host (what
+    ``codegen.compile_host(spec, fast=True)`` compiles): its host kernel, scheduled for the
+    CPU and lowered for speed."""
+    if spec.host_kernel is None:
+        raise ValueError(f"{spec.name} has no host kernel (codegen.add_host_kernel builds it)")
+    return host.host_ir(spec.host_kernel, fast=True)
 
 
 def fingerprint(*parts: str) -> str:
@@ -497,7 +498,7 @@ def compile_host_cached(spec, cache: KernelCache, stats: CacheStats) -> tuple[Ho
     entry exists, else compile (same IR, same optimization) and store it. Returns the kernel
     and its cache key."""
     text = host_ir(spec)
-    symbol = spec.kernel.name
+    symbol = spec.host_kernel.name
     key = fingerprint("kernel", text)
     t0 = time.perf_counter()
     entry = cache.lookup(key, stats)
@@ -524,8 +525,7 @@ def _emit_object(text: str) -> bytes:
     machine = host_machine()
     parsed = llvm.parse_assembly(text)
     parsed.verify()
-    # As codegen.compile_host: the emulated thread loops are not unrolled or vectorized.
-    optimize(parsed, machine, unroll_and_vectorize=False)
+    optimize(parsed, machine, unroll_and_vectorize=True)  # as codegen.compile_host(fast=True)
     return machine.emit_object(parsed)
 
 

@@ -261,8 +261,8 @@ class IndexMaps:
         value = term(ix(var))
         body = self.close_loop()
         result = self.fresh(dtype)
-        self.place(Loop(var, ix(0), count, 1, body, [Accumulate(result, kind, init[0], value[0])]),
-                   depth)
+        accumulate = Accumulate(result, kind, init[0], value[0], ordered=True)
+        self.place(Loop(var, ix(0), count, 1, body, [accumulate]), depth)
         return result, depth
 
     def reduce_window(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:

@@ -31,6 +31,11 @@ class Points:
     vector: int = 1
     unrolled: bool = False
     name: str = "r"
+    # A lone thread's loop over all chunks (step 1) as two nested loops, the inner over this
+    # many chunks (an output's minor dimension): its index is then ``outer * minor + inner``,
+    # so a broadcast operand reads at ``inner`` or ``outer``, not at a remainder or quotient
+    # of the flat index, and LLVM vectorizes the inner loop (the host kernel's loop schedule).
+    minor: int = 0
 
 
 def over_points(em: Emitter, points: Points, visit, reducers: list[str]) -> list[Value]:
@@ -55,6 +60,10 @@ def over_points(em: Emitter, points: Points, visit, reducers: list[str]) -> list
                     em.op(kind, value[0].dtype, partial, value)
                     for kind, partial, value in zip(reducers, partials, values)]
         return [v for v, _ in partials or []]
+    if points.minor > 1 and points.step == 1 and chunks % points.minor == 0 and not reducers \
+            and chunks > points.minor:
+        _nested_loops(em, points, visit, scope)
+        return []
     chunk = Var(points.name, chunks)
     em.open_loop(chunk)
     per_chunk = None
@@ -74,6 +83,23 @@ def over_points(em: Emitter, points: Points, visit, reducers: list[str]) -> list
         accumulates.append(Accumulate(em.fresh(value.dtype), kind, init, value))
     em.place(Loop(chunk, points.member, chunks, points.step, em.close_loop(), accumulates), scope)
     return [a.dst for a in accumulates]
+
+
+def _nested_loops(em: Emitter, points: Points, visit, scope: int) -> None:
+    """`over_points` of a lone thread (``points.minor``): a loop over rows of ``minor`` chunks,
+    and in it a loop over the row's chunks."""
+    chunks = points.count // points.vector
+    outer = Var(f"{points.name}o", chunks // points.minor)
+    inner = Var(f"{points.name}i", points.minor)
+    em.open_loop(outer)
+    em.open_loop(inner)
+    chunk = add(scale(outer, points.minor), inner)
+    for j in range(points.vector):
+        visit(add(scale(chunk, points.vector), j))
+    row = em.close_loop()
+    em.place(Loop(inner, ix(0), points.minor, 1, row, []), len(em.scopes) - 1)
+    rows = em.close_loop()
+    em.place(Loop(outer, points.member, outer.extent, 1, rows, []), scope)
 
 
 def stores_at_group(em: Emitter, result: Shape, group: Var, outputs: list,
@@ -110,8 +136,10 @@ def packed_outputs(em: Emitter, pattern: Pattern, packed: list, first_output: in
                 em.store(first_output + i, shape, linearize(index, shape), value)
             return []
         vector_n = vector if n % vector == 0 else 1
+        shape = outs[0][1]
+        minor = shape.dims[shape.minor_to_major[0]] // vector_n if shape.rank and step == 1 else 0
         in_runs(em, Points(element, n, step, vector_n,
-                           unroll and unroll_short(em, n // vector_n, step), f"e{n}"),
+                           unroll and unroll_short(em, n // vector_n, step), f"e{n}", minor),
                 store_element, [], f"qe{n}")
         em.flush_stores(0)
         if len(outs) > 1 and independent(pattern, [v for _, _, v in outs]):
