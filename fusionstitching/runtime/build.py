@@ -24,7 +24,7 @@ from ..hlo.ir import print_module
 from ..hlo.xla_runner import optimized_hlo_text
 from ..report import Fallback, KernelReport, PlanSummary, Report, Times, Verify
 from . import cache as kernel_cache
-from . import crash_check, gpu, rewrite, xla
+from . import cpu_speed, crash_check, gpu, rewrite, xla
 
 log = logging.getLogger("fusionstitching")
 
@@ -49,7 +49,10 @@ def reason(exc: BaseException) -> str:
 
 
 def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_dir: str | None,
-                   dump_prefix: str | None = None) -> Built:
+                   dump_prefix: str | None = None, measure: bool = False) -> Built:
+    """``measure``: on the host route, each kernel is timed against XLA:CPU running its
+    instructions alone and left to XLA unless faster (`cpu_speed`; the default
+    ``keep="fastest"`` asks for it)."""
 
     started = time.perf_counter()
     device = gpu_device_of(xla_compiled)
@@ -63,7 +66,7 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     stats = kernel_cache.CacheStats(cache_dir)
     cache = kernel_cache.KernelCache(cache_dir)
     plan_key = kernel_cache.fingerprint("plan", without_source_locations(optimized),
-                                        options.target, options.explorer)
+                                        options.target, options.explorer, f"measure={measure}")
     cached = cache.lookup(plan_key, stats)
     if cached is not None:
         try:
@@ -86,6 +89,7 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
 
     kernels, targets, cached_kernels = [], [], []
     left = []  # kernels given back to XLA here: one warning for all of them, below
+    slower: list[Fallback] = []  # measured slower than XLA: a decision the plan remembers
     for kernel in result.kernels:
         nodes = list(kernel.pattern.nodes)
         try:
@@ -100,6 +104,17 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
                        crash_check.Outcome.FAILED):
             left.append((kernel.spec.name, Fallback("trial", nodes, why)))
             continue
+        if measure:
+            try:
+                host_us, xla_us = cpu_speed.compare(result.graph.module, spec, host)
+            except Exception as exc:
+                left.append((kernel.spec.name, Fallback("measure", nodes, reason(exc))))
+                continue
+            if host_us >= xla_us:
+                slower.append(Fallback("measured", nodes, (
+                    f"host kernel measured at {host_us:.1f} us against XLA:CPU's "
+                    f"{xla_us:.1f} us for the same instructions on this CPU")))
+                continue
         try:
             targets.append(_register(kernel.spec.name, host, len(kernel.spec.inputs),
                                      len(kernel.spec.outputs)))
@@ -112,6 +127,11 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
                                "outputs": len(kernel.spec.outputs)})
 
     fallbacks.extend(fallback for _, fallback in left)
+    fallbacks.extend(slower)
+    before_host += len(slower)  # a decision, not a failure: the plan is still remembered
+    if slower:
+        log.info("fusionstitching: %d kernels measured slower than XLA:CPU left to XLA",
+                 len(slower))
     if left:
         (name, first), more = left[0], f" (and {len(left) - 1} more)" if len(left) > 1 else ""
         log.warning("fusionstitching: kernel %s left to XLA (%s): %s%s", name, first.stage,

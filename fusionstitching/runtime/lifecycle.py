@@ -93,7 +93,7 @@ class Lifecycle:
             options.emit_dir = dump_prefix + ".kernels"
         try:
             built = build_stitched(jax_lowered, reference, options, self.cache_dir,
-                                   dump_prefix)
+                                   dump_prefix, measure=executor.keep == "fastest")
         except Exception as exc:  # never fail the user's job: the reference runs
             executor.build_failed(exc)
             self.info.build_s = round(time.perf_counter() - started, 3)

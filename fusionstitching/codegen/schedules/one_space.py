@@ -95,8 +95,16 @@ def build_one_space_kernel(pattern: Pattern, sched: Schedule, name: str
         # not reuse it (it would not dominate them).
         em.cache.clear()
         em.reduced.clear()
-    packed_outputs(em, pattern, packed, first_output, add(scale(bid, threads), tid),
-                   threads * sched.grid_blocks, sched.vector, bool(r), schemes)
+    if threads == 1 and sched.grid_blocks > 1 and packed:
+        # The host schedule (blocks of one thread, `host_schedule`): the first block writes
+        # the packed outputs alone, in contiguous loops LLVM vectorizes, instead of every
+        # block taking each grid_blocks-th element.
+        before = len(em.scopes[0])
+        packed_outputs(em, pattern, packed, first_output, ix(0), 1, 1, bool(r), schemes)
+        em.scopes[0][before:] = [If(ix(bid), ix(1), em.scopes[0][before:], "lt")]
+    else:
+        packed_outputs(em, pattern, packed, first_output, add(scale(bid, threads), tid),
+                       threads * sched.grid_blocks, sched.vector, bool(r), schemes)
     kernel = Kernel(name, buffers, sched.grid, sched.block, shared, em.scopes[0], tid, bid,
                     list(em.constants.values()))
     return kernel, schemes

@@ -1,0 +1,129 @@
+"""No stitched kernel slower than XLA's on this CPU: each host kernel is timed against XLA:CPU
+running the same instructions alone, and left to XLA when it does not win.
+
+The plan is chosen by the H100 cost model; on XLA:CPU what runs is the pattern's CPU schedule,
+which may be slower than XLA's own code (a column reduction read with a stride of a row, say).
+XLA's side is the pattern as a module of its own (its instructions, their computations, its
+inputs as parameters, its outputs as the result), compiled by XLA:CPU and run on the same
+seeded inputs; both sides are the median of repeated calls.
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+
+import jax
+import numpy as np
+
+from ..codegen.host import to_physical
+from ..hlo.ir import Computation, Instruction, Module, Shape, print_module
+from ..hlo.normalize import normalize_for_xla
+from ..hlo.parser import parse_module
+from ..hlo.xla_runner import fusions_to_calls
+from ..verification import random_array
+from . import xla
+
+# Timed calls per side, after WARMUP: MIN_CALLS, then more up to CALLS while under BUDGET_S.
+WARMUP = 5
+MIN_CALLS = 5
+CALLS = 31
+BUDGET_S = 0.25
+
+
+def pattern_module(module: Module, spec) -> str:
+    """HLO text of the pattern alone: ``spec.inputs`` as parameters, its entry instructions
+    (and the entry constants they read), the tuple of ``spec.outputs`` as the root."""
+    entry = module.entry
+    by_name = entry.by_name()
+    inputs = {name for name, _ in spec.inputs}
+    nodes = set(spec.nodes)
+    body = [Instruction(name, shape, "parameter", parameter_number=i)
+            for i, (name, shape) in enumerate(spec.inputs)]
+    wanted = set(nodes)
+    for inst in entry.instructions:  # their get-tuple-elements and the constants they read
+        if inst.opcode == "get-tuple-element" and inst.operands[0] in nodes:
+            wanted.add(inst.name)
+    for name in list(wanted):
+        wanted.update(o for o in by_name[name].operands
+                      if by_name[o].opcode == "constant" and o not in inputs)
+    body += [Instruction(i.name, i.shape, i.opcode, list(i.operands), dict(i.attrs),
+                         literal=i.literal, operand_shapes=i.operand_shapes)
+             for i in entry.instructions if i.name in wanted and i.name not in inputs]
+    results = []
+    for name, shape in spec.outputs:
+        if "#" in name:  # an element of a multi-output node
+            node, index = name.split("#")
+            results.append(Instruction(f"{node}.element{index}", shape, "get-tuple-element",
+                                       [node], {"index": index}))
+            body.append(results[-1])
+        else:
+            results.append(by_name[name])
+    root_shape = Shape("tuple", tuple_shapes=tuple(r.shape for r in results))
+    body.append(Instruction("pattern.result", root_shape, "tuple", [r.name for r in results],
+                            is_root=True))
+    called = _called(module, body)
+    computations = [c for c in module.computations if c.name in called]
+    # the debug-info sections too: the instructions' metadata points into them
+    sub = Module(f"{module.name}.pattern", computations +
+                 [Computation("pattern", body, is_entry=True)], sections=module.sections)
+    return print_module(sub)
+
+
+def _called(module: Module, instructions: list[Instruction]) -> set[str]:
+    """Names of the computations ``instructions`` call, transitively."""
+    found, stack = set(), [c for i in instructions for c in i.called_computations]
+    while stack:
+        name = stack.pop()
+        if name in found:
+            continue
+        found.add(name)
+        stack += [c for i in module.computation(name).instructions for c in i.called_computations]
+    return found
+
+
+def _compiled(text: str):
+    """XLA:CPU's executable of a module of fused computations (as hlo.xla_runner runs them:
+    fusions as calls, else inlined with bitcasts as the reshapes they mean)."""
+    try:
+        return xla.compile_hlo(fusions_to_calls(text))
+    except jax.errors.JaxRuntimeError:
+        return xla.compile_hlo(print_module(normalize_for_xla(parse_module(text))))
+
+
+def median_us(call) -> float:
+    """Median of up to CALLS timed calls (at least MIN_CALLS, then until BUDGET_S is spent),
+    after WARMUP calls."""
+    for _ in range(WARMUP):
+        call()
+    times: list[float] = []
+    while len(times) < MIN_CALLS or (len(times) < CALLS and sum(times) < BUDGET_S):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return float(np.median(times)) * 1e6
+
+
+def compare(module: Module, spec, host) -> tuple[float, float]:
+    """(host kernel us, XLA:CPU us) for the pattern of ``spec`` (``host``: its compiled
+    codegen.HostKernel), on the same seeded inputs; each call writes fresh output arrays, as
+    each execution of XLA's does."""
+    rng = np.random.default_rng(0)
+    inputs = [random_array(rng, shape.dims, shape.numpy_dtype) for _, shape in spec.inputs]
+    physical = [to_physical(x, shape) for x, (_, shape) in zip(inputs, spec.inputs)]
+    native = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(host.address)
+
+    def run_host():
+        outs = [np.empty(shape.num_elements, shape.numpy_dtype) for _, shape in spec.outputs]
+        arrays = physical + outs
+        native((ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays]))
+
+    executable = _compiled(pattern_module(module, spec))
+    device = executable.local_devices()[0]
+    with jax.enable_x64(True):  # exactly the parameters' types (s64 stays s64)
+        buffers = [jax.device_put(x, device) for x in inputs]
+
+    def run_xla():
+        for out in executable.execute(buffers):
+            out.block_until_ready()
+
+    return median_us(run_host), median_us(run_xla)

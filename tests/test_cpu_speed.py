@@ -1,0 +1,105 @@
+"""Each host kernel against XLA:CPU running the same instructions (runtime/cpu_speed.py): the
+pattern as a module of its own computes what the kernel computes, and with the default
+``keep="fastest"`` a kernel measured slower is left to XLA, a decision the plan remembers."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from fusionstitching.capture import jax_hlo  # noqa: E402
+from fusionstitching.codegen import compile_host  # noqa: E402
+from fusionstitching.hlo.parser import parse_module  # noqa: E402
+from fusionstitching.hlo.xla_runner import run_hlo_with_xla  # noqa: E402
+from fusionstitching.pipeline import Options, stitch_module  # noqa: E402
+from fusionstitching.runtime import cpu_speed  # noqa: E402
+from fusionstitching.stitched_jit import jit  # noqa: E402
+from helpers import args, expected, layernorm  # noqa: E402
+
+
+def softmax_and_stats(x, b):
+    """Two outputs of other sizes, a broadcast and reductions: multi-output fusions whose
+    elements are the pattern's outputs."""
+    h = x + b
+    e = jnp.exp(h - jnp.max(h, axis=-1, keepdims=True))
+    return e / jnp.sum(e, axis=-1, keepdims=True), jnp.mean(h, axis=0)
+
+
+def planned(fn, *a):
+    module = parse_module(jax_hlo(fn, *a, target="cpu"))
+    result = stitch_module(module, Options(target="h100", ptxas=False, host=True))
+    assert result.kernels
+    return result
+
+
+def test_the_pattern_alone_computes_what_its_kernel_computes():
+    rng = np.random.default_rng(0)
+    x, b = rng.standard_normal((64, 128), np.float32), rng.standard_normal(128, np.float32)
+    result = planned(softmax_and_stats, x, b)
+    for kernel in result.kernels:
+        spec = kernel.spec
+        text = cpu_speed.pattern_module(result.graph.module, spec)
+        inputs = [rng.standard_normal(s.dims).astype(s.numpy_dtype) for _, s in spec.inputs]
+        want = run_hlo_with_xla(text, inputs)
+        got = compile_host(spec, fast=True)(*inputs)
+        assert len(got) == len(want) == len(spec.outputs)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=2e-6, atol=1e-6)
+
+
+def test_compare_times_both_sides():
+    x = np.ones((64, 128), np.float32)
+    result = planned(softmax_and_stats, x, np.ones(128, np.float32))
+    spec = result.kernels[0].spec
+    host_us, xla_us = cpu_speed.compare(result.graph.module, spec, compile_host(spec, fast=True))
+    assert 0 < host_us < 1e6 and 0 < xla_us < 1e6
+
+
+def test_a_kernel_measured_slower_is_left_to_xla(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu_speed, "compare", lambda module, spec, host: (200.0, 100.0))
+    fn, a = jit(layernorm, cache_dir=str(tmp_path)), args()
+    for _ in range(2):
+        np.testing.assert_array_equal(np.asarray(fn(*a)), expected(*a))
+    (report,) = fn.reports()
+    assert [f.stage for f in report.fallbacks] == ["measured"]
+    assert "200.0 us against XLA:CPU's 100.0 us" in report.fallbacks[0].reason
+    assert report.fs.patterns == 0  # nothing stitched is left to run
+
+    # The decision is part of the plan: a new process (here a new jit) finds it in the cache.
+    monkeypatch.setattr(cpu_speed, "compare", lambda module, spec, host: 1 / 0)
+    again = jit(layernorm, cache_dir=str(tmp_path))
+    np.testing.assert_array_equal(np.asarray(again(*a)), expected(*a))
+    (cached,) = again.reports()
+    assert cached.cache["plan"] == "hit"
+    assert [f.stage for f in cached.fallbacks] == ["measured"]
+
+
+def test_a_kernel_measured_faster_runs(monkeypatch):
+    monkeypatch.setattr(cpu_speed, "compare", lambda module, spec, host: (100.0, 200.0))
+    fn, a = jit(layernorm, cache_dir=None), args()
+    np.testing.assert_allclose(np.asarray(fn(*a)), expected(*a), rtol=1e-5, atol=1e-5)
+    (report,) = fn.reports()
+    assert report.fallbacks == [] and report.fs.patterns == 1
+
+
+def test_keep_stitched_is_not_measured(monkeypatch):
+    monkeypatch.setattr(cpu_speed, "compare", lambda module, spec, host: 1 / 0)
+    fn, a = jit(layernorm, cache_dir=None, keep="stitched"), args()
+    np.testing.assert_allclose(np.asarray(fn(*a)), expected(*a), rtol=1e-5, atol=1e-5)
+    (report,) = fn.reports()
+    assert report.fallbacks == [] and report.runtime["kept"] == "stitched"
+
+
+def test_a_failed_measurement_leaves_the_kernel_to_xla(monkeypatch):
+    def broken(module, spec, host):
+        raise RuntimeError("XLA would not compile the pattern")
+
+    monkeypatch.setattr(cpu_speed, "compare", broken)
+    fn, a = jit(layernorm, cache_dir=None), args()
+    np.testing.assert_array_equal(np.asarray(fn(*a)), expected(*a))
+    (report,) = fn.reports()
+    assert [f.stage for f in report.fallbacks] == ["measure"]
+    assert "would not compile" in report.fallbacks[0].reason
