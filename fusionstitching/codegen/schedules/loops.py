@@ -60,8 +60,8 @@ def over_points(em: Emitter, points: Points, visit, reducers: list[str]) -> list
                     em.op(kind, value[0].dtype, partial, value)
                     for kind, partial, value in zip(reducers, partials, values)]
         return [v for v, _ in partials or []]
-    if points.minor > 1 and points.step == 1 and chunks % points.minor == 0 and not reducers \
-            and chunks > points.minor:
+    if points.minor > 1 and points.step == 1 and value_range(points.member) == (0, 0) \
+            and chunks % points.minor == 0 and chunks > points.minor and not reducers:
         _nested_loops(em, points, visit, scope)
         return []
     chunk = Var(points.name, chunks)
@@ -86,8 +86,8 @@ def over_points(em: Emitter, points: Points, visit, reducers: list[str]) -> list
 
 
 def _nested_loops(em: Emitter, points: Points, visit, scope: int) -> None:
-    """`over_points` of a lone thread (``points.minor``): a loop over rows of ``minor`` chunks,
-    and in it a loop over the row's chunks."""
+    """`over_points` of a lone thread (``points.minor``; its member is 0): a loop over rows of
+    ``minor`` chunks, and in it a loop over the row's chunks."""
     chunks = points.count // points.vector
     outer = Var(f"{points.name}o", chunks // points.minor)
     inner = Var(f"{points.name}i", points.minor)
@@ -99,7 +99,7 @@ def _nested_loops(em: Emitter, points: Points, visit, scope: int) -> None:
     row = em.close_loop()
     em.place(Loop(inner, ix(0), points.minor, 1, row, []), len(em.scopes) - 1)
     rows = em.close_loop()
-    em.place(Loop(outer, points.member, outer.extent, 1, rows, []), scope)
+    em.place(Loop(outer, ix(0), outer.extent, 1, rows, []), scope)
 
 
 def stores_at_group(em: Emitter, result: Shape, group: Var, outputs: list,

@@ -1,0 +1,168 @@
+"""Training and inference steps on this CPU: plain jax.jit against fusionstitching.jit with the
+default keep="fastest", in one process and one run.
+
+Per step (the zoo's JAX workloads and the third-party tier's JAX steps, each part in a child
+process with its library's environment, as bench_plan_time.py runs them): both functions
+are called on the same seeded inputs (the zoo's own values; the tier's arguments are shapes,
+filled with seeded normal floats and 0/1 integers as verification does). The first call of
+fusionstitching.jit plans, builds, measures each kernel against XLA:CPU and decides; the
+table then shows the median wall time of CALLS alternating calls of each, their ratio,
+which executable was kept, how many patterns run stitched and how many were measured slower
+than XLA's, and the largest difference between the two functions' outputs. Steps are
+called on the same inputs each time (no training state is carried), so "outputs" are one
+step's, not a final loss.
+
+    python benchmarks/bench_cpu_speed.py [--parts zoo flax ...] [--only MODEL ...] [--calls 20]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import make_third_party
+from bench_plan_time import PARTS, ZOO, tier_steps
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def concrete(args):
+    """Seeded values for every ShapeDtypeStruct leaf (concrete leaves are kept)."""
+    import jax
+    import numpy as np
+
+    from fusionstitching.verification import random_array
+
+    rng = np.random.default_rng(0)
+    return jax.tree.map(lambda x: random_array(rng, x.shape, x.dtype)
+                        if isinstance(x, jax.ShapeDtypeStruct) else x, args)
+
+
+def steps(part: str, only):
+    if part == ZOO:
+        sys.path.insert(0, str(REPO))
+        from benchmarks.models import zoo
+
+        for model, mode, _ in zoo.WORKLOADS:
+            if not only or model in only:
+                fn, args = zoo.jax_workload(model, mode, "small", abstract=False)
+                yield f"zoo_{model}_{mode}", "jax", fn, args
+        return
+    for name, kind, fn, args in tier_steps(part, only):
+        yield name, kind, fn, concrete(args) if kind == "jax" else args
+
+
+def max_difference(a, b) -> float:
+    import jax
+    import numpy as np
+
+    worst = 0.0
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        same = (x == y) | (np.isnan(x) & np.isnan(y))
+        if not same.all():
+            worst = max(worst, float(np.max(np.abs(x - y)[~same])))
+    return worst
+
+
+def measure(name: str, fn, args, calls: int, cache_dir: str) -> dict:
+    import jax
+
+    from fusionstitching.stitched_jit import jit
+
+    row = dict(step=name)
+    args = jax.device_put(args)  # as a training loop's state is: arrays already on the device
+    reference, stitched = jax.jit(fn), jit(fn, cache_dir=cache_dir)
+    started = time.perf_counter()
+    want = jax.block_until_ready(reference(*args))
+    row["xla_first_s"] = time.perf_counter() - started
+    started = time.perf_counter()
+    jax.block_until_ready(stitched(*args))  # builds and decides (it runs XLA's executable)
+    row["fs_first_s"] = time.perf_counter() - started
+    row["max_diff"] = max_difference(jax.block_until_ready(stitched(*args)), want)
+    times = {"xla": [], "fs": []}
+    for _ in range(calls):
+        for label, function in (("xla", reference), ("fs", stitched)):
+            started = time.perf_counter()
+            jax.block_until_ready(function(*args))
+            times[label].append(time.perf_counter() - started)
+    row.update({f"{k}_ms": statistics.median(v) * 1e3 for k, v in times.items()})
+    (report,) = stitched.reports()
+    row.update(kept=report.runtime.get("kept"), patterns=report.fs.patterns,
+               measured_slower=sum(f.stage == "measured" for f in report.fallbacks),
+               other_fallbacks=sorted({f.stage for f in report.fallbacks} - {"measured"}))
+    return row
+
+
+def run_part(part: str, only, calls: int) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as cache_dir:
+        for name, kind, fn, args in steps(part, only):
+            if kind != "jax":
+                rows.append(dict(step=name, error="a TF step (bench_tf_step.py times those)"))
+                continue
+            try:
+                rows.append(measure(name, fn, args, calls, cache_dir))
+            except Exception as err:  # reported in the table, never stops the run
+                traceback.print_exc()
+                rows.append(dict(step=name, error=f"{type(err).__name__}: {err}"[:200]))
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| step | XLA ms | stitched ms | XLA / stitched | kept | patterns stitched | "
+             "measured slower | max output diff | first call s (XLA, ours) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['step']} | not run: {r['error']} ||||||||")
+            continue
+        lines.append(f"| {r['step']} | {r['xla_ms']:.2f} | {r['fs_ms']:.2f} | "
+                     f"{r['xla_ms'] / r['fs_ms']:.2f} | {r['kept']} | {r['patterns']} | "
+                     f"{r['measured_slower']} | {r['max_diff']:.2e} | "
+                     f"{r['xla_first_s']:.1f}, {r['fs_first_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS)
+    parser.add_argument("--only", nargs="+")
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--json")
+    opts = parser.parse_args(argv)
+    only = set(opts.only) if opts.only else None
+    if opts.part:  # a child: one part, rows to --result
+        rows = run_part(opts.part, only, opts.calls)
+        Path(opts.result).write_text(json.dumps(rows))
+        return
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for part in opts.parts:
+            result = os.path.join(tmp, f"{part}.json")
+            argv = [sys.executable, __file__, "--part", part, "--result", result,
+                    "--calls", str(opts.calls)] + (["--only", *opts.only] if opts.only else [])
+            env = make_third_party.child_env(part) if part != ZOO else dict(
+                os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+            done = subprocess.run(argv, env=env)
+            if done.returncode != 0 or not os.path.exists(result):
+                rows.append(dict(step=part, error=f"child exited {done.returncode}"))
+                continue
+            rows += json.loads(Path(result).read_text())
+    print(table(rows))
+    if opts.json:
+        Path(opts.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
