@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 
-import make_third_party
-from bench_plan_time import PARTS, ZOO, tier_steps
+from bench_plan_time import PARTS, ZOO, markdown_table, run_parts, tier_steps
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -118,18 +115,12 @@ def run_part(part: str, only, calls: int) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| step | XLA ms | stitched ms | XLA / stitched | kept | patterns stitched | "
-             "measured slower | max output diff | first call s (XLA, ours) |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['step']} | not run: {r['error']} ||||||||")
-            continue
-        lines.append(f"| {r['step']} | {r['xla_ms']:.2f} | {r['fs_ms']:.2f} | "
-                     f"{r['xla_ms'] / r['fs_ms']:.2f} | {r['kept']} | {r['patterns']} | "
-                     f"{r['measured_slower']} | {r['max_diff']:.2e} | "
-                     f"{r['xla_first_s']:.1f}, {r['fs_first_s']:.1f} |")
-    return "\n".join(lines)
+    columns = ["step", "XLA ms", "stitched ms", "XLA / stitched", "kept", "patterns stitched",
+               "measured slower", "max output diff", "first call s (XLA, ours)"]
+    return "\n".join(markdown_table(columns, rows, lambda r: [
+        r["step"], f"{r['xla_ms']:.2f}", f"{r['fs_ms']:.2f}", f"{r['xla_ms'] / r['fs_ms']:.2f}",
+        str(r["kept"]), str(r["patterns"]), str(r["measured_slower"]), f"{r['max_diff']:.2e}",
+        f"{r['xla_first_s']:.1f}, {r['fs_first_s']:.1f}"]))
 
 
 def main(argv=None) -> None:
@@ -142,26 +133,8 @@ def main(argv=None) -> None:
     parser.add_argument("--json")
     opts = parser.parse_args(argv)
     only = set(opts.only) if opts.only else None
-    if opts.part:  # a child: one part, rows to --result
-        rows = run_part(opts.part, only, opts.calls)
-        Path(opts.result).write_text(json.dumps(rows))
-        return
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for part in opts.parts:
-            result = os.path.join(tmp, f"{part}.json")
-            argv = [sys.executable, __file__, "--part", part, "--result", result,
-                    "--calls", str(opts.calls)] + (["--only", *opts.only] if opts.only else [])
-            env = make_third_party.child_env(part) if part != ZOO else dict(
-                os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-            done = subprocess.run(argv, env=env)
-            if done.returncode != 0 or not os.path.exists(result):
-                rows.append(dict(step=part, error=f"child exited {done.returncode}"))
-                continue
-            rows += json.loads(Path(result).read_text())
-    print(table(rows))
-    if opts.json:
-        Path(opts.json).write_text(json.dumps(rows, indent=1))
+    run_parts(opts, __file__, lambda part: run_part(part, only, opts.calls),
+              ["--calls", str(opts.calls)], table)
 
 
 if __name__ == "__main__":

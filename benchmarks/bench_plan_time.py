@@ -165,19 +165,29 @@ def run_part(part: str, only, targets) -> list[dict]:
 
 # =========================================================================== driver
 
-def table(rows: list[dict]) -> str:
-    lines = ["| step | target | XLA compile s | ours s | explore s | ptxas s | ours / XLA "
-             "| kernels | runtime s | runtime / XLA | runtime kernels |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+def markdown_table(columns: list[str], rows: list[dict], cells, key_columns: int = 1
+                   ) -> list[str]:
+    """Markdown lines: ``cells(row)`` gives a row's cells; a row with an ``error`` gives its
+    first ``key_columns`` cells (the step's name, ...) and then the error."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['step']} | {r['target']} | error: {r['error']} ||||||||")
-            continue
-        lines.append(f"| {r['step']} | {r['target']} | {r['xla_s']:.2f} | {r['ours_s']:.2f} "
-                     f"| {r['explore_s']:.2f} | {r['ptxas_s']:.2f} "
-                     f"| {r['ours_s'] / r['xla_s']:.2f} | {r['kernels']} "
-                     f"| {r['runtime_s']:.2f} | {r['runtime_s'] / r['xla_s']:.2f} "
-                     f"| {r['runtime_kernels']} |")
+            key = [str(r.get(k, "-")) for k in ("step", "target")[:key_columns]]
+            lines.append("| " + " | ".join(key) + f" | error: {r['error']} |"
+                         + "|" * (len(columns) - key_columns - 1))
+        else:
+            lines.append("| " + " | ".join(cells(r)) + " |")
+    return lines
+
+
+def table(rows: list[dict]) -> str:
+    columns = ["step", "target", "XLA compile s", "ours s", "explore s", "ptxas s", "ours / XLA",
+               "kernels", "runtime s", "runtime / XLA", "runtime kernels"]
+    lines = markdown_table(columns, rows, lambda r: [
+        r["step"], r["target"], f"{r['xla_s']:.2f}", f"{r['ours_s']:.2f}",
+        f"{r['explore_s']:.2f}", f"{r['ptxas_s']:.2f}", f"{r['ours_s'] / r['xla_s']:.2f}",
+        str(r["kernels"]), f"{r['runtime_s']:.2f}", f"{r['runtime_s'] / r['xla_s']:.2f}",
+        str(r["runtime_kernels"])], key_columns=2)
     done = [r for r in rows if "error" not in r]
     if done:
         xla = sum(r["xla_s"] for r in done)
@@ -193,6 +203,24 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def rows_from_children(script: str, parts, extra: list[str]) -> list[dict]:
+    """Each part's rows from a child process of ``script`` (``--part P --result FILE`` and
+    ``extra``) in its library's environment; a child that fails is one error row."""
+    rows = []
+    for part in parts:
+        with tempfile.TemporaryDirectory() as tmp:
+            result = os.path.join(tmp, "rows.json")
+            argv = [sys.executable, script, "--part", part, "--result", result, *extra]
+            env = make_third_party.child_env(part) if part != ZOO else dict(
+                os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+            done = subprocess.run(argv, env=env)
+            if done.returncode != 0 or not os.path.exists(result):
+                rows.append(dict(step=part, target="-", error=f"child exited {done.returncode}"))
+                continue
+            rows += json.loads(Path(result).read_text())
+    return rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)
@@ -203,23 +231,19 @@ def main(argv=None) -> None:
     parser.add_argument("--json", help="also write the rows here")
     opts = parser.parse_args(argv)
     only = set(opts.only) if opts.only else None
-    if opts.part:  # a child: one library's steps
-        rows = run_part(opts.part, only, opts.targets)
-        Path(opts.result).write_text(json.dumps(rows))
+    run_parts(opts, __file__, lambda part: run_part(part, only, opts.targets),
+              ["--targets", *opts.targets], table)
+
+
+def run_parts(opts, script: str, run_part, extra: list[str], table) -> None:
+    """A child (``opts.part``: ``run_part(part)``'s rows to ``opts.result``), or the parent:
+    each of ``opts.parts`` in its child (`rows_from_children`, with ``extra`` and ``--only``),
+    then ``table(rows)`` printed and the rows to ``opts.json``."""
+    if opts.part:
+        Path(opts.result).write_text(json.dumps(run_part(opts.part)))
         return
-    rows = []
-    for part in opts.parts:
-        with tempfile.TemporaryDirectory() as tmp:
-            result = os.path.join(tmp, "rows.json")
-            argv = [sys.executable, __file__, "--part", part, "--result", result,
-                    "--targets", *opts.targets] + (["--only", *opts.only] if opts.only else [])
-            env = make_third_party.child_env(part) if part != ZOO else dict(
-                os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-            done = subprocess.run(argv, env=env)
-            if done.returncode != 0 or not os.path.exists(result):
-                rows.append(dict(step=part, target="-", error=f"child exited {done.returncode}"))
-                continue
-            rows += json.loads(Path(result).read_text())
+    rows = rows_from_children(script, opts.parts, extra + (
+        ["--only", *opts.only] if opts.only else []))
     print(table(rows))
     if opts.json:
         Path(opts.json).write_text(json.dumps(rows, indent=1))
