@@ -2,48 +2,55 @@
 
 LLVM lowers ``llvm.exp.f32`` and friends on x86 to calls of the C library's scalar functions,
 so a loop holding one is not vectorized and pays a call per element (a 512x1024 softmax took
-5 ms, XLA:CPU 0.5 ms). These are range reductions and polynomials (the Cephes single-precision
-forms), selects for the special values, and bit operations: the loop vectorizer widens them
-like any arithmetic, as XLA:CPU's own polynomial approximations are. Each is within a few ulp
-of the correctly rounded result (tests/test_host_math.py measures the error against f64).
+5 ms, XLA:CPU 0.5 ms). These are range reductions and polynomials, selects for the special
+values, and bit operations: the loop vectorizer widens them like any arithmetic, as XLA:CPU's
+own polynomial approximations are. Every polynomial was fitted here (numpy, least squares at
+Chebyshev nodes, in f64, to the function's smooth remainder named beside it); each function is
+within a few ulp of the correctly rounded result (tests/test_host_math.py measures it).
 """
 from __future__ import annotations
+
+import math
 
 from llvmlite import ir
 
 F32 = ir.FloatType()
 I32 = ir.IntType(32)
 
-LOG2_E = 1.44269504088896341
-# ln 2 in two parts (Cody-Waite): n * LN2_HI is exact for the n an f32 exp can reach.
+LOG2_E = 1 / math.log(2)
+# ln 2 in two parts (Cody-Waite): LN2_HI has 9 significant bits, so n * LN2_HI is exact in f32
+# for the n an f32 exp can reach.
 LN2_HI = 0.693359375
-LN2_LO = -2.12194440e-4
+LN2_LO = math.log(2) - LN2_HI
 EXP_MAX = 88.72283935546875  # above: exp overflows f32
 EXP_MIN = -103.972084  # below: the result rounds to 0 (under half the smallest subnormal)
-EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
-            1.6666665459e-1, 5.0000001201e-1)
+# (e^r - 1 - r) / r^2 for |r| <= ln(2) / 2
+EXP_POLY = (1.9899611927488557e-04, 1.3933902568861567e-03, 8.3332980759619774e-03,
+            4.1666462635770084e-02, 1.6666666719921117e-01, 5.0000000136971512e-01)
 SQRT_HALF = 0.707106781186547524
-LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1,
-            1.4249322787e-1, -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1,
-            3.3333331174e-1)
+# (log(1 + m) - m + m^2 / 2) / m^3 for sqrt(1/2) - 1 <= m <= sqrt(2) - 1
+LOG_POLY = (7.1596021162031565e-02, -1.1586937399353534e-01, 1.1665084134378124e-01,
+            -1.2409169752087180e-01, 1.4249413396952681e-01, -1.6668543254720755e-01,
+            2.0000723699992631e-01, -2.4999988510171117e-01, 3.3333331111166109e-01)
 TANH_SMALL = 0.625  # below: odd polynomial; above: 1 - 2 / (exp(2|x|) + 1)
-TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
-             -3.33332819422e-1)
+# (tanh(x) - x) / x^3 in z = x^2, |x| < TANH_SMALL
+TANH_POLY = (-6.1049418642550217e-03, 2.1003635818148264e-02, -5.3852495885736221e-02,
+             1.3332782246820776e-01, -3.3333329099113973e-01)
 ERF_SMALL = 1.0  # below: x * polynomial in x^2; above: 1 - erfc
-ERF_POLY = (7.853861353153693e-5, -8.010193625184903e-4, 5.188327685732524e-3,
-            -2.685381193529856e-2, 1.128358514861418e-1, -3.761262582423300e-1,
-            1.128379165726710e0)
+# erf(x) / x in z = x^2, |x| < ERF_SMALL
+ERF_POLY = (7.8824970715248976e-05, -8.0188549802262738e-04, 5.1893119411107963e-03,
+            -2.6854328795116369e-02, 1.1283597463460129e-01, -3.7612626903576957e-01,
+            1.1283791658815017e+00)
 ERFC_LARGE = 2.0  # erfc's polynomial changes here
-# erfc(x) * exp(x^2) over u = x - 1.5 for 1 <= x < 2: fitted with numpy at 400 Chebyshev
-# nodes, degree 8 (1.6e-7 relative error in f32).
+# erfc(x) * exp(x^2) in u = x - 1.5, 1 <= x < ERFC_LARGE (1.6e-7 relative error in f32)
 ERFC_NEAR_CENTER = 1.5
 ERFC_POLY_NEAR = (2.381482691575796e-4, -7.043418409181461e-4, 1.8828484623972842e-3,
                   -5.137907669895416e-3, 1.3377636207592698e-2, -3.293146773858581e-2,
                   7.615103059436998e-2, -1.6362290714814232e-1, 3.2158541650073835e-1)
-# erfc(x) * exp(x^2) * x as a polynomial in 1/x^2 for x >= 2 (Cephes erfcf).
-ERFC_POLY_FAR = (-1.047766399936249e1, 1.297719955372516e1, -7.495518717768503e0,
-                 2.921019019210786e0, -1.015265279202700e0, 4.218463358204948e-1,
-                 -2.820767439740514e-1, 5.641895824542080e-1)
+# erfc(x) * exp(x^2) * x in w = 1/x^2, ERFC_LARGE <= x < ERF_ONE
+ERFC_POLY_FAR = (-9.1733266633766135e+00, 1.1739268376225025e+01, -7.0229267899824936e+00,
+                 2.8282965676376155e+00, -1.0053659618824069e+00, 4.2128707892770895e-01,
+                 -2.8206187421437134e-01, 5.6418937122178658e-01)
 ERF_ONE = 9.19  # above: erf(x) is 1.0 in f32
 
 
