@@ -25,18 +25,20 @@ import time
 import traceback
 from pathlib import Path
 
+import jax
+import numpy as np
 from bench_plan_time import PARTS, ZOO, markdown_table, run_parts, tier_steps
 
+from fusionstitching.stitched_jit import jit
+from fusionstitching.verification import random_array
+
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from benchmarks.models import zoo  # noqa: E402
 
 
 def concrete(args):
     """Seeded values for every ShapeDtypeStruct leaf (concrete leaves are kept)."""
-    import jax
-    import numpy as np
-
-    from fusionstitching.verification import random_array
-
     rng = np.random.default_rng(0)
     return jax.tree.map(lambda x: random_array(rng, x.shape, x.dtype)
                         if isinstance(x, jax.ShapeDtypeStruct) else x, args)
@@ -44,9 +46,6 @@ def concrete(args):
 
 def steps(part: str, only):
     if part == ZOO:
-        sys.path.insert(0, str(REPO))
-        from benchmarks.models import zoo
-
         for model, mode, _ in zoo.WORKLOADS:
             if not only or model in only:
                 fn, args = zoo.jax_workload(model, mode, "small", abstract=False)
@@ -57,9 +56,6 @@ def steps(part: str, only):
 
 
 def max_difference(a, b) -> float:
-    import jax
-    import numpy as np
-
     worst = 0.0
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
@@ -70,10 +66,6 @@ def max_difference(a, b) -> float:
 
 
 def measure(name: str, fn, args, calls: int, cache_dir: str) -> dict:
-    import jax
-
-    from fusionstitching.stitched_jit import jit
-
     row = dict(step=name)
     args = jax.device_put(args)  # as a training loop's state is: arrays already on the device
     reference, stitched = jax.jit(fn), jit(fn, cache_dir=cache_dir)
