@@ -120,9 +120,9 @@ class StitchedFunction:
         try:
             key = self._signature(args, kwargs)
             hash(key)
-        except _Traced:  # jax.jit's own: it inlines fn into the enclosing trace
-            return self._jax_jit(*args, **kwargs)
         except TypeError:  # an unhashable static argument: jax.jit's own error message
+            return self._jax_jit(*args, **kwargs)
+        if key is None:  # inside a trace: jax.jit's own inlines fn there
             return self._jax_jit(*args, **kwargs)
         with self._lock:
             compiled = self._compiled.get(key)
@@ -156,6 +156,7 @@ class StitchedFunction:
         return tuple(a for i, a in enumerate(args) if i not in static)
 
     def _signature(self, args, kwargs):
+        """The call's key among compiled signatures; None when an argument is a tracer."""
         import jax
         from jax._src.array import ArrayImpl
         from jax.api_util import shaped_abstractify
@@ -174,16 +175,12 @@ class StitchedFunction:
         if kinds == {ArrayImpl}:
             return static_values, tree, tuple(map(_AVAL, leaves))
         if any(issubclass(kind, jax.core.Tracer) for kind in kinds):
-            raise _Traced
+            return None  # an argument is a tracer
         return static_values, tree, tuple(leaf.aval if type(leaf) is ArrayImpl
                                           else shaped_abstractify(leaf) for leaf in leaves)
 
 
 _AVAL = operator.attrgetter("aval")
-
-
-class _Traced(Exception):
-    """An argument is a tracer: the call is inside a trace (jax.jit inlines it there)."""
 
 
 @functools.cache

@@ -54,6 +54,12 @@ def random_array(rng: np.random.Generator, dims, dtype, kind: str = "normal") ->
     return rng.uniform(0.01, 0.1, size=dims).astype(dtype)
 
 
+def seeded_inputs(shapes) -> list[np.ndarray]:
+    """One `random_array` per shape, from seed 0 (a kernel's trial and timing inputs)."""
+    rng = np.random.default_rng(0)
+    return [random_array(rng, shape.dims, shape.numpy_dtype) for shape in shapes]
+
+
 def stitched_steps(module: Module, kernels: list):
     """The stitched plan in an order it can run: ``(instruction, None)`` for an entry
     instruction left to XLA, ``(None, kernel)`` for a stitched kernel; second, the kernels

@@ -32,6 +32,13 @@ def fusions_to_calls(text: str) -> str:
 
 def run_hlo_with_xla(text: str, args: list) -> list[np.ndarray]:
     """Compiles HLO text with XLA:CPU and runs it; returns the flattened result leaves."""
+    executable, buffers = prepared_for_xla_cpu(text, args)
+    return [np.asarray(out) for out in executable.execute(buffers)]
+
+
+def prepared_for_xla_cpu(text: str, args: list) -> tuple:
+    """(XLA:CPU's loaded executable of the module, ``args`` on its device): run it with
+    ``executable.execute(buffers)``, as often as wanted."""
     import jax
     import jax.extend
     from jax._src.lib import xla_client
@@ -58,7 +65,7 @@ def run_hlo_with_xla(text: str, args: list) -> list[np.ndarray]:
     # narrows s64/u64/f64 arrays to 32 bits.
     with jax.enable_x64(True):
         buffers = [jax.device_put(np.asarray(a), device[0]) for a in args]
-    return [np.asarray(out) for out in executable.execute(buffers)]
+    return executable, buffers
 
 
 # -- cuDNN convolutions as HLO ----------------------------------------------------------------

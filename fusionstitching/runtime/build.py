@@ -82,7 +82,6 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
                     parse_seconds=parse_seconds,
                     schedules=kernel_cache.ScheduleMemo(cache, stats))
     fallbacks = result.report.fallbacks  # codegen/ptxas fallbacks are already in here
-    before_host = len(fallbacks)  # a plan with failed host builds is not remembered
     if device is not None:
         return _build_for_gpu(module, result, options, device, cache, plan_key, stats,
                               jax_lowered, xla_compiled, started, dump_prefix)
@@ -126,9 +125,9 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
                                "key": key, "inputs": len(kernel.spec.inputs),
                                "outputs": len(kernel.spec.outputs)})
 
+    fallbacks.extend(slower)  # decisions, not failures: the plan is still remembered
+    before_host = len(fallbacks)
     fallbacks.extend(fallback for _, fallback in left)
-    fallbacks.extend(slower)
-    before_host += len(slower)  # a decision, not a failure: the plan is still remembered
     if slower:
         log.info("fusionstitching: %d kernels measured slower than XLA:CPU left to XLA",
                  len(slower))
@@ -149,7 +148,7 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
             nodes = [n for k in kernels for n in k.pattern.nodes]
             _leave_to_xla(fallbacks, exc.stage, nodes, f"module {module.name}", exc.reason)
             stitched_report = xla_report
-    if cache_dir and len(fallbacks) == before_host:
+    if cache_dir and len(fallbacks) == before_host:  # nothing failed: remember the plan
         plan = {"kernels": cached_kernels, "xla_report": xla_report.to_json(),
                 "stitched_report": stitched_report.to_json(),
                 "hlo": _placeholders(text, targets) if text else None}

@@ -12,16 +12,12 @@ from __future__ import annotations
 import ctypes
 import time
 
-import jax
 import numpy as np
 
 from ..codegen.host import to_physical
 from ..hlo.ir import Computation, Instruction, Module, Shape, print_module
-from ..hlo.normalize import normalize_for_xla
-from ..hlo.parser import parse_module
-from ..hlo.xla_runner import fusions_to_calls
-from ..verification import random_array
-from . import xla
+from ..hlo.xla_runner import prepared_for_xla_cpu
+from ..verification import seeded_inputs
 
 # Timed calls per side, after WARMUP: MIN_CALLS, then more up to CALLS while under BUDGET_S.
 WARMUP = 5
@@ -81,15 +77,6 @@ def _called(module: Module, instructions: list[Instruction]) -> set[str]:
     return found
 
 
-def _compiled(text: str):
-    """XLA:CPU's executable of a module of fused computations (as hlo.xla_runner runs them:
-    fusions as calls, else inlined with bitcasts as the reshapes they mean)."""
-    try:
-        return xla.compile_hlo(fusions_to_calls(text))
-    except jax.errors.JaxRuntimeError:
-        return xla.compile_hlo(print_module(normalize_for_xla(parse_module(text))))
-
-
 def median_us(call) -> float:
     """Median of up to CALLS timed calls (at least MIN_CALLS, then until BUDGET_S is spent),
     after WARMUP calls."""
@@ -107,8 +94,7 @@ def compare(module: Module, spec, host) -> tuple[float, float]:
     """(host kernel us, XLA:CPU us) for the pattern of ``spec`` (``host``: its compiled
     codegen.HostKernel), on the same seeded inputs; each call writes fresh output arrays, as
     each execution of XLA's does."""
-    rng = np.random.default_rng(0)
-    inputs = [random_array(rng, shape.dims, shape.numpy_dtype) for _, shape in spec.inputs]
+    inputs = seeded_inputs([shape for _, shape in spec.inputs])
     physical = [to_physical(x, shape) for x, (_, shape) in zip(inputs, spec.inputs)]
     native = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(host.address)
 
@@ -117,10 +103,8 @@ def compare(module: Module, spec, host) -> tuple[float, float]:
         arrays = physical + outs
         native((ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays]))
 
-    executable = _compiled(pattern_module(module, spec))
-    device = executable.local_devices()[0]
-    with jax.enable_x64(True):  # exactly the parameters' types (s64 stays s64)
-        buffers = [jax.device_put(x, device) for x in inputs]
+    # XLA's side as hlo.xla_runner runs a module: fusions as calls, XLA re-fuses them
+    executable, buffers = prepared_for_xla_cpu(pattern_module(module, spec), inputs)
 
     def run_xla():
         for out in executable.execute(buffers):

@@ -13,9 +13,7 @@ import signal
 import time
 import warnings
 
-import numpy as np
-
-from ..verification import random_array
+from ..verification import seeded_inputs
 
 TIMEOUT_S = 60.0  # a host kernel of the corpus runs in well under a second
 
@@ -34,9 +32,7 @@ def run_in_child(kernel, timeout_s: float | None = None) -> tuple[Outcome, str]:
     if not hasattr(os, "fork"):
         return Outcome.NOT_CHECKED, "this platform has no fork"
     timeout_s = TIMEOUT_S if timeout_s is None else timeout_s
-    rng = np.random.default_rng(0)
-    inputs = [random_array(rng, shape.dims, shape.numpy_dtype) for _, shape in
-              kernel.spec.inputs]
+    inputs = seeded_inputs([shape for _, shape in kernel.spec.inputs])
     with warnings.catch_warnings():
         # JAX warns at every fork that a child using JAX may deadlock on a lock one of its
         # threads held; this child uses nothing but the kernel and numpy, and a child that
