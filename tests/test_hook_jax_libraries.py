@@ -144,16 +144,17 @@ KERAS_HUB_GPT2 = textwrap.dedent("""
 """)
 
 
-def assert_train_step_ran_stitched(reports: list, calls: int, err: str) -> None:
+def assert_train_step_ran_stitched(reports: list, err: str) -> None:
     assert [r["module"] for r in reports] == ["jit_train_step"], [r["module"] for r in reports]
     (r,) = reports
     assert not r["fallbacks"], (r["fallbacks"], err[-2000:])
     assert r["fs"]["patterns"] >= 1 and 0 < r["fs"]["mem_kernels"] < r["xla"]["mem_kernels"]
     assert r["verify"]["ran"] and r["verify"]["ok"], r["verify"]
-    # call 1: XLA's executable (and the check); calls 2..: the stitched one
+    # call 1: XLA's executable (and the check); calls 2..: the stitched one. The runtime
+    # answers call 2 and gives jax's dispatch its entry: later calls never reach the runtime.
     runtime = r["runtime"]
     assert runtime["kept"] == "stitched" and runtime["swapped_at_call"] == 2, runtime
-    assert runtime["calls"] == calls, runtime
+    assert runtime["calls"] == 2, runtime
 
 
 def assert_same_training(got: dict, want: dict, keys: set) -> None:
@@ -171,7 +172,7 @@ def test_flax_optax_training_loop_is_stitched(tmp_path, api):
     pytest.importorskip("optax")
     want, got, reports, err = plain_and_stitched(
         tmp_path, FLAX_LINEN if api == "linen" else FLAX_NNX)
-    assert_train_step_ran_stitched(reports, STEPS, err)
+    assert_train_step_ran_stitched(reports, err)
     assert len(got["losses"]) == STEPS
     assert_same_training(got, want, {"losses", "params"})
 
@@ -181,6 +182,6 @@ def test_keras_hub_gpt2_fit_is_stitched(tmp_path):
     pytest.importorskip("keras", minversion="3")
     pytest.importorskip("keras_hub")
     want, got, reports, err = plain_and_stitched(tmp_path, KERAS_HUB_GPT2)
-    assert_train_step_ran_stitched(reports, 4, err)
+    assert_train_step_ran_stitched(reports, err)
     assert len(got["losses"]) == 4
     assert_same_training(got, want, {"losses", "loss", "params"})

@@ -45,7 +45,8 @@ def test_keras3_fit_evaluate_predict_are_stitched(tmp_path):
         assert not r["fallbacks"], (r["module"], r["fallbacks"])
         assert r["fs"]["patterns"] >= 1 and r["fs"]["mem_kernels"] < r["xla"]["mem_kernels"]
         assert r["verify"]["ran"] and r["verify"]["ok"], (r["module"], r["verify"])
-        assert r["runtime"]["kept"] == "stitched" and r["runtime"]["calls"] == 4, r["runtime"]
+        # calls 3 and 4 run in jax's dispatch, without the runtime (stitched_jit.jax_dispatch)
+        assert r["runtime"]["kept"] == "stitched" and r["runtime"]["calls"] == 2, r["runtime"]
 
     # The stitched steps train the same model: loss, metrics and predictions as XLA's.
     assert set(got) == {"loss", "evaluate", "predict"} and got.keys() == want.keys()

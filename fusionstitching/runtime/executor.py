@@ -46,7 +46,7 @@ class RuntimeInfo:
     why: str = ""
     xla_us: float | None = None  # best time of the measurement that decided
     stitched_us: float | None = None
-    calls: int = 0
+    calls: int = 0  # calls answered here; once decided, jax's dispatch runs them uncounted
     trial_call: int | None = None  # the call whose inputs the trial used
     swapped_at_call: int | None = None  # 1-based call number from which stitched ran
     build_s: float | None = None  # wall time of the stitched build
@@ -341,6 +341,11 @@ class Executor:
         import jax
 
         return any(info.donated for info in jax.tree_util.tree_leaves(self.xla.args_info))
+
+    def decided(self):
+        """The executable that answers every later call once the decision is made (settled,
+        or fallen back); None while it is open."""
+        return self.active if self.info.state in ("settled", "fallback") else None
 
     def runs_stitched(self) -> bool:
         """True when the stitched executable runs now or is on trial."""
