@@ -1,8 +1,9 @@
 """Host execution of stitched kernels vs XLA:CPU executing the same patterns, in one run.
 
 For each pattern (a JAX function): XLA:CPU's optimized module is stitched into one kernel per
-memory-intensive region, the host kernel is timed on preallocated buffers, and jax.jit of the
-same function is timed on the same inputs (both: median of repeated calls after warm-up).
+memory-intensive region; the host kernel is timed as the stitched executable runs it (a
+module of one custom call, its parts on XLA's thread pool) and jax.jit of the same function
+on the same inputs (both: median of repeated calls after warm-up).
 Beside them, the modeled H100 times of XLA:GPU's plan and of the stitched plan (the same
 function captured for H100 through XLA's deviceless compile, priced by the cost model).
 
@@ -11,7 +12,6 @@ function captured for H100 through XLA's deviceless compile, priced by the cost 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import sys
 import time
@@ -25,9 +25,10 @@ import numpy as np  # noqa: E402
 
 from fusionstitching.capture import jax_hlo  # noqa: E402
 from fusionstitching.codegen import compile_host, generate  # noqa: E402
-from fusionstitching.codegen.host import to_physical  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
+from fusionstitching.hlo.xla_runner import prepared_for_xla_cpu  # noqa: E402
 from fusionstitching.pipeline import Options, stitch_module  # noqa: E402
+from fusionstitching.runtime import cpu_speed, ffi  # noqa: E402
 
 TRIVIAL = {"parameter", "constant", "tuple", "get-tuple-element"}
 
@@ -82,19 +83,13 @@ def median_us(fn, repeat: int) -> float:
 
 
 def host_runner(spec, args, module):
-    """The kernel called on preallocated physical buffers (no copies in the timed call)."""
+    """The kernel as a stitched executable calls it: one custom call in an XLA:CPU module."""
     host = compile_host(spec, fast=True)
+    target = ffi.register_host_kernel(spec.name, host, len(spec.inputs), len(spec.outputs))
     number = {p.name: p.parameter_number for p in module.entry.parameters}
-    ins = [to_physical(args[number[n]], s) for n, s in spec.inputs]
-    outs = [np.empty(s.num_elements, s.numpy_dtype) for _, s in spec.outputs]
-    pointers = (ctypes.c_void_p * len(ins + outs))(*[a.ctypes.data for a in ins + outs])
-    call = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(host.address)
-
-    def run():
-        call(pointers)
-        return host, ins, outs  # the JIT engine and the buffers must outlive the calls
-
-    return run
+    executable, buffers = prepared_for_xla_cpu(cpu_speed.call_module(spec, target),
+                                               [args[number[n]] for n, _ in spec.inputs])
+    return lambda: [out.block_until_ready() for out in executable.execute(buffers)]
 
 
 def main(argv=None) -> int:
@@ -109,7 +104,7 @@ def main(argv=None) -> int:
         module = parse_module(jax_hlo(fn, *args, target="cpu"))
         nodes = [i.name for i in module.entry.instructions if i.opcode not in TRIVIAL]
         t0 = time.perf_counter()
-        spec = generate(module, nodes, "k")
+        spec = generate(module, nodes, "fusionstitching_" + name.split()[0].replace("+", "_"))
         run = host_runner(spec, args, module)
         compile_s = time.perf_counter() - t0
         host_us = median_us(run, opts.repeat)

@@ -15,7 +15,7 @@ from fusionstitching.codegen import compile_host  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
 from fusionstitching.hlo.xla_runner import run_hlo_with_xla  # noqa: E402
 from fusionstitching.pipeline import Options, stitch_module  # noqa: E402
-from fusionstitching.runtime import cpu_speed  # noqa: E402
+from fusionstitching.runtime import cpu_speed, ffi  # noqa: E402
 from fusionstitching.stitched_jit import jit  # noqa: E402
 from helpers import args, expected, layernorm  # noqa: E402
 
@@ -54,12 +54,33 @@ def test_compare_times_both_sides():
     x = np.ones((64, 128), np.float32)
     result = planned(softmax_and_stats, x, np.ones(128, np.float32))
     spec = result.kernels[0].spec
-    host_us, xla_us = cpu_speed.compare(result.graph.module, spec, compile_host(spec, fast=True))
+    target = registered(spec)
+    host_us, xla_us = cpu_speed.compare(result.graph.module, spec, target)
     assert 0 < host_us < 1e6 and 0 < xla_us < 1e6
 
 
+def registered(spec) -> str:
+    host = compile_host(spec, fast=True)
+    return ffi.register_kernel(spec.name, host.address, len(spec.inputs), len(spec.outputs),
+                               owner=host)
+
+
+def test_the_call_module_computes_what_the_pattern_computes():
+    rng = np.random.default_rng(1)
+    x, b = rng.standard_normal((64, 128), np.float32), rng.standard_normal(128, np.float32)
+    result = planned(softmax_and_stats, x, b)
+    for kernel in result.kernels:
+        spec = kernel.spec
+        inputs = [rng.standard_normal(s.dims).astype(s.numpy_dtype) for _, s in spec.inputs]
+        want = run_hlo_with_xla(cpu_speed.pattern_module(result.graph.module, spec), inputs)
+        got = run_hlo_with_xla(cpu_speed.call_module(spec, registered(spec)), inputs)
+        assert len(got) == len(want) == len(spec.outputs)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-6, atol=1e-6)
+
+
 def test_a_kernel_measured_slower_is_left_to_xla(monkeypatch, tmp_path):
-    monkeypatch.setattr(cpu_speed, "compare", lambda module, spec, host: (200.0, 100.0))
+    monkeypatch.setattr(cpu_speed, "compare", lambda module, spec, target: (200.0, 100.0))
     fn, a = jit(layernorm, cache_dir=str(tmp_path)), args()
     for _ in range(2):
         np.testing.assert_array_equal(np.asarray(fn(*a)), expected(*a))
@@ -69,7 +90,7 @@ def test_a_kernel_measured_slower_is_left_to_xla(monkeypatch, tmp_path):
     assert report.fs.patterns == 0  # nothing stitched is left to run
 
     # The decision is part of the plan: a new process (here a new jit) finds it in the cache.
-    monkeypatch.setattr(cpu_speed, "compare", lambda module, spec, host: 1 / 0)
+    monkeypatch.setattr(cpu_speed, "compare", lambda module, spec, target: 1 / 0)
     again = jit(layernorm, cache_dir=str(tmp_path))
     np.testing.assert_array_equal(np.asarray(again(*a)), expected(*a))
     (cached,) = again.reports()
@@ -78,7 +99,7 @@ def test_a_kernel_measured_slower_is_left_to_xla(monkeypatch, tmp_path):
 
 
 def test_a_kernel_measured_faster_runs(monkeypatch):
-    monkeypatch.setattr(cpu_speed, "compare", lambda module, spec, host: (100.0, 200.0))
+    monkeypatch.setattr(cpu_speed, "compare", lambda module, spec, target: (100.0, 200.0))
     fn, a = jit(layernorm, cache_dir=None), args()
     np.testing.assert_allclose(np.asarray(fn(*a)), expected(*a), rtol=1e-5, atol=1e-5)
     (report,) = fn.reports()
@@ -86,7 +107,7 @@ def test_a_kernel_measured_faster_runs(monkeypatch):
 
 
 def test_keep_stitched_is_not_measured(monkeypatch):
-    monkeypatch.setattr(cpu_speed, "compare", lambda module, spec, host: 1 / 0)
+    monkeypatch.setattr(cpu_speed, "compare", lambda module, spec, target: 1 / 0)
     fn, a = jit(layernorm, cache_dir=None, keep="stitched"), args()
     np.testing.assert_allclose(np.asarray(fn(*a)), expected(*a), rtol=1e-5, atol=1e-5)
     (report,) = fn.reports()
@@ -94,7 +115,7 @@ def test_keep_stitched_is_not_measured(monkeypatch):
 
 
 def test_a_failed_measurement_leaves_the_kernel_to_xla(monkeypatch):
-    def broken(module, spec, host):
+    def broken(module, spec, target):
         raise RuntimeError("XLA would not compile the pattern")
 
     monkeypatch.setattr(cpu_speed, "compare", broken)

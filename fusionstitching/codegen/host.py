@@ -6,7 +6,8 @@ collectives (warp_reduce, barrier) into *phases*, and each phase is a loop over 
 threads. A value that one phase defines and a later phase (or a collective) uses lives in a
 per-thread array. warp_reduce runs on the per-warp slices of those arrays with the same
 xor-butterfly steps and operand order as the GPU's shfl.sync.bfly, so host and GPU combine
-partial values identically.
+partial values identically. A fast build also has ``kernel_parts(buffers, part, parts)``:
+one of ``parts`` shares of its `split_loop` (threads run them side by side: runtime/ffi.py).
 """
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ import numpy as np
 from llvmlite import ir
 
 from ..hlo.ir import Shape
-from .index_expr import Ix, add
+from .index_expr import Ix, add, ix
 from . import host_math
 from .kernel_ir import DTYPE_BYTES, LANE_TYPES, VECTOR_LANES, WARP, Accumulate, Barrier, \
-    ConstArray, DynamicIndex, IndexLet, Kernel, SharedArray, Value, WarpReduce, defined_values, \
-    expand_block_reduce, used_values
+    ConstArray, DynamicIndex, GlobalStore, If, IndexLet, Kernel, Loop, SharedArray, \
+    SharedStore, Value, WarpReduce, defined_values, expand_block_reduce, used_values
 from .llvm_lowering import F32, I8, I32, I64, PTR, STORAGE_TYPES, VALUE_TYPES, ThreadLowering, \
     optimize
 
@@ -36,6 +37,33 @@ _MATH = {"exponential": "llvm.exp.f32", "log": "llvm.log.f32", "tanh": "llvm.tan
 
 # f32 reductions a fast host kernel lets LLVM reorder (and so vectorize)
 _REASSOCIABLE = {"add": ir.IRBuilder.fadd, "multiply": ir.IRBuilder.fmul}
+# The symbol of a fast kernel's share of its split loop: ``void (void**, i32 part, i32 parts)``.
+PARTS_SUFFIX = "_parts"
+# Statements that may sit beside the split loop of a one-block kernel: each part computes
+# them again (values, index lets); a store or a loop there would run once per part.
+_NOT_BESIDE_SPLIT = (GlobalStore, SharedStore, If, Loop, WarpReduce, Barrier)
+
+
+def split_loop(kernel: Kernel) -> Loop | str | None:
+    """The loop a fast host kernel shares out among parts: "blocks" (the block loop) when the
+    grid has several blocks, else the kernel's one top-level loop when it accumulates nothing
+    and only values sit beside it (a loop schedule's rows); None when there is none."""
+    if kernel.grid[0] > 1:
+        return "blocks"
+    if kernel.block[0] != 1:
+        return None
+    loops = [s for s in kernel.body if isinstance(s, Loop)]
+    if len(loops) != 1 or loops[0].accumulates or loops[0].step != 1 \
+            or loops[0].start != ix(0):
+        return None
+    beside = [s for s in kernel.body if s is not loops[0]]
+    return None if any(isinstance(s, _NOT_BESIDE_SPLIT) for s in beside) else loops[0]
+
+
+def split_extent(kernel: Kernel) -> int:
+    """How many iterations `split_loop` has (0: none, the kernel runs as one part)."""
+    loop = split_loop(kernel)
+    return kernel.grid[0] if loop == "blocks" else loop.stop if loop is not None else 0
 
 
 class HostLowering(ThreadLowering):
@@ -47,9 +75,13 @@ class HostLowering(ThreadLowering):
 
     def __init__(self, kernel: Kernel, module: ir.Module, instrument: bool = False,
                  fast: bool = False):
-        function = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), kernel.name)
+        # fast: the parts function; `finish` adds ``kernel(buffers)``, all of it as one part
+        function = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I32, I32] if fast
+                                                       else [PTR]),
+                               kernel.name + PARTS_SUFFIX if fast else kernel.name)
         super().__init__(kernel, module, function)
         self.fast = fast
+        self.split = split_loop(kernel) if fast else None
         self.shared = {a.name: self.alloca(STORAGE_TYPES[a.dtype], a.size) for a in kernel.shared}
         self.constants = {c.name: self.constant_global(c) for c in kernel.constants}
         count = 2 * len(kernel.buffers) + 1 if instrument else len(kernel.buffers)
@@ -93,6 +125,27 @@ class HostLowering(ThreadLowering):
     def constant_pointer(self, array: ConstArray) -> ir.Value:
         return self.constants[array.name]
 
+    def loop_bounds(self, s: Loop) -> tuple[ir.Value, ir.Value]:
+        if s is self.split:
+            return self.part_bounds(s.stop)
+        return super().loop_bounds(s)
+
+    def part_bounds(self, extent: int) -> tuple[ir.Value, ir.Value]:
+        """[extent * part / parts, extent * (part + 1) / parts): this part's share."""
+        b = self.builder
+        part, parts = (b.sext(a, I64) for a in self.function.args[1:])
+        bound = lambda k: b.trunc(b.sdiv(b.mul(ir.Constant(I64, extent), k), parts), I32)  # noqa: E731
+        return bound(part), bound(b.add(part, ir.Constant(I64, 1)))
+
+    def finish(self) -> None:
+        super().finish()
+        if self.fast:  # the whole kernel: its one part
+            whole = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]),
+                                self.kernel.name)
+            b = ir.IRBuilder(whole.append_basic_block("entry"))
+            b.call(self.function, [whole.args[0], ir.Constant(I32, 0), ir.Constant(I32, 1)])
+            b.ret_void()
+
     def slot(self, v: Value, thread: ir.Value) -> ir.Value:
         return self.builder.gep(self.arrays[v], [thread], source_etype=VALUE_TYPES[v.dtype])
 
@@ -129,7 +182,9 @@ class HostLowering(ThreadLowering):
                                   lambda tid: self.thread(tid, p, phase, lets, defined_in, used_in))
                 lets += [s for s in phase if isinstance(s, (IndexLet, DynamicIndex))]
 
-        self.counted_loop(ir.Constant(I32, 0), ir.Constant(I32, kernel.grid[0]), 1, block)
+        blocks = self.part_bounds(kernel.grid[0]) if self.split == "blocks" else (
+            ir.Constant(I32, 0), ir.Constant(I32, kernel.grid[0]))
+        self.counted_loop(*blocks, 1, block)
         self.finish()
 
     def thread(self, tid, p: int, phase: list, lets: list, defined_in: dict, used_in: dict
@@ -185,12 +240,16 @@ def from_physical(buf: np.ndarray, shape: Shape) -> np.ndarray:
 
 @dataclass
 class HostKernel:
-    """A kernel compiled for the CPU. `address` is ``void kernel(void** buffers)``."""
+    """A kernel compiled for the CPU. `address` is ``void kernel(void** buffers)``; a fast
+    build's `parts_address` is ``kernel_parts(buffers, part, parts)``, which shares out
+    `split_extent` iterations (0: none to share; 0 as the address: no such function)."""
 
     spec: object
     llvm_ir: str
     address: int
     _engine: object = field(repr=False)
+    parts_address: int = 0
+    split_extent: int = 0
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
         spec = self.spec
@@ -240,7 +299,13 @@ def _compile(spec, kernel: Kernel, fast: bool, instrument: bool = False) -> Host
     optimize(parsed, machine, unroll_and_vectorize=fast)
     engine = llvm.create_mcjit_compiler(parsed, machine)
     engine.finalize_object()
-    return HostKernel(spec, text, engine.get_function_address(kernel.name), engine)
+    return HostKernel(spec, text, engine.get_function_address(kernel.name), engine,
+                      *parts_of(engine, kernel) if fast else ())
+
+
+def parts_of(engine, kernel: Kernel) -> tuple[int, int]:
+    """(address of the fast kernel's parts function, its split extent) in ``engine``."""
+    return engine.get_function_address(kernel.name + PARTS_SUFFIX), split_extent(kernel)
 
 
 @dataclass

@@ -103,6 +103,11 @@ class ThreadLowering:
     def global_access(self, buffer: int, offset: Ix, dtype: str, store: bool) -> None:
         """Called at every global load and store (the instrumented host build counts them)."""
 
+    def loop_bounds(self, s: Loop) -> tuple[ir.Value, ir.Value]:
+        """The first and the end value of ``s.var`` (a fast host kernel runs a share of one
+        loop per part)."""
+        return self.index(s.start), ir.Constant(I32, s.stop)
+
     # -- helpers ---------------------------------------------------------------------------
     def finish(self) -> None:
         self.allocas.position_at_end(self.allocas.block)
@@ -243,7 +248,7 @@ class ThreadLowering:
                     a, self.builder.load(slot, typ=slot.allocated_type), self.values[a.value]),
                     slot)
 
-        self.counted_loop(self.index(s.start), ir.Constant(I32, s.stop), s.step, body)
+        self.counted_loop(*self.loop_bounds(s), s.step, body)
         for a, slot in zip(s.accumulates, slots):
             self.values[a.dst] = self.builder.load(slot, typ=slot.allocated_type)
 

@@ -24,7 +24,7 @@ from ..hlo.ir import print_module
 from ..hlo.xla_runner import optimized_hlo_text
 from ..report import Fallback, KernelReport, PlanSummary, Report, Times, Verify
 from . import cache as kernel_cache
-from . import cpu_speed, crash_check, gpu, rewrite, xla
+from . import cpu_speed, crash_check, ffi, gpu, rewrite, xla
 
 log = logging.getLogger("fusionstitching")
 
@@ -103,9 +103,16 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
                        crash_check.Outcome.FAILED):
             left.append((kernel.spec.name, Fallback("trial", nodes, why)))
             continue
+        try:
+            parts = ffi.kernel_parts(host)
+            target = _register(kernel.spec.name, host, len(kernel.spec.inputs),
+                               len(kernel.spec.outputs), parts)
+        except Exception as exc:
+            left.append((kernel.spec.name, Fallback("ffi", nodes, reason(exc))))
+            continue
         if measure:
             try:
-                host_us, xla_us = cpu_speed.compare(result.graph.module, spec, host)
+                host_us, xla_us = cpu_speed.compare(result.graph.module, spec, target)
             except Exception as exc:
                 left.append((kernel.spec.name, Fallback("measure", nodes, reason(exc))))
                 continue
@@ -114,16 +121,11 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
                     f"host kernel measured at {host_us:.1f} us against XLA:CPU's "
                     f"{xla_us:.1f} us for the same instructions on this CPU")))
                 continue
-        try:
-            targets.append(_register(kernel.spec.name, host, len(kernel.spec.inputs),
-                                     len(kernel.spec.outputs)))
-        except Exception as exc:
-            left.append((kernel.spec.name, Fallback("ffi", nodes, reason(exc))))
-            continue
+        targets.append(target)
         kernels.append(kernel)
         cached_kernels.append({"name": kernel.spec.name, "symbol": spec.host_kernel.name,
                                "key": key, "inputs": len(kernel.spec.inputs),
-                               "outputs": len(kernel.spec.outputs)})
+                               "outputs": len(kernel.spec.outputs), "parts": parts})
 
     fallbacks.extend(slower)  # decisions, not failures: the plan is still remembered
     before_host = len(fallbacks)
@@ -220,7 +222,7 @@ def _from_cached_plan(plan: dict, cache, stats, jax_lowered, xla_compiled, start
         host = kernel_cache.load_object(None, k["symbol"], entry[1])
         stats.load_s += time.perf_counter() - t0
         stats.hits += 1
-        targets.append(_register(k["name"], host, k["inputs"], k["outputs"]))
+        targets.append(_register(k["name"], host, k["inputs"], k["outputs"], k["parts"]))
     stats.plan = "hit"
     times = Times()  # nothing was parsed, explored or generated in this process
     fallbacks: list[Fallback] = []
@@ -277,10 +279,8 @@ def donation_attrs(header_attrs: str) -> str:
     return ", ".join(kept)
 
 
-def _register(name: str, host, num_inputs: int, num_outputs: int) -> str:
-    from . import ffi
-
-    return ffi.register_kernel(name, host.address, num_inputs, num_outputs, owner=host)
+def _register(name: str, host, num_inputs: int, num_outputs: int, parts: int) -> str:
+    return ffi.register_host_kernel(name, host, num_inputs, num_outputs, parts)
 
 
 def _compile(text: str, jax_lowered, xla_compiled, dump_prefix: str | None):

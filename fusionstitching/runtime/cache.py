@@ -33,7 +33,7 @@ from ..codegen.host import HostKernel
 from ..codegen.schedules.space import Space
 from ..codegen.llvm_lowering import optimize
 
-FORMAT = "fusionstitching.kernel/2"  # 2: fast host kernels (vectorized), not emulated GPU ones
+FORMAT = "fusionstitching.kernel/3"  # 2: fast host kernels (vectorized); 3: with kernel_parts
 log = logging.getLogger("fusionstitching")
 
 
@@ -535,6 +535,8 @@ def load_object(spec, symbol: str, payload: bytes, text: str = "") -> HostKernel
     engine.add_object_file(llvm.ObjectFileRef.from_data(payload))
     engine.finalize_object()
     address = engine.get_function_address(symbol)
-    if not address:
-        raise CorruptEntry(f"object code has no symbol {symbol}")
-    return HostKernel(spec, text, address, engine)
+    parts_address = engine.get_function_address(symbol + host.PARTS_SUFFIX)
+    if not address or not parts_address:
+        raise CorruptEntry(f"object code has no symbol {symbol} or {symbol}{host.PARTS_SUFFIX}")
+    extent = host.split_extent(spec.host_kernel) if spec is not None else 0
+    return HostKernel(spec, text, address, engine, parts_address, extent)

@@ -4,20 +4,21 @@ running the same instructions alone, and left to XLA when it does not win.
 The plan is chosen by the H100 cost model; on XLA:CPU what runs is the pattern's CPU schedule,
 which may be slower than XLA's own code (a column reduction read with a stride of a row, say).
 XLA's side is the pattern as a module of its own (its instructions, their computations, its
-inputs as parameters, its outputs as the result), compiled by XLA:CPU and run on the same
-seeded inputs; both sides are the median of repeated calls.
+inputs as parameters, its outputs as the result); ours is a module of one custom call to the
+registered kernel, as the stitched executable calls it (its parts on XLA's thread pool).
+Both are compiled by XLA:CPU and run on the same seeded inputs; each side is the median of
+repeated calls.
 """
 from __future__ import annotations
 
-import ctypes
 import time
 
 import numpy as np
 
-from ..codegen.host import to_physical
 from ..hlo.ir import Computation, Instruction, Module, Shape, print_module
 from ..hlo.xla_runner import prepared_for_xla_cpu
 from ..verification import seeded_inputs
+from .rewrite import custom_call, output_name
 
 # Timed calls per side, after WARMUP: MIN_CALLS, then more up to CALLS while under BUDGET_S.
 WARMUP = 5
@@ -65,6 +66,21 @@ def pattern_module(module: Module, spec) -> str:
     return print_module(sub)
 
 
+def call_module(spec, target: str) -> str:
+    """HLO text of one call of the kernel registered as ``target``: ``spec.inputs`` as
+    parameters, the tuple of ``spec.outputs`` as the root."""
+    body = [Instruction(name, shape, "parameter", parameter_number=i)
+            for i, (name, shape) in enumerate(spec.inputs)]
+    body += custom_call(spec, target)
+    by_name = {i.name: i for i in body}
+    results = [by_name[output_name(name)] for name, _ in spec.outputs]
+    root_shape = Shape("tuple", tuple_shapes=tuple(r.shape for r in results))
+    body.append(Instruction("call.result", root_shape, "tuple", [r.name for r in results],
+                            is_root=True))
+    return print_module(Module(f"{spec.name}.call", [Computation("call", body,
+                                                                  is_entry=True)]))
+
+
 def _called(module: Module, instructions: list[Instruction]) -> set[str]:
     """Names of the computations ``instructions`` call, transitively."""
     found, stack = set(), [c for i in instructions for c in i.called_computations]
@@ -90,24 +106,14 @@ def median_us(call) -> float:
     return float(np.median(times)) * 1e6
 
 
-def compare(module: Module, spec, host) -> tuple[float, float]:
-    """(host kernel us, XLA:CPU us) for the pattern of ``spec`` (``host``: its compiled
-    codegen.HostKernel), on the same seeded inputs; each call writes fresh output arrays, as
-    each execution of XLA's does."""
+def compare(module: Module, spec, target: str) -> tuple[float, float]:
+    """(stitched kernel us, XLA:CPU us) for the pattern of ``spec`` (registered as FFI target
+    ``target``), each a module XLA:CPU runs on the same seeded inputs."""
     inputs = seeded_inputs([shape for _, shape in spec.inputs])
-    physical = [to_physical(x, shape) for x, (_, shape) in zip(inputs, spec.inputs)]
-    native = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(host.address)
-
-    def run_host():
-        outs = [np.empty(shape.num_elements, shape.numpy_dtype) for _, shape in spec.outputs]
-        arrays = physical + outs
-        native((ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays]))
-
-    # XLA's side as hlo.xla_runner runs a module: fusions as calls, XLA re-fuses them
-    executable, buffers = prepared_for_xla_cpu(pattern_module(module, spec), inputs)
-
-    def run_xla():
-        for out in executable.execute(buffers):
-            out.block_until_ready()
-
-    return median_us(run_host), median_us(run_xla)
+    sides = []
+    for text in (call_module(spec, target), pattern_module(module, spec)):
+        # XLA's side as hlo.xla_runner runs a module: fusions as calls, XLA re-fuses them
+        executable, buffers = prepared_for_xla_cpu(text, inputs)
+        sides.append(lambda executable=executable, buffers=buffers: [
+            out.block_until_ready() for out in executable.execute(buffers)])
+    return median_us(sides[0]), median_us(sides[1])

@@ -4,7 +4,8 @@ XLA:CPU calls a typed-FFI target as ``XLA_FFI_Error* handler(XLA_FFI_CallFrame*)
 than a C++ build or a ctypes callback (the GIL on every call), each kernel gets one small
 native handler: it answers XLA's metadata query (FFI 0.3, no traits), returns NULL for every
 stage but EXECUTE, and on EXECUTE calls ``void kernel(void** buffers)`` with the arguments'
-then the results' data pointers (their counts baked in, from the same KernelSpec).
+then the results' data pointers (their counts baked in, from the same KernelSpec). A kernel
+with parts runs them on XLA's intra-op thread pool too (`parallel_ir`).
 """
 from __future__ import annotations
 
@@ -28,6 +29,22 @@ _TYPES = """
                                                     ; ..., api, ctx, stage, args, rets, attrs, future
 %Buffer = type { i64, ptr, i32, ptr, i64, ptr }     ; struct_size, extension_start, dtype, data, rank, dims
 """
+# The API's function table (XLA_FFI_Api) up to ThreadPool_NumThreads, and the arguments of
+# the calls a parallel handler makes.
+_POOL_TYPES = """
+%Api = type { i64, ptr, %ApiVersion, ptr, [11 x ptr], ptr, ptr }
+                                  ; ..., internal_api, Error_Create .. DeviceMemory_Free,
+                                  ; ThreadPool_Schedule, ThreadPool_NumThreads
+%ScheduleArgs = type { i64, ptr, ptr, ptr, ptr }    ; struct_size, extension_start, ctx, task, data
+%NumThreadsArgs = type { i64, ptr, ptr, ptr }       ; struct_size, extension_start, ctx, num_threads
+%DestroyArgs = type { i64, ptr, ptr }               ; struct_size, extension_start, error
+%Shares = type { i64, i32, i32, i32, ptr }          ; refs, next part, parts done, parts, buffers
+"""
+_API_SIZE_WITH_POOL = 152  # offsetof(XLA_FFI_Api, XLA_FFI_ThreadPool_NumThreads) + 8
+_ERROR_DESTROY = 2  # index of XLA_FFI_Error_Destroy in %Api's array of functions
+# A kernel is shared out in parts of at least this many bytes (inputs and outputs): waking a
+# pool thread costs microseconds, a few times what a smaller part saves.
+PART_BYTES = 256 * 1024
 
 _EXTENSION_METADATA = 1
 _STAGE_EXECUTE = 3
@@ -38,8 +55,10 @@ _API_VERSION_STRUCT_SIZE = 28  # XLA_FFI_STRUCT_SIZE(XLA_FFI_Api_Version, minor_
 _FRAME_ARGS, _FRAME_RETS, _ARGS_POINTERS = 5, 6, 4
 
 
-def handler_ir(symbol: str, kernel_address: int, num_inputs: int, num_outputs: int) -> str:
-    """LLVM IR of the FFI handler ``symbol`` that calls the kernel at ``kernel_address``."""
+def handler_ir(symbol: str, kernel_address: int, num_inputs: int, num_outputs: int,
+               parts_address: int = 0, max_parts: int = 1) -> str:
+    """LLVM IR of the FFI handler ``symbol`` that calls the kernel at ``kernel_address``, or,
+    with ``max_parts`` above 1, its parts at ``parts_address`` side by side (`parallel_ir`)."""
     gather = []
     slot = 0
     for field, count, what in ((_FRAME_ARGS, num_inputs, "arg"), (_FRAME_RETS, num_outputs, "ret")):
@@ -55,6 +74,13 @@ def handler_ir(symbol: str, kernel_address: int, num_inputs: int, num_outputs: i
                 f"  store ptr %{what}{i}.data, ptr %slot{slot}")
             slot += 1
     gather_text = "\n".join(gather)
+    if max_parts > 1:
+        run_text = f"  call void @{symbol}.run(ptr %frame, ptr %buffers)"
+        parallel = parallel_ir(symbol, kernel_address, parts_address, max_parts)
+    else:
+        run_text = (f"  %kernel = inttoptr i64 {kernel_address} to ptr\n"
+                    f"  call void %kernel(ptr %buffers)")
+        parallel = ""
     return f"""{_TYPES}
 define ptr @{symbol}(ptr %frame) {{
 entry:
@@ -89,12 +115,204 @@ check.stage:
 execute:
   %buffers = alloca ptr, i64 {max(slot, 1)}
 {gather_text}
-  %kernel = inttoptr i64 {kernel_address} to ptr
-  call void %kernel(ptr %buffers)
+{run_text}
   br label %done
 
 done:
   ret ptr null
+}}
+{parallel}"""
+
+
+def parallel_ir(symbol: str, kernel_address: int, parts_address: int, max_parts: int) -> str:
+    """The functions of a handler whose kernel runs in up to ``max_parts`` parts
+    (``void parts(void** buffers, i32 part, i32 parts)`` at ``parts_address``): as many parts
+    as XLA's intra-op pool has threads (``@{symbol}.parts``); pool tasks and the calling thread
+    claim parts from a shared counter until none is left, and the caller waits until every
+    part is done. A task the pool starts late finds nothing to claim, so the caller never
+    waits for a thread that is not free; the shared state is on the heap, freed by whoever
+    holds its last reference. No pool (an error) or one thread: the whole kernel, here."""
+    return f"""
+{_POOL_TYPES}
+declare ptr @malloc(i64)
+declare void @free(ptr)
+declare i32 @sched_yield()
+
+define private void @{symbol}.run(ptr %frame, ptr %buffers) {{
+entry:
+  %parts = call i32 @{symbol}.parts(ptr %frame)
+  %few = icmp sle i32 %parts, 1
+  br i1 %few, label %whole, label %share
+
+share:
+  %size = ptrtoint ptr getelementptr (%Shares, ptr null, i32 1) to i64
+  %shares = call ptr @malloc(i64 %size)
+  %no.memory = icmp eq ptr %shares, null
+  br i1 %no.memory, label %whole, label %start
+
+whole:
+  %kernel = inttoptr i64 {kernel_address} to ptr
+  call void %kernel(ptr %buffers)
+  ret void
+
+start:
+  %refs = sext i32 %parts to i64
+  store i64 %refs, ptr %shares
+  %next.p = getelementptr %Shares, ptr %shares, i32 0, i32 1
+  store i32 0, ptr %next.p
+  %done.p = getelementptr %Shares, ptr %shares, i32 0, i32 2
+  store i32 0, ptr %done.p
+  %parts.p = getelementptr %Shares, ptr %shares, i32 0, i32 3
+  store i32 %parts, ptr %parts.p
+  %buffers.p = getelementptr %Shares, ptr %shares, i32 0, i32 4
+  store ptr %buffers, ptr %buffers.p
+  %api.p = getelementptr %CallFrame, ptr %frame, i32 0, i32 2
+  %api = load ptr, ptr %api.p
+  %ctx.p = getelementptr %CallFrame, ptr %frame, i32 0, i32 3
+  %ctx = load ptr, ptr %ctx.p
+  %schedule.p = getelementptr %Api, ptr %api, i32 0, i32 5
+  %schedule = load ptr, ptr %schedule.p
+  %args = alloca %ScheduleArgs
+  store %ScheduleArgs {{ i64 40, ptr null, ptr null, ptr @{symbol}.task, ptr null }}, ptr %args
+  %args.ctx = getelementptr %ScheduleArgs, ptr %args, i32 0, i32 2
+  store ptr %ctx, ptr %args.ctx
+  %args.data = getelementptr %ScheduleArgs, ptr %args, i32 0, i32 4
+  store ptr %shares, ptr %args.data
+  br label %tasks
+
+tasks:
+  %task = phi i32 [ 1, %start ], [ %task.next, %scheduled ]
+  %more = icmp slt i32 %task, %parts
+  br i1 %more, label %schedule.task, label %work
+
+schedule.task:
+  %error = call ptr %schedule(ptr %args)
+  %failed = icmp ne ptr %error, null
+  br i1 %failed, label %unscheduled, label %scheduled
+
+unscheduled:                                        ; that task never runs: its reference goes
+  call void @{symbol}.destroy(ptr %api, ptr %error)
+  call void @{symbol}.release(ptr %shares)
+  br label %scheduled
+
+scheduled:
+  %task.next = add i32 %task, 1
+  br label %tasks
+
+work:
+  call void @{symbol}.work(ptr %shares)
+  br label %wait
+
+wait:
+  %done = load atomic i32, ptr %done.p seq_cst, align 4
+  %all = icmp sge i32 %done, %parts
+  br i1 %all, label %finished, label %yield
+
+yield:
+  %ignored = call i32 @sched_yield()
+  br label %wait
+
+finished:
+  call void @{symbol}.release(ptr %shares)
+  ret void
+}}
+
+define private i32 @{symbol}.parts(ptr %frame) {{
+entry:
+  %api.p = getelementptr %CallFrame, ptr %frame, i32 0, i32 2
+  %api = load ptr, ptr %api.p
+  %api.size = load i64, ptr %api
+  %has.pool = icmp uge i64 %api.size, {_API_SIZE_WITH_POOL}
+  br i1 %has.pool, label %ask, label %one
+
+ask:
+  %threads = alloca i64
+  store i64 1, ptr %threads
+  %args = alloca %NumThreadsArgs
+  %ctx.p = getelementptr %CallFrame, ptr %frame, i32 0, i32 3
+  %ctx = load ptr, ptr %ctx.p
+  store %NumThreadsArgs {{ i64 32, ptr null, ptr null, ptr null }}, ptr %args
+  %args.ctx = getelementptr %NumThreadsArgs, ptr %args, i32 0, i32 2
+  store ptr %ctx, ptr %args.ctx
+  %args.out = getelementptr %NumThreadsArgs, ptr %args, i32 0, i32 3
+  store ptr %threads, ptr %args.out
+  %count.p = getelementptr %Api, ptr %api, i32 0, i32 6
+  %count = load ptr, ptr %count.p
+  %error = call ptr %count(ptr %args)
+  %failed = icmp ne ptr %error, null
+  br i1 %failed, label %no.pool, label %answer
+
+no.pool:
+  call void @{symbol}.destroy(ptr %api, ptr %error)
+  br label %one
+
+answer:
+  %n = load i64, ptr %threads
+  %above = icmp sgt i64 %n, {max_parts}
+  %capped = select i1 %above, i64 {max_parts}, i64 %n
+  %parts = trunc i64 %capped to i32
+  ret i32 %parts
+
+one:
+  ret i32 1
+}}
+
+define private void @{symbol}.work(ptr %shares) {{
+entry:
+  %next.p = getelementptr %Shares, ptr %shares, i32 0, i32 1
+  %done.p = getelementptr %Shares, ptr %shares, i32 0, i32 2
+  %parts.p = getelementptr %Shares, ptr %shares, i32 0, i32 3
+  %parts = load i32, ptr %parts.p
+  %buffers.p = getelementptr %Shares, ptr %shares, i32 0, i32 4
+  %buffers = load ptr, ptr %buffers.p
+  %kernel = inttoptr i64 {parts_address} to ptr
+  br label %claim
+
+claim:
+  %part = atomicrmw add ptr %next.p, i32 1 seq_cst
+  %mine = icmp slt i32 %part, %parts
+  br i1 %mine, label %run, label %out
+
+run:
+  call void %kernel(ptr %buffers, i32 %part, i32 %parts)
+  %ignored = atomicrmw add ptr %done.p, i32 1 seq_cst
+  br label %claim
+
+out:
+  ret void
+}}
+
+define private void @{symbol}.task(ptr %shares) {{
+entry:
+  call void @{symbol}.work(ptr %shares)
+  call void @{symbol}.release(ptr %shares)
+  ret void
+}}
+
+define private void @{symbol}.release(ptr %shares) {{
+entry:
+  %refs = atomicrmw sub ptr %shares, i64 1 seq_cst
+  %last = icmp eq i64 %refs, 1
+  br i1 %last, label %free, label %out
+
+free:
+  call void @free(ptr %shares)
+  br label %out
+
+out:
+  ret void
+}}
+
+define private void @{symbol}.destroy(ptr %api, ptr %error) {{
+entry:
+  %args = alloca %DestroyArgs
+  store %DestroyArgs {{ i64 24, ptr null, ptr null }}, ptr %args
+  %args.error = getelementptr %DestroyArgs, ptr %args, i32 0, i32 2
+  store ptr %error, ptr %args.error
+  %destroy.p = getelementptr %Api, ptr %api, i32 0, i32 4, i32 {_ERROR_DESTROY}
+  %destroy = load ptr, ptr %destroy.p
+  call void %destroy(ptr %args)
+  ret void
 }}
 """
 
@@ -114,9 +332,17 @@ def _host_target_machine():
     return _target_machine
 
 
-def compile_handler(symbol: str, kernel_address: int, num_inputs: int, num_outputs: int) -> int:
+def max_parts(split_extent: int, kernel_bytes: int) -> int:
+    """Parts a kernel may run in: one per PART_BYTES of its buffers, at most one per
+    iteration of its split loop (``split_extent``, 0: none)."""
+    return max(1, min(split_extent, kernel_bytes // PART_BYTES))
+
+
+def compile_handler(symbol: str, kernel_address: int, num_inputs: int, num_outputs: int,
+                    parts_address: int = 0, parts: int = 1) -> int:
     """Native code of the handler; returns its address (valid for the process lifetime)."""
-    module = llvm.parse_assembly(handler_ir(symbol, kernel_address, num_inputs, num_outputs))
+    module = llvm.parse_assembly(handler_ir(symbol, kernel_address, num_inputs, num_outputs,
+                                            parts_address, parts))
     module.verify()
     engine = llvm.create_mcjit_compiler(module, _host_target_machine())
     engine.finalize_object()
@@ -125,14 +351,15 @@ def compile_handler(symbol: str, kernel_address: int, num_inputs: int, num_outpu
 
 
 def register_kernel(name: str, kernel_address: int, num_inputs: int, num_outputs: int,
-                    owner: object = None) -> str:
+                    owner: object = None, parts_address: int = 0, parts: int = 1) -> str:
     """Make the host kernel an XLA:CPU typed-FFI custom-call target; returns the target name.
 
     XLA keeps the first registration of a name forever, and two functions may well produce
     kernels with the same spec name (same module name, other shapes), so the target is
     ``name`` plus the kernel's address: unique among live kernels, and the same target again
     for the same kernel. ``owner`` (the object whose code lives at ``kernel_address``) is kept
-    alive for the process lifetime, as XLA executables may call it at any time.
+    alive for the process lifetime, as XLA executables may call it at any time. ``parts``
+    above 1: the kernel's parts function at ``parts_address`` runs in up to that many parts.
     """
     if not name.startswith(TARGET_PREFIX):
         raise ValueError(f"FFI target {name!r} must start with {TARGET_PREFIX!r}")
@@ -142,11 +369,27 @@ def register_kernel(name: str, kernel_address: int, num_inputs: int, num_outputs
     with _lock:
         if target not in _registered:
             symbol = "handler_" + "".join(c if c.isalnum() else "_" for c in target)
-            handler = compile_handler(symbol, kernel_address, num_inputs, num_outputs)
+            handler = compile_handler(symbol, kernel_address, num_inputs, num_outputs,
+                                      parts_address, parts)
             jax.ffi.register_ffi_target(target, _capsule(handler), platform="cpu",
                                         api_version=1)
             _registered[target] = owner
     return target
+
+
+def register_host_kernel(name: str, host, num_inputs: int, num_outputs: int,
+                         parts: int | None = None) -> str:
+    """`register_kernel` for a fast codegen.HostKernel, in up to ``parts`` parts (None: as
+    many as `kernel_parts` gives it)."""
+    return register_kernel(name, host.address, num_inputs, num_outputs, owner=host,
+                           parts_address=host.parts_address,
+                           parts=kernel_parts(host) if parts is None else parts)
+
+
+def kernel_parts(host) -> int:
+    """`max_parts` of a fast codegen.HostKernel compiled from its spec."""
+    kernel = host.spec.host_kernel
+    return max_parts(host.split_extent, sum(b.shape.byte_size for b in kernel.buffers))
 
 
 def _capsule(address: int):

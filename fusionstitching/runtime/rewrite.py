@@ -82,7 +82,7 @@ def custom_call(spec, target: str, backend_config: str | None = None) -> list[In
     }
     if backend_config is not None:
         attrs["backend_config"] = backend_config
-    outputs = [(_output_name(name), _with_layout(shape)) for name, shape in spec.outputs]
+    outputs = [(output_name(name), _with_layout(shape)) for name, shape in spec.outputs]
     if len(outputs) == 1:
         name, shape = outputs[0]
         calls = [Instruction(name, shape, "custom-call", operands, attrs)]
@@ -95,7 +95,8 @@ def custom_call(spec, target: str, backend_config: str | None = None) -> list[In
     return calls + _rebuilt_tuples(spec.outputs)
 
 
-def _output_name(name: str) -> str:
+def output_name(name: str) -> str:
+    """The instruction holding pattern output ``name`` after `custom_call`."""
     base, _, index = name.partition("#")
     return f"{base}.element{index}" if index else name
 
@@ -105,7 +106,7 @@ def _rebuilt_tuples(outputs) -> list[Instruction]:
     for name, shape in outputs:
         base, _, index = name.partition("#")
         if index:
-            elements.setdefault(base, []).append((int(index), _output_name(name), shape))
+            elements.setdefault(base, []).append((int(index), output_name(name), shape))
     tuples = []
     for base, parts in elements.items():
         parts.sort()
