@@ -35,6 +35,7 @@ class Refusal(enum.Enum):
     CANNOT_LAUNCH = "cannot launch on the device"
     EXCLUDED = "excluded by the caller"
     NO_LOWERING = "no LLVM lowering"
+    COLUMNS_FORM = "outside the host column schedule's form"
 
 
 class CodegenError(Exception):

@@ -14,8 +14,8 @@ from .errors import CodegenError
 from .flatten import flatten
 from .kernel_ir import Kernel
 from .schedules.candidates import Schedule
-from .schedules.choose import (Refused, ScheduledKernel, build_kernel, build_launched,
-                               host_schedule, schedule_pattern)
+from .schedules.choose import (Refused, ScheduledKernel, build_host_kernel, build_launched,
+                               schedule_pattern)
 from .schedules.space import outside_main_space
 from .traffic import global_traffic
 
@@ -106,7 +106,7 @@ def generate(module: Module, nodes: list[str], name: str, device: Device | None 
         regs_model=scheduled.profile.regs_per_thread, why=scheduled.schedule.why,
         modeled_us=scheduled.modeled_us, smem_bytes_no_reuse=scheduled.smem_bytes_no_reuse,
         candidates=scheduled.candidates,
-        host_kernel=build_kernel(pattern, host_schedule(pattern, scheduled.schedule), name)[0]
+        host_kernel=build_host_kernel(pattern, scheduled.schedule, name)
         if with_host_kernel else None,
         profile=scheduled.profile, schedule=scheduled.schedule, refused=scheduled.refused,
         fastest=scheduled.fastest, borrowed=scheduled.borrowed)
@@ -127,7 +127,7 @@ def add_host_kernel(module: Module, spec: KernelSpec) -> KernelSpec:
     if spec.host_kernel is not None:
         return spec
     pattern = flatten(module, spec.nodes)
-    host = build_kernel(pattern, host_schedule(pattern, spec.schedule), spec.name)[0]
+    host = build_host_kernel(pattern, spec.schedule, spec.name)
     return dataclasses.replace(spec, host_kernel=host)
 
 

@@ -31,7 +31,7 @@ class Schedule:
     """One way to map a pattern onto threads, with its launch dimensions; frozen, so a
     schedule is its own identity (`excluded` keys, refusals)."""
 
-    kind: str  # loop, thread, warp, block, tile, phases
+    kind: str  # loop, thread, warp, block, tile, phases; columns (host kernels only)
     space: Space  # phases: unused (each phase has its own), Space(1, 0)
     groups_per_block: int
     threads_per_group: int
@@ -86,6 +86,9 @@ class Schedule:
                        f"{self.groups_per_block} per block"
             case "block":
                 return f"[{o}]x[{r}] block schedule: one block of {b} threads per result"
+            case "columns":
+                return f"[{o}]x[{r}] columns schedule (host): {self.grid[0]} blocks of " \
+                       f"{self.groups_per_block} results, points outer and results inner"
             case "phases" if self.grid_blocks > 1:
                 return f"phased schedule: {self.grid_blocks} blocks of {b} threads, " \
                        f"{self.phases} phases (reductions over different spaces, results in " \

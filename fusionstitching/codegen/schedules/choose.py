@@ -25,6 +25,7 @@ from ..flatten import Pattern
 from ..index_expr import strides as _element_strides
 from ..kernel_ir import Kernel
 from .candidates import Schedule, enumerate_schedules
+from .columns import build_columns_kernel, columns_schedule
 from .one_space import build_one_space_kernel, launch_free, relaunched
 from .phased import build_phased_kernel, enumerate_phased_schedules
 from .shared_memory import reuse_shared_memory
@@ -70,20 +71,44 @@ def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, 
     """The kernel IR of `pattern` under one schedule; raises CodegenError (e.g. locality)."""
     if sched.kind == "phases":
         return build_phased_kernel(pattern, sched, name)
+    if sched.kind == "columns":
+        return build_columns_kernel(pattern, sched, name)
     return build_one_space_kernel(pattern, sched, name)
 
 
 def host_schedule(pattern: Pattern, chosen: Schedule | None = None) -> Schedule:
     """The schedule a CPU runs fastest: one thread per block, so every loop is a plain serial
     loop (vectorizable) and per-group or per-kernel values are computed once, not per element.
-    A phased kernel (``chosen``) stays phased, with one thread and its loops rolled."""
+    Reductions whose points are strided in memory take the columns schedule (points outer,
+    results inner). A phased kernel (``chosen``) stays phased, with one thread and its loops
+    rolled."""
     if chosen is not None and chosen.kind == "phases":
         return dataclasses.replace(chosen, groups_per_block=1, threads_per_group=1, vector=1,
                                    grid_blocks=1, unrolled=False)
     space = reduction_space(pattern)
     if space.reduced == 0:
         return Schedule("loop", space, 1, 1, 1)
+    if _strided_points(pattern):
+        return columns_schedule(space)
+    return _thread_host_schedule(space)
+
+
+def _thread_host_schedule(space) -> Schedule:
     return Schedule("thread", space, 1, 1, space.groups)
+
+
+def build_host_kernel(pattern: Pattern, chosen: Schedule | None, name: str) -> Kernel:
+    """The kernel of `host_schedule`; a pattern the columns schedule does not take gets the
+    thread schedule (one result per block)."""
+    sched = host_schedule(pattern, chosen)
+    if sched.kind == "columns":
+        try:
+            return build_columns_kernel(pattern, sched, name)[0]
+        except CodegenError as err:
+            if err.kind is not Refusal.COLUMNS_FORM:
+                raise
+            sched = _thread_host_schedule(sched.space)
+    return build_kernel(pattern, sched, name)[0]
 
 
 def _strided_points(pattern: Pattern) -> int:

@@ -1,0 +1,129 @@
+"""The host's schedule for column reductions: rows outer, a block's results side by side.
+
+Read one result at a time, a reduction whose points are strided in memory (the column sums
+of a row-major matrix: bias and LayerNorm-parameter gradients, BatchNorm statistics) touches
+a cache line per element. Here a block owns consecutive results; each reduction stage loops
+over the points outer and the block's results inner, so every row is read contiguously and
+the inner loop vectorizes, each result's partial value in an accumulator array. Later stages
+and the stores read a finished reduction from its array at their result.
+"""
+from __future__ import annotations
+
+from ..errors import CodegenError, Refusal
+from ..flatten import Pattern
+from ..index_expr import Var, add, ix, linearize, scale
+from ..kernel_ir import Compute, IndexLet, Kernel, Loop, SharedArray, SharedLoad, SharedStore
+from ..ops import identity
+from .candidates import Schedule
+from .emitter import Emitter
+from .loops import stores_at_group
+from .reduce import apply_init, tag_of
+from .space import Space, reduce_operand_index, reduction_stages, reshaped, result_shape
+
+RESULTS_PER_BLOCK = 256  # at most (blocks are what runs in parts); its accumulators are on the stack
+ACCUMULATOR_BYTES = 64 * 1024  # all of a block's accumulator arrays together, at most
+
+
+def columns_schedule(space: Space) -> Schedule:
+    """Blocks of the most consecutive results up to RESULTS_PER_BLOCK that divide them."""
+    per_block = max(k for k in range(1, min(space.groups, RESULTS_PER_BLOCK) + 1)
+                    if space.groups % k == 0)
+    return Schedule("columns", space, per_block, 1, space.groups // per_block)
+
+
+def build_columns_kernel(pattern: Pattern, sched: Schedule, name: str
+                         ) -> tuple[Kernel, set[str]]:
+    """The kernel IR of `pattern` under `columns_schedule`; raises CodegenError for what it
+    does not take (outputs of other sizes, variadic reductions, too many accumulators)."""
+    o, r = sched.space.groups, sched.space.reduced
+    width = sched.groups_per_block
+    tid, bid = Var("tid", 1), Var("bid", sched.grid_blocks)
+    group, lane, point = Var("o", o), Var("c", width), Var("r", r)
+    em = Emitter(pattern, group)
+    first_output = len(pattern.inputs)
+    outputs = list(enumerate(zip(pattern.outputs, pattern.output_values)))
+    per_point = [(i, s, v) for i, ((_, s), v) in outputs if s.num_elements == o * r]
+    per_group = [(i, s, v) for i, ((_, s), v) in outputs
+                 if s.num_elements == o and s.num_elements != o * r]
+    if len(per_point) + len(per_group) < len(outputs):
+        raise CodegenError(Refusal.COLUMNS_FORM, "outputs of other sizes than the reductions'")
+    stages = reduction_stages(pattern)
+    reductions = [red for stage in stages for red in stage]
+    if any(red.combiner is not None for red in reductions):
+        raise CodegenError(Refusal.COLUMNS_FORM, "a variadic reduction")
+    dtype_bytes = {red.name: result_shape(red).byte_size // o for red in reductions}
+    if width * sum(dtype_bytes.values()) > ACCUMULATOR_BYTES:
+        raise CodegenError(Refusal.COLUMNS_FORM, f"accumulators of {width} results x "
+                                                 f"{len(reductions)} reductions")
+    accumulators = {red.name: SharedArray(f"acc_{tag_of(red)}", result_shape(red).dtype, width)
+                    for red in reductions}
+
+    def lanes(body) -> None:
+        """``body()`` in a loop over the block's results, each at its group (with the
+        finished reductions' values there), placed in the current scope."""
+        outer = len(em.scopes) - 1
+        em.open_loop(lane)
+        depth = len(em.scopes) - 1
+        em.var_depth[group] = depth
+        em.place(IndexLet(group, add(scale(bid, width), lane)), depth)
+        for name in finished:
+            value = em.fresh(accumulators[name].dtype)
+            em.place(SharedLoad(value, accumulators[name], ix(lane)), depth)
+            em.reduced[name] = value
+        body(depth)
+        em.place(Loop(lane, ix(0), width, 1, em.close_loop(), []), outer)
+
+    def rows(body) -> None:
+        em.open_loop(point)
+        lanes(body)
+        em.place(Loop(point, ix(0), r, 1, em.close_loop(), []), 0)
+
+    finished: list[str] = []
+    for stage in stages:
+        def start(depth: int) -> None:
+            for red in stage:
+                init, _ = em.const(identity(red.reducer, result_shape(red).dtype),
+                                   result_shape(red).dtype)
+                em.place(SharedStore(accumulators[red.name], ix(lane), init), depth)
+
+        def accumulate(depth: int) -> None:
+            for red in stage:
+                shape = em.ops[red.operands[0]].shape
+                value, _ = em.value(red.operands[0], reduce_operand_index(red, shape, ix(group),
+                                                                          ix(point)))
+                partial, total = em.fresh(value.dtype), em.fresh(value.dtype)
+                em.place(SharedLoad(partial, accumulators[red.name], ix(lane)), depth)
+                em.place(Compute(total, red.reducer, [partial, value]), depth)
+                em.place(SharedStore(accumulators[red.name], ix(lane), total), depth)
+
+        def finish(depth: int) -> None:
+            for red in stage:
+                partial = em.fresh(result_shape(red).dtype)
+                em.place(SharedLoad(partial, accumulators[red.name], ix(lane)), depth)
+                total = apply_init(em, pattern, red, partial, depth)
+                if total is not partial:
+                    em.place(SharedStore(accumulators[red.name], ix(lane), total), depth)
+
+        lanes(start)
+        rows(accumulate)
+        lanes(finish)
+        finished += [red.name for red in stage]
+    ref = stages[0][0]
+    ref_shape = em.ops[ref.operands[0]].shape
+    if per_point:
+        def store_point(depth: int) -> None:
+            at = reduce_operand_index(ref, ref_shape, ix(group), ix(point))
+            for i, shape, value_name in per_point:
+                index = reshaped(at, ref_shape, shape)
+                value, _ = em.value(value_name, index)
+                em.store(first_output + i, shape, linearize(index, shape), value)
+
+        rows(store_point)
+    if per_group:
+        lanes(lambda depth: em.scopes[depth].extend(
+            stores_at_group(em, result_shape(ref), group, per_group, first_output)))
+    # one thread per block: its loops cover the block's results (not sched.block of them)
+    kernel = Kernel(name, pattern.buffers(), sched.grid, (1,),
+                    list(accumulators.values()), em.scopes[0], tid, bid,
+                    list(em.constants.values()))
+    return kernel, {"thread_composition"}
