@@ -5,8 +5,9 @@ so a loop holding one is not vectorized and pays a call per element (a 512x1024 
 5 ms, XLA:CPU 0.5 ms). These are range reductions and polynomials, selects for the special
 values, and bit operations: the loop vectorizer widens them like any arithmetic, as XLA:CPU's
 own polynomial approximations are. Every polynomial was fitted here (numpy, least squares at
-Chebyshev nodes, in f64, to the function's smooth remainder named beside it); each function is
-within a few ulp of the correctly rounded result (tests/test_host_math.py measures it).
+Chebyshev nodes, in f64, to the function's smooth remainder named beside it; tanh's rational
+by reweighted least squares on its relative error); each function is within a few ulp of the
+correctly rounded result (tests/test_host_math.py measures it).
 """
 from __future__ import annotations
 
@@ -32,10 +33,13 @@ SQRT_HALF = 0.707106781186547524
 LOG_POLY = (7.1596021162031565e-02, -1.1586937399353534e-01, 1.1665084134378124e-01,
             -1.2409169752087180e-01, 1.4249413396952681e-01, -1.6668543254720755e-01,
             2.0000723699992631e-01, -2.4999988510171117e-01, 3.3333331111166109e-01)
-TANH_SMALL = 0.625  # below: odd polynomial; above: 1 - 2 / (exp(2|x|) + 1)
-# (tanh(x) - x) / x^3 in z = x^2, |x| < TANH_SMALL
-TANH_POLY = (-6.1049418642550217e-03, 2.1003635818148264e-02, -5.3852495885736221e-02,
-             1.3332782246820776e-01, -3.3333329099113973e-01)
+TANH_ONE = 9.5  # |x| beyond: tanh(x) rounds to 1 in f32; the rational is fitted up to here
+# tanh(x) ~ x * P(x^2) / Q(x^2) for |x| <= TANH_ONE (relative error 3.4e-8 in f64;
+# benchmarks/fit_tanh.py fits it)
+TANH_P = (1.248838144007891e-08, 1.997194854718408e-05, 0.0034564397836334007,
+          0.13347942726779355, 0.9999999662647763)
+TANH_Q = (7.418311632825803e-07, 0.00032218985924716676, 0.025727662564890973,
+          0.4668124777190262, 1.0)
 ERF_SMALL = 1.0  # below: x * polynomial in x^2; above: 1 - erfc
 # erf(x) / x in z = x^2, |x| < ERF_SMALL
 ERF_POLY = (7.8824970715248976e-05, -8.0188549802262738e-04, 5.1893119411107963e-03,
@@ -83,9 +87,15 @@ def _power_of_two(b: ir.IRBuilder, n: ir.Value) -> ir.Value:
     return b.bitcast(b.shl(b.add(n, ir.Constant(I32, 127)), ir.Constant(I32, 23)), F32)
 
 
+def _clamp(b: ir.IRBuilder, x: ir.Value, low: float, high: float) -> ir.Value:
+    """x within [low, high], as compares and selects (x86: one maxps and one minps; a NaN
+    comes out as ``low``: callers select their own result for it)."""
+    above = b.select(b.fcmp_ordered(">", x, _const(low)), x, _const(low))
+    return b.select(b.fcmp_ordered("<", above, _const(high)), above, _const(high))
+
+
 def exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    clamped = _intrinsic(b, "llvm.minnum.f32",
-                         _intrinsic(b, "llvm.maxnum.f32", x, _const(EXP_MIN)), _const(EXP_MAX))
+    clamped = _clamp(b, x, EXP_MIN, EXP_MAX)
     n = _intrinsic(b, "llvm.rint.f32", b.fmul(clamped, _const(LOG2_E)))
     r = b.fsub(b.fsub(clamped, b.fmul(n, _const(LN2_HI))), b.fmul(n, _const(LN2_LO)))
     p = b.fadd(b.fadd(b.fmul(b.fmul(_poly(b, r, EXP_POLY), r), r), r), _const(1.0))
@@ -126,15 +136,12 @@ def log(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 def tanh(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     ax = _intrinsic(b, "llvm.fabs.f32", x)
-    z = b.fmul(x, x)
-    # copysign keeps tanh(-0) = -0
-    small = _intrinsic(b, "llvm.copysign.f32",
-                       b.fadd(b.fmul(b.fmul(_poly(b, z, TANH_POLY), z), x), x), x)
-    e = exp(b, b.fmul(ax, _const(2.0)))
-    large = b.fsub(_const(1.0), b.fdiv(_const(2.0), b.fadd(e, _const(1.0))))
-    large = _intrinsic(b, "llvm.copysign.f32", large, x)
-    result = b.select(b.fcmp_ordered("<", ax, _const(TANH_SMALL)), small, large)
-    return b.select(_is_nan(b, x), x, result)
+    # min(|x|, TANH_ONE) and min(ratio, 1) as unordered selects: a NaN passes through both
+    ax = b.select(b.fcmp_unordered("<", ax, _const(TANH_ONE)), ax, _const(TANH_ONE))
+    z = b.fmul(ax, ax)
+    ratio = b.fdiv(b.fmul(ax, _poly(b, z, TANH_P)), _poly(b, z, TANH_Q))
+    ratio = b.select(b.fcmp_unordered("<", ratio, _const(1.0)), ratio, _const(1.0))
+    return _intrinsic(b, "llvm.copysign.f32", ratio, x)
 
 
 def erf(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
