@@ -1,5 +1,19 @@
-"""Make the repository importable when pytest runs from a checkout without `pip install -e .`."""
+"""Make the repository importable when pytest runs from a checkout without `pip install -e .`;
+keep the per-kernel timing out of decisions the tests assert."""
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+@pytest.fixture(autouse=True)
+def kernels_measured_faster(request, monkeypatch):
+    """With keep='fastest' each host kernel is timed against XLA:CPU (runtime/cpu_speed.py);
+    a small test kernel wins or loses by microseconds of noise, and a loss leaves it to XLA,
+    so whether a test's kernel ran would be decided by the machine's load. Here every kernel
+    is measured faster, unless the test is marked ``real_timing``."""
+    if request.node.get_closest_marker("real_timing") is None:
+        monkeypatch.setattr("fusionstitching.runtime.cpu_speed.compare",
+                            lambda module, spec, target: (1.0, 2.0))

@@ -9,6 +9,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 from fusionstitching.capture import jax_hlo  # noqa: E402
 from fusionstitching.codegen import compile_host  # noqa: E402
@@ -50,6 +51,7 @@ def test_the_pattern_alone_computes_what_its_kernel_computes():
             np.testing.assert_allclose(g, w, rtol=2e-6, atol=1e-6)
 
 
+@pytest.mark.real_timing
 def test_compare_times_both_sides():
     x = np.ones((64, 128), np.float32)
     result = planned(softmax_and_stats, x, np.ones(128, np.float32))
@@ -103,7 +105,9 @@ def test_a_kernel_measured_faster_runs(monkeypatch):
     fn, a = jit(layernorm, cache_dir=None), args()
     np.testing.assert_allclose(np.asarray(fn(*a)), expected(*a), rtol=1e-5, atol=1e-5)
     (report,) = fn.reports()
-    assert report.fallbacks == [] and report.fs.patterns == 1
+    # the stitched executable has the kernel (whether the whole step then ran faster than
+    # XLA's is the executor's timing, on this busy machine either way)
+    assert report.fallbacks == [] and report.runtime["stitched_plan"]["patterns"] == 1
 
 
 def test_keep_stitched_is_not_measured(monkeypatch):
