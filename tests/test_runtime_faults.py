@@ -18,7 +18,8 @@ from helpers import args, expected, layernorm  # noqa: E402
 
 
 def run_twice(fn, a):
-    """Two calls: the first decides (runs XLA's and the candidate), the second runs the kept one."""
+    """Two calls: the first tries the candidate (runs XLA's and it); the second runs the kept
+    one, or, when the candidate was timed faster, one of the two real calls confirming it."""
     first, second = np.asarray(fn(*a)), np.asarray(fn(*a))
     return first, second
 
@@ -172,6 +173,9 @@ def test_whole_module_failure_names_the_stage(monkeypatch):
 def test_keep_fastest_times_both_and_reports_it():
     fn, a = jit(layernorm, cache_dir=None), args()
     run_twice(fn, a)
+    # the trial's winner, if the stitched one, is confirmed on real calls, one executable each
+    for _ in range(2 * executor.TIMING_ROUNDS):
+        np.testing.assert_allclose(np.asarray(fn(*a)), expected(*a), rtol=1e-5, atol=1e-5)
     (report,) = fn.reports()
     runtime = report.runtime
     assert runtime["state"] == "settled" and runtime["kept"] in ("xla", "stitched")
