@@ -5,8 +5,9 @@ Per step (the zoo's JAX workloads and the third-party tier's JAX steps, each par
 process with its library's environment, as bench_plan_time.py runs them): both functions
 are called on the same seeded inputs (the zoo's own values; the tier's arguments are shapes,
 filled with seeded normal floats and 0/1 integers as verification does). The first call of
-fusionstitching.jit plans, builds, measures each kernel against XLA:CPU and decides; the
-table then shows the median wall time of CALLS alternating calls of each, their ratio,
+fusionstitching.jit plans, builds, measures each kernel against XLA:CPU and tries the
+stitched executable; the next calls confirm a faster one ("deciding calls"). The table then
+shows the median wall time of CALLS alternating calls of each, after the decision, their ratio,
 which executable was kept, how many patterns run stitched and how many were measured slower
 than XLA's, and the largest difference between the two functions' outputs. Steps are
 called on the same inputs each time (no training state is carried), so "outputs" are one
@@ -55,6 +56,9 @@ def steps(part: str, only):
         yield name, kind, fn, concrete(args) if kind == "jax" else args
 
 
+MAX_DECIDING_CALLS = 30
+
+
 def max_difference(a, b) -> float:
     worst = 0.0
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
@@ -76,6 +80,11 @@ def measure(name: str, fn, args, calls: int, cache_dir: str) -> dict:
     jax.block_until_ready(stitched(*args))  # builds and decides (it runs XLA's executable)
     row["fs_first_s"] = time.perf_counter() - started
     row["max_diff"] = max_difference(jax.block_until_ready(stitched(*args)), want)
+    (compiled,) = stitched._compiled.values()
+    row["deciding_calls"] = 2  # the trial's and this one
+    while compiled.executor.decided() is None and row["deciding_calls"] < MAX_DECIDING_CALLS:
+        jax.block_until_ready(stitched(*args))  # real calls confirming a faster candidate
+        row["deciding_calls"] += 1
     times = {"xla": [], "fs": []}
     for _ in range(calls):
         for label, function in (("xla", reference), ("fs", stitched)):
@@ -108,11 +117,12 @@ def run_part(part: str, only, calls: int) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     columns = ["step", "XLA ms", "stitched ms", "XLA / stitched", "kept", "patterns stitched",
-               "measured slower", "max output diff", "first call s (XLA, ours)"]
+               "measured slower", "max output diff", "first call s (XLA, ours)",
+               "deciding calls"]
     return "\n".join(markdown_table(columns, rows, lambda r: [
         r["step"], f"{r['xla_ms']:.2f}", f"{r['fs_ms']:.2f}", f"{r['xla_ms'] / r['fs_ms']:.2f}",
         str(r["kept"]), str(r["patterns"]), str(r["measured_slower"]), f"{r['max_diff']:.2e}",
-        f"{r['xla_first_s']:.1f}, {r['fs_first_s']:.1f}"]))
+        f"{r['xla_first_s']:.1f}, {r['fs_first_s']:.1f}", str(r.get("deciding_calls", "-"))]))
 
 
 def main(argv=None) -> None:
