@@ -156,8 +156,11 @@ class StitchedFunction:
         """A call failed in XLA's runtime. When the stitched executable ran it, XLA's answers
         the call and every later one (a fallback with the error); XLA's own errors are the
         user's."""
-        key = self._signature(args, kwargs)
-        compiled = self._compiled.get(key) if key is not None else None
+        try:
+            key = self._signature(args, kwargs)
+            compiled = self._compiled.get(key) if key is not None else None
+        except TypeError:  # an unhashable static argument: no executable of ours ran
+            compiled = None
         if compiled is None or compiled.executor.decided() in (None, compiled.xla_compiled):
             raise exc
         compiled.executor.fail("execute", [], reason(exc))

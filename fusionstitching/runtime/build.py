@@ -103,7 +103,8 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
                        crash_check.Outcome.FAILED):
             left.append((kernel.spec.name, Fallback("trial", nodes, why)))
             continue
-        try:
+        try:  # before the measurement, which runs the kernel as the executable will: a
+            # kernel then measured slower stays registered (XLA keeps targets for good)
             parts = ffi.kernel_parts(host)
             target = _register(kernel.spec.name, host, len(kernel.spec.inputs),
                                len(kernel.spec.outputs), parts)
