@@ -36,19 +36,28 @@ def planned(fn, *a):
     return result
 
 
-def test_the_pattern_alone_computes_what_its_kernel_computes():
+def test_the_pattern_alone_and_the_call_module_compute_what_the_kernel_computes():
+    """Both sides of the measurement: XLA's pattern module and the module calling the
+    registered kernel, against the kernel compiled here."""
     rng = np.random.default_rng(0)
     x, b = rng.standard_normal((64, 128), np.float32), rng.standard_normal(128, np.float32)
     result = planned(softmax_and_stats, x, b)
     for kernel in result.kernels:
         spec = kernel.spec
-        text = cpu_speed.pattern_module(result.graph.module, spec)
         inputs = [rng.standard_normal(s.dims).astype(s.numpy_dtype) for _, s in spec.inputs]
-        want = run_hlo_with_xla(text, inputs)
         got = compile_host(spec, fast=True)(*inputs)
-        assert len(got) == len(want) == len(spec.outputs)
-        for g, w in zip(got, want):
-            np.testing.assert_allclose(g, w, rtol=2e-6, atol=1e-6)
+        for text in (cpu_speed.pattern_module(result.graph.module, spec),
+                     cpu_speed.call_module(spec, registered(spec))):
+            want = run_hlo_with_xla(text, inputs)
+            assert len(got) == len(want) == len(spec.outputs)
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g, np.asarray(w), rtol=2e-6, atol=1e-6)
+
+
+def registered(spec) -> str:
+    host = compile_host(spec, fast=True)
+    return ffi.register_kernel(spec.name, host.address, len(spec.inputs), len(spec.outputs),
+                               owner=host)
 
 
 @pytest.mark.real_timing
@@ -59,26 +68,6 @@ def test_compare_times_both_sides():
     target = registered(spec)
     host_us, xla_us = cpu_speed.compare(result.graph.module, spec, target)
     assert 0 < host_us < 1e6 and 0 < xla_us < 1e6
-
-
-def registered(spec) -> str:
-    host = compile_host(spec, fast=True)
-    return ffi.register_kernel(spec.name, host.address, len(spec.inputs), len(spec.outputs),
-                               owner=host)
-
-
-def test_the_call_module_computes_what_the_pattern_computes():
-    rng = np.random.default_rng(1)
-    x, b = rng.standard_normal((64, 128), np.float32), rng.standard_normal(128, np.float32)
-    result = planned(softmax_and_stats, x, b)
-    for kernel in result.kernels:
-        spec = kernel.spec
-        inputs = [rng.standard_normal(s.dims).astype(s.numpy_dtype) for _, s in spec.inputs]
-        want = run_hlo_with_xla(cpu_speed.pattern_module(result.graph.module, spec), inputs)
-        got = run_hlo_with_xla(cpu_speed.call_module(spec, registered(spec)), inputs)
-        assert len(got) == len(want) == len(spec.outputs)
-        for g, w in zip(got, want):
-            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-6, atol=1e-6)
 
 
 def test_a_kernel_measured_slower_is_left_to_xla(monkeypatch, tmp_path):
