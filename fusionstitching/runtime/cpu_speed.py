@@ -20,7 +20,8 @@ from ..hlo.xla_runner import prepared_for_xla_cpu
 from ..verification import seeded_inputs
 from .rewrite import custom_call, output_name
 
-# Timed calls per side, after WARMUP: MIN_CALLS, then more up to CALLS while under BUDGET_S.
+# Timed calls per side, after WARMUP: MIN_CALLS, then more up to CALLS while under BUDGET_S
+# (per side, on average).
 WARMUP = 5
 MIN_CALLS = 5
 CALLS = 31
@@ -93,17 +94,21 @@ def _called(module: Module, instructions: list[Instruction]) -> set[str]:
     return found
 
 
-def median_us(call) -> float:
-    """Median of up to CALLS timed calls (at least MIN_CALLS, then until BUDGET_S is spent),
-    after WARMUP calls."""
+def median_us(*calls) -> list[float]:
+    """Median us of each of ``calls``, timed alternately (a change of the machine's load then
+    falls on every side alike): up to CALLS rounds, at least MIN_CALLS, then until BUDGET_S is
+    spent, after WARMUP rounds."""
     for _ in range(WARMUP):
-        call()
-    times: list[float] = []
-    while len(times) < MIN_CALLS or (len(times) < CALLS and sum(times) < BUDGET_S):
-        started = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - started)
-    return float(np.median(times)) * 1e6
+        for call in calls:
+            call()
+    times: list[list[float]] = [[] for _ in calls]
+    while len(times[0]) < MIN_CALLS or (len(times[0]) < CALLS
+                                         and sum(map(sum, times)) < BUDGET_S * len(calls)):
+        for call, kept in zip(calls, times):
+            started = time.perf_counter()
+            call()
+            kept.append(time.perf_counter() - started)
+    return [float(np.median(t)) * 1e6 for t in times]
 
 
 def compare(module: Module, spec, target: str) -> tuple[float, float]:
@@ -116,4 +121,5 @@ def compare(module: Module, spec, target: str) -> tuple[float, float]:
         executable, buffers = prepared_for_xla_cpu(text, inputs)
         sides.append(lambda executable=executable, buffers=buffers: [
             out.block_until_ready() for out in executable.execute(buffers)])
-    return median_us(sides[0]), median_us(sides[1])
+    host_us, xla_us = median_us(*sides)
+    return host_us, xla_us
