@@ -20,12 +20,8 @@ from jax._src import source_info_util, tree_util
 from jax._src.api_util import fun_signature, infer_argnums_and_argnames
 from jax._src.array import ArrayImpl
 from jax._src.interpreters import pxla
+from jax._src.lib import _jax as jaxlib_cpp  # jaxlib's C++ dispatch (jax_dispatch)
 from jax.api_util import shaped_abstractify
-
-try:  # jaxlib's C++ dispatch (jax_dispatch): private, so its absence is allowed for
-    from jax._src.lib import _jax as jaxlib_cpp
-except ImportError:
-    jaxlib_cpp = None
 
 from . import pipeline
 from .report import Report
@@ -234,7 +230,7 @@ def jax_dispatch(fn, cache_miss, static_argnums, static_argnames):
                                list(static_argnums), list(static_argnames),
                                pxla.JitGlobalCppCacheKeys(), tree_util.dispatch_registry,
                                pxla.cc_shard_arg, jaxlib_cpp.PjitFunctionCache())
-    except (AttributeError, TypeError):  # no jaxlib_cpp, or another jaxlib's signature
+    except (AttributeError, TypeError):  # another jaxlib's pjit or signature: Python's path
         return None
 
 
