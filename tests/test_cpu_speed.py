@@ -99,6 +99,16 @@ def test_a_kernel_measured_faster_runs(monkeypatch):
     assert report.fallbacks == [] and report.runtime["stitched_plan"]["patterns"] == 1
 
 
+def test_a_kernel_a_little_slower_alone_goes_to_the_step_trial(monkeypatch):
+    # Alone, both sides pay an executable's fixed cost; within SLOWER_ALONE the trial of the
+    # whole step decides (the stitched executable has the kernel).
+    monkeypatch.setattr(cpu_speed, "compare", lambda module, spec, target: (140.0, 100.0))
+    fn, a = jit(layernorm, cache_dir=None), args()
+    np.testing.assert_allclose(np.asarray(fn(*a)), expected(*a), rtol=1e-5, atol=1e-5)
+    (report,) = fn.reports()
+    assert report.fallbacks == [] and report.runtime["stitched_plan"]["patterns"] == 1
+
+
 def test_keep_stitched_is_not_measured(monkeypatch):
     monkeypatch.setattr(cpu_speed, "compare", lambda module, spec, target: 1 / 0)
     fn, a = jit(layernorm, cache_dir=None, keep="stitched"), args()

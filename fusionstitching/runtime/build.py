@@ -51,7 +51,7 @@ def reason(exc: BaseException) -> str:
 def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_dir: str | None,
                    dump_prefix: str | None = None, measure: bool = False) -> Built:
     """``measure``: on the host route, each kernel is timed against XLA:CPU running its
-    instructions alone and left to XLA unless faster (`cpu_speed`; the default
+    instructions alone and left to XLA when clearly slower (`cpu_speed`; the default
     ``keep="fastest"`` asks for it)."""
 
     started = time.perf_counter()
@@ -66,7 +66,9 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     stats = kernel_cache.CacheStats(cache_dir)
     cache = kernel_cache.KernelCache(cache_dir)
     plan_key = kernel_cache.fingerprint("plan", without_source_locations(optimized),
-                                        options.target, options.explorer, f"measure={measure}")
+                                        options.target, options.explorer,
+                                        # the rule is part of the decisions the plan keeps
+                                        f"measure={measure and cpu_speed.SLOWER_ALONE}")
     cached = cache.lookup(plan_key, stats)
     if cached is not None:
         try:
@@ -117,10 +119,11 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
             except Exception as exc:
                 left.append((kernel.spec.name, Fallback("measure", nodes, reason(exc))))
                 continue
-            if host_us >= xla_us:
+            if cpu_speed.slower_alone(host_us, xla_us):
                 slower.append(Fallback("measured", nodes, (
                     f"host kernel measured at {host_us:.1f} us against XLA:CPU's "
-                    f"{xla_us:.1f} us for the same instructions on this CPU")))
+                    f"{xla_us:.1f} us for the same instructions on this CPU (more than "
+                    f"{cpu_speed.SLOWER_ALONE}x)")))
                 continue
         targets.append(target)
         kernels.append(kernel)

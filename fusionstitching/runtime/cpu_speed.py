@@ -20,6 +20,13 @@ from ..hlo.xla_runner import prepared_for_xla_cpu
 from ..verification import seeded_inputs
 from .rewrite import custom_call, output_name
 
+# A kernel is left to XLA when, timed alone, it takes more than this many times XLA's time
+# for the same instructions. Alone, each side pays an executable's cost of tens of us and
+# XLA's several thunks wake its thread pool; inside the step neither does, so closer times
+# decide nothing: the trial of the whole step does (runtime/executor.py). zoo BERT train: its
+# 17 kernels measured faster alone ran the step in 1366 us, the 22 within 1.5x in 1187, XLA
+# 1392 (benchmarks/README, twenty-eighth session).
+SLOWER_ALONE = 1.5
 # Timed calls per side, after WARMUP: MIN_CALLS, then more up to CALLS while under BUDGET_S
 # (per side, on average).
 WARMUP = 5
@@ -109,6 +116,11 @@ def median_us(*calls) -> list[float]:
             call()
             kept.append(time.perf_counter() - started)
     return [float(np.median(t)) * 1e6 for t in times]
+
+
+def slower_alone(host_us: float, xla_us: float) -> bool:
+    """Whether a kernel timed alone at ``host_us`` against XLA's ``xla_us`` is left to XLA."""
+    return host_us > SLOWER_ALONE * xla_us
 
 
 def compare(module: Module, spec, target: str) -> tuple[float, float]:
