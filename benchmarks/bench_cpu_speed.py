@@ -93,7 +93,8 @@ def measure(name: str, fn, args, calls: int, cache_dir: str) -> dict:
             times[label].append(time.perf_counter() - started)
     row.update({f"{k}_ms": statistics.median(v) * 1e3 for k, v in times.items()})
     (report,) = stitched.reports()
-    row.update(kept=report.runtime.get("kept"), patterns=report.fs.patterns,
+    row.update(kept=report.runtime.get("kept"), why=report.runtime.get("why"),
+               patterns=report.fs.patterns,
                measured_slower=sum(f.stage == "measured" for f in report.fallbacks),
                other_fallbacks=sorted({f.stage for f in report.fallbacks} - {"measured"}))
     return row
