@@ -4,7 +4,7 @@ One ``Executor`` per compiled signature; calls run ``active`` (XLA's executable 
 stitched executable becomes the candidate: the next call runs XLA's and keeps copies of its
 inputs and outputs, on which the candidate runs once (checked with ``verify``) and both are
 timed unless ``keep="stitched"`` (with ``async_compile`` on a background thread); a candidate
-timed faster is confirmed on real calls; the faster becomes ``active`` by one assignment.
+not clearly slower there is timed on real calls; the faster becomes ``active`` by one assignment.
 States: building -> pending -> trial -> timing -> settled, or fallback. A front end whose calls are not jax calls
 (tf_hooks) subclasses it (``_execute``, ``_trial_call``, ``_call_errors``).
 """
