@@ -9,7 +9,9 @@ fusionstitching.jit plans, builds, measures each kernel against XLA:CPU and trie
 stitched executable; the next calls confirm a faster one ("deciding calls"). The table then
 shows the median wall time of CALLS alternating calls of each, after the decision, their ratio,
 which executable was kept, how many patterns run stitched and how many were measured slower
-than XLA's, and the largest difference between the two functions' outputs. Steps are
+than XLA's, the largest difference between the two functions' outputs, and the share of
+XLA's traced thunk time in memory-intensive kernels (thunk_share.py; above half: the issue's
+"memory-bound"). Steps are
 called on the same inputs each time (no training state is carried), so "outputs" are one
 step's, not a final loss.
 
@@ -29,6 +31,7 @@ from pathlib import Path
 import jax
 import numpy as np
 from bench_plan_time import PARTS, ZOO, markdown_table, run_parts, tier_steps
+from thunk_share import memory_share
 
 from fusionstitching.stitched_jit import jit
 from fusionstitching.verification import random_array
@@ -76,6 +79,7 @@ def measure(name: str, fn, args, calls: int, cache_dir: str) -> dict:
     started = time.perf_counter()
     want = jax.block_until_ready(reference(*args))
     row["xla_first_s"] = time.perf_counter() - started
+    row["memory_share"] = memory_share(reference, args)
     started = time.perf_counter()
     jax.block_until_ready(stitched(*args))  # builds and decides (it runs XLA's executable)
     row["fs_first_s"] = time.perf_counter() - started
@@ -119,11 +123,12 @@ def run_part(part: str, only, calls: int) -> list[dict]:
 def table(rows: list[dict]) -> str:
     columns = ["step", "XLA ms", "stitched ms", "XLA / stitched", "kept", "patterns stitched",
                "measured slower", "max output diff", "first call s (XLA, ours)",
-               "deciding calls"]
+               "deciding calls", "XLA's thunk time in memory kernels (traced)"]
     return "\n".join(markdown_table(columns, rows, lambda r: [
         r["step"], f"{r['xla_ms']:.2f}", f"{r['fs_ms']:.2f}", f"{r['xla_ms'] / r['fs_ms']:.2f}",
         str(r["kept"]), str(r["patterns"]), str(r["measured_slower"]), f"{r['max_diff']:.2e}",
-        f"{r['xla_first_s']:.1f}, {r['fs_first_s']:.1f}", str(r.get("deciding_calls", "-"))]))
+        f"{r['xla_first_s']:.1f}, {r['fs_first_s']:.1f}", str(r.get("deciding_calls", "-")),
+        f"{r['memory_share']:.0%}" if r.get("memory_share") is not None else "-"]))
 
 
 def main(argv=None) -> None:
