@@ -2,46 +2,41 @@
 (issue 28 calls a step memory-bound when that is more than half).
 
 XLA:CPU traces each thunk it runs as an event named after its instruction. Container thunks
-(while, call, conditional) are left out: their bodies' thunks are events of their own. A thunk
-is compute when its instruction is a dot or a convolution, a fusion whose computation holds
-one (XLA's library fusions of dots), or a custom call to a matmul or convolution library;
-every other thunk is memory-intensive. Tracing adds a few us to every thunk, so the share
-leans towards the side with more thunks: it ranks steps, it is not a time.
+(while, call, conditional) are left out: their bodies' thunks are events of their own. A
+thunk is memory-intensive when the op graph's class of its instruction is
+(graph.opgraph.classify_instruction: a fusion takes its heaviest op's class, so XLA's library
+fusion of a dot is compute and its fusion of a lone reduction is not). Tracing adds a few us
+to every thunk, so the share leans towards the side with more thunks: it ranks steps, it is
+not a time.
 """
 from __future__ import annotations
 
 import glob
-import re
 import tempfile
 
 import jax
 from jax.profiler import ProfileData
 
+from fusionstitching.graph.opgraph import classify_instruction
 from fusionstitching.hlo.parser import parse_module
 from fusionstitching.hlo.xla_runner import optimized_hlo_text
 
-COMPUTE_OPCODES = {"dot", "convolution"}
-COMPUTE_CUSTOM_CALL = re.compile(r"conv|matmul|gemm|onednn|dot", re.IGNORECASE)
 CONTAINER_OPCODES = {"while", "call", "conditional"}
 
 
 def instruction_kinds(hlo_text: str) -> dict[str, str]:
     """Instruction name -> "compute", "memory" or "container", over every computation."""
     module = parse_module(hlo_text, "<xla:cpu>")
-    holds_compute = {c.name for c in module.computations
-                     if any(i.opcode in COMPUTE_OPCODES for i in c.instructions)}
+    fused_classes: dict = {}
     kinds = {}
     for computation in module.computations:
         for inst in computation.instructions:
             if inst.opcode in CONTAINER_OPCODES:
                 kinds[inst.name] = "container"
-            elif (inst.opcode in COMPUTE_OPCODES
-                  or (inst.opcode == "fusion" and holds_compute & set(inst.called_computations))
-                  or (inst.opcode == "custom-call" and COMPUTE_CUSTOM_CALL.search(
-                      inst.custom_call_target or ""))):
-                kinds[inst.name] = "compute"
-            else:
+            elif classify_instruction(inst, module, fused_classes).memory_intensive:
                 kinds[inst.name] = "memory"
+            else:
+                kinds[inst.name] = "compute"
     return kinds
 
 

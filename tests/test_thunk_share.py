@@ -33,9 +33,10 @@ ENTRY %e (x: f32[8,8], y: f32[8,8]) -> (f32[8,8], f32[8,8], f32[8,8], f32[8,8]) 
 
 def test_instruction_kinds():
     kinds = thunk_share.instruction_kinds(HLO)
+    # the op graph's classes: a fusion holding a dot and library calls are compute
     assert kinds["ynn_fusion"] == "compute" and kinds["matmul"] == "compute"
-    assert kinds["d"] == "compute"
-    assert kinds["add_fusion"] == "memory" and kinds["other"] == "memory"
+    assert kinds["d"] == "compute" and kinds["other"] == "compute"
+    assert kinds["add_fusion"] == "memory" and kinds["a"] == "memory"
 
 
 def test_share_counts_thunks_only():
