@@ -483,3 +483,67 @@ ENTRY %main (a: f32[4,6]) -> f32[4,6] {
 """
     with pytest.raises(rewrite.RewriteError, match="non-default layout"):
         rewrite.normalize_for_xla(parse_module(text))
+
+
+ASYNC_FUSION_LOOP = """HloModule async_fusion
+
+%fused_slice (p0: f32[4,8], p1: s32[]) -> f32[1,8] {
+  %p0 = f32[4,8]{1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  ROOT %ds = f32[1,8]{1,0} dynamic-slice(%p0, %p1, %zero), dynamic_slice_sizes={1,8}
+}
+
+%body (state: (s32[], f32[4,8], f32[1,8])) -> (s32[], f32[4,8], f32[1,8]) {
+  %state = (s32[], f32[4,8]{1,0}, f32[1,8]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%state), index=0
+  %x = f32[4,8]{1,0} get-tuple-element(%state), index=1
+  %acc = f32[1,8]{1,0} get-tuple-element(%state), index=2
+  ROW
+  %sum = f32[1,8]{1,0} add(%acc, %row)
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %out = (s32[], f32[4,8]{1,0}, f32[1,8]{1,0}) tuple(%next, %x, %sum)
+}
+
+%cond (state: (s32[], f32[4,8], f32[1,8])) -> pred[] {
+  %state = (s32[], f32[4,8]{1,0}, f32[1,8]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%state), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (x: f32[4,8]) -> f32[1,8] {
+  %x = f32[4,8]{1,0} parameter(0)
+  %zero = s32[] constant(0)
+  %z = f32[] constant(0)
+  %init = f32[1,8]{1,0} broadcast(%z), dimensions={}
+  %s0 = (s32[], f32[4,8]{1,0}, f32[1,8]{1,0}) tuple(%zero, %x, %init)
+  %w = (s32[], f32[4,8]{1,0}, f32[1,8]{1,0}) while(%s0), condition=%cond, body=%body
+  ROOT %res = f32[1,8]{1,0} get-tuple-element(%w), index=2
+}
+"""
+# XLA:GPU (jaxlib 0.11.2, seen on an H200) puts a scan's dynamic slices into async fusions.
+ASYNC_ROW = """%start = ((f32[4,8]{1,0}, s32[]), f32[1,8]{1,0}, u32[]) fusion-start(%x, %i), kind=kLoop, calls=%fused_slice
+  %row = f32[1,8]{1,0} fusion-done(%start)"""
+PLAIN_ROW = "%row = f32[1,8]{1,0} fusion(%x, %i), kind=kLoop, calls=%fused_slice"
+
+
+def test_an_async_fusion_is_inlined_like_a_plain_one():
+    """Left in, XLA's HLO -> StableHLO route turns fusion-start into an mhlo.fusion that the
+    compile then refuses."""
+    x = [np.arange(32, dtype=np.float32).reshape(4, 8)]
+    async_text = ASYNC_FUSION_LOOP.replace("ROW", ASYNC_ROW)
+    rewritten = print_module(rewrite.normalize_for_xla(parse_module(async_text)))
+    assert not {i.opcode for c in parse_module(rewritten).computations
+                for i in c.instructions} & {"fusion", "fusion-start", "fusion-done"}
+    plain = print_module(rewrite.normalize_for_xla(
+        parse_module(ASYNC_FUSION_LOOP.replace("ROW", PLAIN_ROW))))
+    np.testing.assert_array_equal(run_hlo(rewritten, x)[0], run_hlo(plain, x)[0])
+
+
+def test_an_async_fusion_state_read_by_another_op_is_refused():
+    text = ASYNC_FUSION_LOOP.replace("ROW", ASYNC_ROW + """
+  %peek = u32[] get-tuple-element(%start), index=2""")
+    with pytest.raises(rewrite.RewriteError, match="async fusion"):
+        rewrite.normalize_for_xla(parse_module(text))

@@ -49,7 +49,8 @@ OPAQUE_OPCODES = {"dot", "convolution", "custom-call", "while", "conditional", "
                   "recv", "send-done", "recv-done", "async-start", "async-update", "async-done",
                   "all-reduce-start", "all-reduce-done", "all-gather-start", "all-gather-done",
                   "collective-permute-start", "collective-permute-done", "copy-start",
-                  "copy-done", "custom-call-start", "custom-call-done", "domain", "map",
+                  "copy-done", "custom-call-start", "custom-call-done", "fusion-start",
+                  "fusion-done", "domain", "map",
                   "optimization-barrier", "add-dependency"}
 
 

@@ -26,11 +26,12 @@ def normalize_for_xla(module: Module, pinned_prefix: str | None = None) -> Modul
     for. Raises RewriteError where XLA could not take the result."""
     _require_default_entry_layouts(module.entry)
     fused = {name for comp in module.computations for inst in comp.instructions
-             if inst.opcode == "fusion" for name in inst.called_computations}
+             if inst.opcode in FUSIONS for name in inst.called_computations}
     computations = []
     for comp in module.computations:
         if comp.name in fused:
             continue  # inlined into its caller
+        _require_done_after_start(comp)
         identity = {i.name: i.name for i in comp.instructions}
         instructions = _lower_body(module, comp, identity, None, pinned_prefix)
         names = [i.name for i in instructions]
@@ -38,6 +39,19 @@ def normalize_for_xla(module: Module, pinned_prefix: str | None = None) -> Modul
             raise RewriteError(f"inlining fusions into {comp.name} gives duplicate names")
         computations.append(dataclasses.replace(comp, instructions=instructions))
     return dataclasses.replace(module, computations=computations, header_attrs="")
+
+
+# An async fusion (XLA:GPU puts a while body's dynamic slices in them) is inlined like a plain
+# one: the start's body computes the value, the done names it.
+FUSIONS = ("fusion", "fusion-start")
+
+
+def _require_done_after_start(comp: Computation) -> None:
+    starts = {i.name for i in comp.instructions if i.opcode == "fusion-start"}
+    for inst in comp.instructions:
+        if inst.opcode != "fusion-done" and starts.intersection(inst.operands):
+            raise RewriteError(f"{inst.name} reads an async fusion's state: only its "
+                               "fusion-done can")
 
 
 def _require_default_entry_layouts(entry: Computation) -> None:
@@ -77,16 +91,22 @@ def _lower_instruction(module: Module, inst: Instruction, operand_shapes: list[S
     if inst.opcode == "custom-call" and pinned_prefix is not None and \
             (inst.custom_call_target or "").startswith(pinned_prefix):
         return [inst]  # keeps the physical layouts it was generated for
-    if inst.opcode == "fusion":
+    if inst.opcode in FUSIONS:
         (called,) = inst.called_computations
         fused = module.computation(called)
         names = {p.name: op for p, op in zip(fused.parameters, inst.operands)}
-        body = _lower_body(module, fused, names, inst.name, pinned_prefix)
+        value = inst.name if inst.opcode == "fusion" else _async_value(inst.name)
+        body = _lower_body(module, fused, names, value, pinned_prefix)
         for lowered in body:
             lowered.is_root = inst.is_root and lowered.name == inst.name
         return body
     attrs = {k: v for k, v in inst.attrs.items() if k != "backend_config"}
     logical = dataclasses.replace(inst, shape=inst.shape.without_layout(), attrs=attrs)
+    if inst.opcode == "fusion-done":  # the start's value under the done's name
+        if inst.shape.is_tuple:
+            raise RewriteError(f"tuple-shaped {inst.name}: StableHLO has no copy")
+        return [dataclasses.replace(logical, opcode="reshape",
+                                    operands=[_async_value(inst.operands[0])])]
     if inst.opcode == "bitcast":
         return _bitcast_as_logical(logical, inst.shape, operand_shapes[0])
     if inst.opcode == "copy":
@@ -94,6 +114,10 @@ def _lower_instruction(module: Module, inst: Instruction, operand_shapes: list[S
             raise RewriteError(f"tuple-shaped copy {inst.name}: StableHLO has no copy")
         return [dataclasses.replace(logical, opcode="reshape")]
     return [logical]
+
+
+def _async_value(start: str) -> str:
+    return f"{start}.value"
 
 
 def _bitcast_as_logical(inst: Instruction, result: Shape, source: Shape) -> list[Instruction]:
