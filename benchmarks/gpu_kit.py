@@ -30,12 +30,8 @@ sys.path.insert(0, str(ROOT))
 from fusionstitching import pipeline  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
 from fusionstitching.hlo.ir import print_module  # noqa: E402
-from fusionstitching.hlo.normalize import normalize_for_xla  # noqa: E402
-from fusionstitching.hlo.xla_runner import cudnn_calls_as_hlo  # noqa: E402
 from fusionstitching.runtime import gpu  # noqa: E402
-from fusionstitching.runtime.ffi import TARGET_PREFIX  # noqa: E402
-from fusionstitching.runtime.rewrite import (refuse_configured_custom_calls,  # noqa: E402
-                                             replace_patterns, rewrite_module)
+from fusionstitching.runtime.rewrite import rewrite_module  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "hlo"
 # Micro models at sizes whose buffers exceed the H100's 50 MB L2 several times over.
@@ -78,11 +74,8 @@ def kit_entry(name: str, text: str, source: str) -> dict:
     started = time.perf_counter()
     module = parse_module(text)
     result = pipeline.stitch_module(module, pipeline.Options(target="h100"))
-    if "__cudnn$" in text:
-        stitched, baseline = with_convolutions(module, result), with_convolutions(module)
-    else:
-        stitched = gpu.rewrite_for_gpu(module, result)
-        baseline = print_module(rewrite_module(module, [], []))
+    stitched = gpu.rewrite_for_gpu(module, result)  # cuDNN calls as plain convolutions
+    baseline = print_module(rewrite_module(module, [], []))
     launched = {t for t in gpu.launch_targets(stitched)}
     kernels = []
     for k in result.kernels:
@@ -106,18 +99,6 @@ def kit_entry(name: str, text: str, source: str) -> dict:
                      xla_us=report.xla.modeled_us, fs_us=report.fs.modeled_us),
         fallbacks=[f"{f.stage}: {f.reason}" for f in report.fallbacks],
         plan_s=time.perf_counter() - started)
-
-
-def with_convolutions(module, result=None) -> str:
-    """The GPU rewrite (runtime/gpu.py) of a module with cuDNN calls, which the runtime
-    leaves to XLA (their configuration does not survive the rewrite): here each call is
-    written as the HLO convolution it stands for, and XLA:GPU derives its cuDNN call again."""
-    kernels, launches = gpu.launchable(result) if result else ([], [])
-    configs = [gpu.backend_config(launch) for launch in launches]
-    replaced = replace_patterns(module, kernels, [k.spec.name for k in kernels], configs)
-    plain = parse_module(cudnn_calls_as_hlo(print_module(replaced)))
-    refuse_configured_custom_calls(plain)
-    return print_module(normalize_for_xla(plain, pinned_prefix=TARGET_PREFIX))
 
 
 def prepare(job: tuple[str, str, str], out: Path) -> str:

@@ -47,10 +47,10 @@ def test_launch_attributes_made_again_equal_the_rewrite(layernorm_entry):
 
 def test_cudnn_modules_are_written_with_plain_convolutions():
     text = (DATA / "conv_jax_h100.hlo").read_text()
-    module = gpu_kit.parse_module(text)
-    plain = gpu_kit.with_convolutions(module)
-    assert "__cudnn$" in text and "__cudnn$" not in plain
-    assert " convolution(" in plain
+    entry = gpu_kit.kit_entry("conv_jax_h100", text, "conv_jax_h100")
+    assert "__cudnn$" in text
+    for plain in (entry["stitched_hlo"], entry["baseline_hlo"]):
+        assert "__cudnn$" not in plain and " convolution(" in plain
 
 
 class _RecordingCupy:

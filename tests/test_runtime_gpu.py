@@ -235,13 +235,38 @@ def test_custom_call_text_survives_xla_parser_and_stablehlo(layernorm):
     assert opaque == gpu.opaque(gpu.launch_for(kernel.spec, kernel.nvptx))
 
 
-def test_modules_with_xla_library_calls_stay_xla(layernorm):
-    """A cuDNN convolution loses its window on the StableHLO route (XLA then aborts the
-    process), so the rewrite refuses before anything is compiled."""
+@needs_cuda_plugin
+def test_a_cudnn_convolution_is_written_as_the_convolution_xla_gpu_derives_again():
+    """A cuDNN call passed through would lose its window on the StableHLO route (XLA then
+    aborts the process); written as a plain convolution, XLA:GPU makes the call again."""
     module = parse_module((DATA / "conv_jax_h100_cublas.hlo").read_text())
     result = pipeline.stitch_module(module, pipeline.Options(target="h100"))
-    with pytest.raises(RewriteError, match=r"__cudnn\$convForward"):
+    text = gpu.rewrite_for_gpu(module, result)
+    assert "__cudnn$" not in text and " convolution(" in text
+    final = gpu.compile_for_gpu_deviceless(text, "h100")
+    (call,) = [line for line in _entry(final).splitlines() if "custom-call(" in line]
+    assert 'custom_call_target="__cudnn$convForward"' in call
+    assert "window={size=3x5 stride=2x1 pad=1_1x2_2}" in call
+
+
+def test_modules_with_other_xla_library_calls_stay_xla():
+    """A cuBLAS call keeps its meaning in a backend_config the normalization strips: the
+    rewrite refuses before anything is compiled."""
+    module = parse_module(CUBLAS_GEMM)
+    result = pipeline.stitch_module(module, pipeline.Options(target="h100"))
+    with pytest.raises(RewriteError, match=r"__cublas\$gemm"):
         gpu.rewrite_for_gpu(module, result)
+
+
+CUBLAS_GEMM = """HloModule gemm
+
+ENTRY %main (a: f32[4,4], b: f32[4,4]) -> f32[4,4] {
+  %a = f32[4,4]{1,0} parameter(0)
+  %b = f32[4,4]{1,0} parameter(1)
+  %gemm = (f32[4,4]{1,0}, s8[0]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"alpha_real":1}}
+  ROOT %out = f32[4,4]{1,0} get-tuple-element(%gemm), index=0
+}
+"""
 
 
 @needs_cuda_plugin

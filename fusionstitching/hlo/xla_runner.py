@@ -9,6 +9,7 @@ re-optimizes, so this checks semantics, not the dump's kernels. ``widened_to_f64
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -16,7 +17,7 @@ import numpy as np
 from .attrs import ConvDims
 from .eval_values import UnsupportedOp
 from .gpu_library import BACKWARD_CONV_TARGETS, CONV_TARGETS
-from .ir import Instruction, Shape, print_module
+from .ir import Instruction, Module, Shape, print_module
 from .normalize import normalize_for_xla
 from .parser import parse_module
 
@@ -75,9 +76,15 @@ def prepared_for_xla_cpu(text: str, args: list) -> tuple:
 # rules build (jax._src.lax.convolution: _conv_general_dilated_transpose_lhs / _rhs).
 
 def cudnn_calls_as_hlo(text: str) -> str:
-    """The module with every cuDNN convolution custom call replaced by HLO ops (a tuple of the
-    result and the zero-filled scratch buffer, as the call returns)."""
-    module = parse_module(text)
+    """The module text with every cuDNN convolution custom call replaced by HLO ops."""
+    return print_module(cudnn_calls_as_convolutions(parse_module(text)))
+
+
+def cudnn_calls_as_convolutions(module: Module) -> Module:
+    """A copy of ``module`` with every cuDNN convolution custom call replaced by HLO ops (a
+    tuple of the result and the zero-filled scratch buffer, as the call returns). Raises
+    UnsupportedOp for a call that has no such form here."""
+    computations = []
     for comp in module.computations:
         lowered, shapes = [], {i.name: i.shape for i in comp.instructions}
         for inst in comp.instructions:
@@ -86,8 +93,8 @@ def cudnn_calls_as_hlo(text: str) -> str:
                 lowered += _cudnn_as_hlo(inst, shapes)
             else:
                 lowered.append(inst)
-        comp.instructions[:] = lowered
-    return print_module(module)
+        computations.append(dataclasses.replace(comp, instructions=lowered))
+    return dataclasses.replace(module, computations=computations)
 
 
 def _dilate(sizes, dilation):

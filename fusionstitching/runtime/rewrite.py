@@ -12,7 +12,9 @@ import dataclasses
 from collections.abc import Sequence
 
 from ..hlo.ir import Instruction, Module, Shape, format_shape
+from ..hlo.eval_values import UnsupportedOp
 from ..hlo.normalize import RewriteError, normalize_for_xla
+from ..hlo.xla_runner import cudnn_calls_as_convolutions
 from .ffi import TARGET_PREFIX
 
 
@@ -22,18 +24,24 @@ def rewrite_module(module: Module, kernels: Sequence, targets: Sequence[str],
     ``.spec.inputs/.outputs``) as calls to the FFI targets ``targets`` (one per kernel), in a
     form XLA compiles again. ``backend_configs`` (one per kernel, HLO attribute text) carry
     what the target needs at run time: the GPU launch path (runtime/gpu.py) puts each
-    kernel's PTX and launch dimensions there; the CPU targets need none."""
-    refuse_configured_custom_calls(module)
-    return normalize_for_xla(replace_patterns(module, kernels, targets, backend_configs),
+    kernel's PTX and launch dimensions there; the CPU targets need none. An XLA:GPU cuDNN
+    convolution is written as the HLO convolution it stands for, whose cuDNN call XLA:GPU
+    derives again."""
+    try:
+        plain = cudnn_calls_as_convolutions(module)
+    except UnsupportedOp as exc:
+        raise RewriteError(str(exc)) from exc
+    refuse_configured_custom_calls(plain)
+    return normalize_for_xla(replace_patterns(plain, kernels, targets, backend_configs),
                              pinned_prefix=TARGET_PREFIX)
 
 
 def refuse_configured_custom_calls(module: Module) -> None:
-    """XLA's own library calls (``__cudnn$convForward``, ``__cublas$gemm``, ...) keep
-    their meaning in attributes the StableHLO route drops (measured: a cuDNN convolution
-    without its ``window`` aborts the whole process in XLA's ConvPaddingLegalization), and a
-    custom call's ``backend_config`` would be stripped by the normalization. Such a module
-    stays XLA's."""
+    """XLA's own library calls (``__cublas$gemm``, ...) keep their meaning in attributes the
+    StableHLO route drops (measured: a cuDNN convolution passed through without its
+    ``window`` aborts the whole process in XLA's ConvPaddingLegalization), and a custom
+    call's ``backend_config`` would be stripped by the normalization. Such a module stays
+    XLA's."""
     for comp in module.computations:
         for inst in comp.instructions:
             target = inst.custom_call_target or ""
