@@ -117,20 +117,24 @@ def plan_all(names: list[str], size: str, cache_dir: str, jobs: int, deadline_s:
     while waiting or running:
         while waiting and len(running) < jobs:
             name = waiting.pop(0)
-            running[name] = subprocess.Popen(
+            # a file, not a pipe: a child that prints more than a pipe holds would block
+            out = tempfile.TemporaryFile("w+")
+            running[name] = (subprocess.Popen(
                 [sys.executable, __file__, "--plan-one", name, "--size", size,
-                 "--cache_dir", cache_dir], stdout=subprocess.PIPE, text=True)
-        for name, child in list(running.items()):
+                 "--cache_dir", cache_dir], stdout=out, text=True), out)
+        for name, (child, out) in list(running.items()):
             if child.poll() is None and time.perf_counter() < stop:
                 continue
             if child.poll() is None:
                 child.kill()
                 done[name] = dict(workload=name, error=f"still planning after {deadline_s} s")
             else:
-                lines = child.stdout.read().splitlines()
+                out.seek(0)
+                lines = out.read().splitlines()
                 done[name] = json.loads(lines[-1]) if child.returncode == 0 and lines else \
                     dict(workload=name, error=f"exit status {child.returncode}")
             child.wait()
+            out.close()
             del running[name]
             print(f"planned {name}: {done[name]}", flush=True)
         time.sleep(0.5)

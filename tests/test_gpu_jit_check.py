@@ -39,3 +39,10 @@ def test_a_training_steps_state_is_carried_to_the_next_step():
     assert calls[0] == args
     for before, after in zip(outs, calls[1:]):  # the state a step returned, the data again
         assert after[0] is before[1] and after[1] is before[2] and after[2] is args[2]
+
+
+def test_planning_children_report_a_failure_and_a_deadline(tmp_path):
+    failed = gpu_jit_check.plan_all(["flax:nope_train"], "small", str(tmp_path), 1, 600.0)
+    assert failed["flax:nope_train"]["error"] == "exit status 1"
+    stopped = gpu_jit_check.plan_all(["bert/infer"], "small", str(tmp_path), 1, 0.0)
+    assert stopped["bert/infer"]["error"] == "still planning after 0.0 s"

@@ -468,9 +468,9 @@ def _to_jax(tensor):
     import jax
     from jax._src.lib import _jax
 
-    kind, ordinal = tensor.__dlpack_device__()
     if not jax.config.jax_enable_x64:  # values would need narrowing: jax's own route
         return jax.dlpack.from_dlpack(tensor)
+    kind, ordinal = tensor.__dlpack_device__()
     return _jax.dlpack_managed_tensor_to_buffer(tensor.__dlpack__(), _jax_device(kind, ordinal),
                                                 None, None, int(kind))
 
