@@ -11,9 +11,10 @@ shows the median wall time of CALLS alternating calls of each, after the decisio
 which executable was kept, how many patterns run stitched and how many were measured slower
 than XLA's, the largest difference between the two functions' outputs, and the share of
 XLA's traced thunk time in memory-intensive kernels (thunk_share.py; above half: the issue's
-"memory-bound"). Steps are
-called on the same inputs each time (no training state is carried), so "outputs" are one
-step's, not a final loss.
+"memory-bound"). Those calls use the same inputs each time, so "max output diff" is one step's.
+A training step is also run as a loop that carries its state (step_loops.py: LOOP_ROUNDS
+alternating runs of LOOP_STEPS steps from the same start, no waiting between steps): the
+median time per step of each and the loss of the last step.
 
     python benchmarks/bench_cpu_speed.py [--parts zoo flax ...] [--only MODEL ...] [--calls 20]
 """
@@ -31,6 +32,7 @@ from pathlib import Path
 import jax
 import numpy as np
 from bench_plan_time import PARTS, ZOO, markdown_table, run_parts, tier_steps
+from step_loops import loss_index, state_feedback, training_loop
 from thunk_share import memory_share
 
 from fusionstitching.stitched_jit import jit
@@ -60,6 +62,9 @@ def steps(part: str, only):
 
 
 MAX_DECIDING_CALLS = 30
+
+
+LOOP_ROUNDS, LOOP_STEPS = 5, 10  # alternating runs of a loop carrying the training state
 
 
 def max_difference(a, b) -> float:
@@ -96,6 +101,20 @@ def measure(name: str, fn, args, calls: int, cache_dir: str) -> dict:
             jax.block_until_ready(function(*args))
             times[label].append(time.perf_counter() - started)
     row.update({f"{k}_ms": statistics.median(v) * 1e3 for k, v in times.items()})
+    feedback = state_feedback(fn, args)
+    if feedback:  # a training step: also as a loop that carries its state, as a job runs it
+        loops = {"xla": training_loop(reference, args, feedback),
+                 "fs": training_loop(stitched, args, feedback)}
+        per_step, last = {"xla": [], "fs": []}, {}
+        for _ in range(LOOP_ROUNDS):
+            for label, run in loops.items():
+                started = time.perf_counter()
+                last[label] = run(LOOP_STEPS)
+                per_step[label].append((time.perf_counter() - started) / LOOP_STEPS)
+        row.update({f"loop_{k}_ms": statistics.median(v) * 1e3 for k, v in per_step.items()})
+        loss = loss_index(fn, args, feedback)
+        if loss is not None:  # the loss of step LOOP_STEPS, from the same start
+            row.update({f"loop_{k}_loss": float(out[loss]) for k, out in last.items()})
     (report,) = stitched.reports()
     row.update(kept=report.runtime.get("kept"), why=report.runtime.get("why"),
                patterns=report.fs.patterns,
@@ -123,12 +142,23 @@ def run_part(part: str, only, calls: int) -> list[dict]:
 def table(rows: list[dict]) -> str:
     columns = ["step", "XLA ms", "stitched ms", "XLA / stitched", "kept", "patterns stitched",
                "measured slower", "max output diff", "first call s (XLA, ours)",
-               "deciding calls", "XLA's thunk time in memory kernels (traced)"]
+               "deciding calls", "XLA's thunk time in memory kernels (traced)",
+               "loop: XLA ms", "loop: ours ms", "loop: XLA / ours",
+               f"loss after {LOOP_STEPS} steps (XLA, ours)"]
+
+    def loop(r):
+        if "loop_xla_ms" not in r:
+            return ["-"] * 4
+        losses = (f"{r['loop_xla_loss']:.7g}, {r['loop_fs_loss']:.7g}"
+                  if "loop_xla_loss" in r else "-")
+        return [f"{r['loop_xla_ms']:.2f}", f"{r['loop_fs_ms']:.2f}",
+                f"{r['loop_xla_ms'] / r['loop_fs_ms']:.2f}", losses]
+
     return "\n".join(markdown_table(columns, rows, lambda r: [
         r["step"], f"{r['xla_ms']:.2f}", f"{r['fs_ms']:.2f}", f"{r['xla_ms'] / r['fs_ms']:.2f}",
         str(r["kept"]), str(r["patterns"]), str(r["measured_slower"]), f"{r['max_diff']:.2e}",
         f"{r['xla_first_s']:.1f}, {r['fs_first_s']:.1f}", str(r.get("deciding_calls", "-")),
-        f"{r['memory_share']:.0%}" if r.get("memory_share") is not None else "-"]))
+        f"{r['memory_share']:.0%}" if r.get("memory_share") is not None else "-", *loop(r)]))
 
 
 def main(argv=None) -> None:

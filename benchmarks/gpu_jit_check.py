@@ -37,54 +37,10 @@ from bench_cpu_speed import concrete  # noqa: E402
 from bench_plan_time import tier_steps  # noqa: E402
 from benchmarks.gpu_check import find_gpu, interleaved_seconds  # noqa: E402
 from benchmarks.models import zoo  # noqa: E402
+from step_loops import repeated_calls, state_feedback, training_loop  # noqa: E402
 
 DECIDING_CALLS = 50  # calls after the first within which keep="fastest" must decide
 WORKLOADS = ["bert/train", "transformer/train", "dien/train", "bert/infer", "crnn/infer"]
-
-
-def steps(fn, args):
-    """``run(n)``: n calls of ``fn(*args)``, then a wait for the last."""
-    def run(n: int) -> None:
-        out = None
-        for _ in range(n):
-            out = fn(*args)
-        jax.block_until_ready(out)
-    return run
-
-
-def state_feedback(fn, args) -> dict[int, int]:
-    """{argument index: output index} for a training step's state: an output of several
-    leaves with the same tree, shapes and dtypes as an argument (parameters, optimizer
-    state) is what the next step takes there."""
-    out = jax.eval_shape(fn, *args)
-    outs = out if isinstance(out, tuple) else (out,)
-    avals = lambda tree: (jax.tree.structure(tree), [(x.shape, x.dtype) for x in
-                                                     jax.tree.leaves(tree)])
-    feedback, used = {}, set()
-    for j, arg in enumerate(args):
-        if jax.tree.structure(arg).num_leaves < 2:
-            continue
-        for i, o in enumerate(outs):
-            if i not in used and avals(o) == avals(jax.eval_shape(lambda a: a, arg)):
-                feedback[j] = i
-                used.add(i)
-                break
-    return feedback
-
-
-def training_loop(fn, args, feedback: dict[int, int]):
-    """``run(n)``: n steps, each taking the state the last one returned (as a training loop
-    does: no waiting between steps), then a wait for the last."""
-    def run(n: int) -> None:
-        state = list(args)
-        out = None
-        for _ in range(n):
-            out = fn(*state)
-            outs = out if isinstance(out, tuple) else (out,)
-            for j, i in feedback.items():
-                state[j] = outs[i]
-        jax.block_until_ready(out)
-    return run
 
 
 def workload(name: str, size: str):
@@ -174,8 +130,8 @@ def check_workload(name: str, size: str, device, cache_dir: str | None = None,
                                 for a, b in zip(leaves(expected), leaves(got)))
     stitched = fusionstitching.jit(fn, keep="stitched", cache_dir=cache_dir)
     jax.block_until_ready(stitched(*args))
-    runs = {"jax": steps(reference, args), "fs": steps(stitched, args),
-            "fastest": steps(fastest, args)}
+    runs = {"jax": repeated_calls(reference, args), "fs": repeated_calls(stitched, args),
+            "fastest": repeated_calls(fastest, args)}
     feedback = state_feedback(fn, args)
     if feedback:  # a training step: also as a loop that carries its state
         row["state_arguments"] = sorted(feedback)
@@ -184,7 +140,7 @@ def check_workload(name: str, size: str, device, cache_dir: str | None = None,
     row["planned_mem_kernels"] = stitched.reports()[0].fs.mem_kernels
     (own,) = stitched._compiled.values()
     if own.executor.runs_stitched():  # the same executable without our wrapper's dispatch
-        runs["fs_direct"] = steps(own.executor.active, args)
+        runs["fs_direct"] = repeated_calls(own.executor.active, args)
     seconds = interleaved_seconds(runs)
     row.update({f"{k}_us": v * 1e6 for k, v in seconds.items()})
     row["speedup"] = seconds["jax"] / seconds["fs"]

@@ -1,0 +1,39 @@
+"""benchmarks/step_loops.py: which outputs a training step hands to the next one."""
+from benchmarks import step_loops
+
+
+def test_a_training_steps_state_is_carried_to_the_next_step():
+    import jax.numpy as jnp
+
+    def step(params, opt, x):
+        loss = jnp.sum(params["w"] * x)
+        return loss, {"w": params["w"] - 0.1, "b": params["b"]}, (opt[0] + 1, opt[1])
+
+    params = {"w": jnp.ones(3), "b": jnp.zeros(3)}
+    opt = (jnp.zeros(()), jnp.ones(3))
+    args = (params, opt, jnp.ones(3))
+    assert step_loops.state_feedback(step, args) == {0: 1, 1: 2}  # x is data, not state
+    calls, outs = [], []
+
+    def recorded(*a):
+        calls.append(a)
+        outs.append(step(*a))
+        return outs[-1]
+
+    step_loops.training_loop(recorded, args, {0: 1, 1: 2})(3)
+    assert calls[0] == args
+    for before, after in zip(outs, calls[1:]):  # the state a step returned, the data again
+        assert after[0] is before[1] and after[1] is before[2] and after[2] is args[2]
+
+
+def test_the_loss_is_the_float_scalar_that_is_not_state():
+    import jax.numpy as jnp
+
+    def step(params, x):
+        return {"w": params["w"] * 2, "b": params["b"]}, jnp.int32(3), jnp.sum(params["w"] * x)
+
+    args = ({"w": jnp.ones(3), "b": jnp.zeros(3)}, jnp.ones(3))
+    feedback = step_loops.state_feedback(step, args)
+    assert feedback == {0: 0} and step_loops.loss_index(step, args, feedback) == 2
+    last = step_loops.training_loop(step, args, feedback)(3)
+    assert last[2] == step(step(step(*args)[0], args[1])[0], args[1])[2]  # the third step's
