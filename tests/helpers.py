@@ -57,6 +57,19 @@ def kernels_form_a_cycle(dag: KernelDag, kernels) -> bool:
 
 
 # A module's head with the %add combiner; an ENTRY follows.
+# --- async fusions (jaxlib 0.11.2's XLA:GPU puts a scan body's slices in fusion-start/done):
+# test_runtime.py, test_graph_explorer.py. The fused computation both modules call.
+FUSED_SLICE = """HloModule async_fusion
+
+%fused_slice (p0: f32[4,8], p1: s32[]) -> f32[1,8] {
+  %p0 = f32[4,8]{1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  ROOT %ds = f32[1,8]{1,0} dynamic-slice(%p0, %p1, %zero), dynamic_slice_sizes={1,8}
+}
+"""
+
+
 HEAD_WITH_ADD = """HloModule t
 %add (a: f32[], b: f32[]) -> f32[] {
   %a = f32[] parameter(0)

@@ -9,7 +9,7 @@ from fusionstitching.graph.traffic import (acyclic_lower_bound_bytes, memory_int
                                           pattern_traffic, plan_bytes)
 from fusionstitching.hlo.parser import parse_file, parse_module
 from fusionstitching.pipeline import Options, stitch_module
-from helpers import INTERLOCKED, kernels_form_a_cycle
+from helpers import FUSED_SLICE, INTERLOCKED, kernels_form_a_cycle
 
 DATA = Path(__file__).parent / "data" / "hlo"
 
@@ -322,15 +322,7 @@ def test_a_loops_counter_start_stays_xlas():
     assert result.report.verify.ok
 
 
-ASYNC_FUSION = """HloModule async_fusion
-
-%fused_slice (p0: f32[4,8], p1: s32[]) -> f32[1,8] {
-  %p0 = f32[4,8]{1,0} parameter(0)
-  %p1 = s32[] parameter(1)
-  %zero = s32[] constant(0)
-  ROOT %ds = f32[1,8]{1,0} dynamic-slice(%p0, %p1, %zero), dynamic_slice_sizes={1,8}
-}
-
+ASYNC_FUSION = FUSED_SLICE + """
 ENTRY %main (x: f32[4,8], i: s32[]) -> f32[1,8] {
   %x = f32[4,8]{1,0} parameter(0)
   %i = s32[] parameter(1)

@@ -21,6 +21,7 @@ from fusionstitching.hlo.evaluator import evaluate
 from fusionstitching.hlo.parser import parse_module, parse_shape
 from fusionstitching.hlo.ir import print_module
 from fusionstitching.runtime import ffi, rewrite, xla
+from helpers import FUSED_SLICE
 
 _engines = []  # the test kernels' code must outlive every executable that calls it
 
@@ -485,15 +486,7 @@ ENTRY %main (a: f32[4,6]) -> f32[4,6] {
         rewrite.normalize_for_xla(parse_module(text))
 
 
-ASYNC_FUSION_LOOP = """HloModule async_fusion
-
-%fused_slice (p0: f32[4,8], p1: s32[]) -> f32[1,8] {
-  %p0 = f32[4,8]{1,0} parameter(0)
-  %p1 = s32[] parameter(1)
-  %zero = s32[] constant(0)
-  ROOT %ds = f32[1,8]{1,0} dynamic-slice(%p0, %p1, %zero), dynamic_slice_sizes={1,8}
-}
-
+ASYNC_FUSION_LOOP = FUSED_SLICE + """
 %body (state: (s32[], f32[4,8], f32[1,8])) -> (s32[], f32[4,8], f32[1,8]) {
   %state = (s32[], f32[4,8]{1,0}, f32[1,8]{1,0}) parameter(0)
   %i = s32[] get-tuple-element(%state), index=0
