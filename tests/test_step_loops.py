@@ -1,10 +1,10 @@
 """benchmarks/step_loops.py: which outputs a training step hands to the next one."""
+import jax.numpy as jnp
+
 from benchmarks import step_loops
 
 
 def test_a_training_steps_state_is_carried_to_the_next_step():
-    import jax.numpy as jnp
-
     def step(params, opt, x):
         loss = jnp.sum(params["w"] * x)
         return loss, {"w": params["w"] - 0.1, "b": params["b"]}, (opt[0] + 1, opt[1])
@@ -27,8 +27,6 @@ def test_a_training_steps_state_is_carried_to_the_next_step():
 
 
 def test_the_loss_is_the_float_scalar_that_is_not_state():
-    import jax.numpy as jnp
-
     def step(params, x):
         return {"w": params["w"] * 2, "b": params["b"]}, jnp.int32(3), jnp.sum(params["w"] * x)
 
