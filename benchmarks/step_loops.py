@@ -1,7 +1,11 @@
 """Timed runs of a step function: n calls on the same inputs, or a training loop that carries
 its state (parameters, optimizer state) from one step to the next. Neither waits between
-steps, as a job does not; both wait for the last step's outputs."""
+steps, as a job does not; both wait for the last step's outputs. ``paired_ratio`` sums up
+alternating runs of two functions."""
 from __future__ import annotations
+
+import math
+import statistics
 
 import jax
 
@@ -63,3 +67,22 @@ def loss_index(fn, args, feedback: dict[int, int]) -> int | None:
                 and jax.numpy.issubdtype(o.dtype, jax.numpy.floating):
             return i
     return None
+
+
+def paired_ratio(first: list[float], second: list[float]) -> tuple[float, float, float]:
+    """(median, low, high) of the ratios first[i] / second[i] of alternating runs, low and high
+    bounding the median with about 90% confidence (order statistics of the ratios: the
+    binomial interval needs no assumption about their spread). Pairs, not two medians: this
+    CPU's speed drifts by 1.5x over seconds, and runs next to each other see the same speed;
+    fewer than 5 pairs bound nothing (low 0, high inf)."""
+    ratios = sorted(a / b for a, b in zip(first, second, strict=True))
+    n = len(ratios)
+    # the largest k with P(Binomial(n, 1/2) < k) <= 5%: [ratios[k-1], ratios[n-k]] holds the
+    # median with probability at least 90%
+    k, below = 0, 0.0
+    while k < n // 2 and below + math.comb(n, k) / 2 ** n <= 0.05:
+        below += math.comb(n, k) / 2 ** n
+        k += 1
+    if k == 0:
+        return statistics.median(ratios), 0.0, math.inf
+    return statistics.median(ratios), ratios[k - 1], ratios[n - k]

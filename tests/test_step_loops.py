@@ -1,4 +1,6 @@
 """benchmarks/step_loops.py: which outputs a training step hands to the next one."""
+import math
+
 import jax.numpy as jnp
 
 from benchmarks import step_loops
@@ -35,3 +37,13 @@ def test_the_loss_is_the_float_scalar_that_is_not_state():
     assert feedback == {0: 0} and step_loops.loss_index(step, args, feedback) == 2
     last = step_loops.training_loop(step, args, feedback)(3)
     assert last[2] == step(step(step(*args)[0], args[1])[0], args[1])[2]  # the third step's
+
+
+def test_paired_ratio_bounds_the_median_by_order_statistics():
+    first = [float(i) for i in range(20, 0, -1)]  # runs of one function, in call order
+    median, low, high = step_loops.paired_ratio(first, [1.0] * 20)
+    assert median == 10.5
+    # P(Binomial(20, 1/2) <= 5) = 2.1% and <= 6 is 5.8%: the 6th and 15th smallest ratios
+    assert (low, high) == (6.0, 15.0)
+    assert step_loops.paired_ratio([2.0] * 4, [1.0] * 4) == (2.0, 0.0, math.inf)
+    assert step_loops.paired_ratio([1.0, 2.0, 3.0, 4.0, 5.0], [2.0] * 5) == (1.5, 0.5, 2.5)
