@@ -516,8 +516,10 @@ def _to_tf(array):
     from tensorflow.python import pywrap_tfe
     from tensorflow.python.eager import context
 
+    ctx = context.context()
+    ctx.ensure_initialized()  # as TF's from_dlpack does; a no-op once TF has run
     return pywrap_tfe.TFE_FromDlpackCapsule(
-        _jax.buffer_to_dlpack_managed_tensor(array, stream=None), context.context()._handle)
+        _jax.buffer_to_dlpack_managed_tensor(array, stream=None), ctx._handle)
 
 
 def _first_line(exc: BaseException) -> str:
