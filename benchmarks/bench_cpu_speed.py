@@ -62,7 +62,7 @@ def steps(part: str, only):
         yield name, kind, fn, concrete(args) if kind == "jax" else args
 
 
-MAX_DECIDING_CALLS = 30
+MAX_DECIDING_CALLS = 40  # the trial's call, then 2 x CONFIRM_ROUNDS (executor.py)
 
 
 # Alternating runs of a loop carrying the training state: 15 rounds, not 5. With 5 the loop's

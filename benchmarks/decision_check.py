@@ -21,6 +21,7 @@ import jax
 from bench_cpu_speed import MAX_DECIDING_CALLS, steps
 from bench_plan_time import PARTS
 
+from fusionstitching.runtime import executor as executor_module
 from fusionstitching.runtime.executor import Executor
 from fusionstitching.stitched_jit import jit
 
@@ -45,7 +46,7 @@ def decide(fn, args, cache_dir: str) -> tuple[dict, object]:
     """(the decision, the stitched executable it was about: per-kernel measurement may have
     left patterns to XLA, so keep="stitched" would time another one)."""
     stitched = jit(fn, cache_dir=cache_dir)
-    for _ in range(MAX_DECIDING_CALLS):
+    for _ in range(max(MAX_DECIDING_CALLS, 2 * executor_module.CONFIRM_ROUNDS + 5)):
         jax.block_until_ready(stitched(*args))
         (compiled,) = stitched._compiled.values()
         executor = compiled.executor
@@ -74,8 +75,12 @@ def main(argv=None) -> None:
     parser.add_argument("--only", nargs="+")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--confirm_rounds", type=int, default=executor_module.CONFIRM_ROUNDS,
+                        help="real calls per executable in the confirmation (more, to judge "
+                             "rules on fewer: a prefix of the samples is a smaller decision)")
     parser.add_argument("--json", required=True)
     options = parser.parse_args(argv)
+    executor_module.CONFIRM_ROUNDS = options.confirm_rounds
     rows = []
     with tempfile.TemporaryDirectory() as cache_dir:
         for name, kind, fn, args in steps(options.part, options.only):

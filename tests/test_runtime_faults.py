@@ -174,7 +174,7 @@ def test_keep_fastest_times_both_and_reports_it():
     fn, a = jit(layernorm, cache_dir=None), args()
     run_twice(fn, a)
     # the trial's winner, if the stitched one, is confirmed on real calls, one executable each
-    for _ in range(2 * executor.TIMING_ROUNDS):
+    for _ in range(2 * executor.CONFIRM_ROUNDS):
         np.testing.assert_allclose(np.asarray(fn(*a)), expected(*a), rtol=1e-5, atol=1e-5)
     (report,) = fn.reports()
     runtime = report.runtime
@@ -288,13 +288,13 @@ def test_async_candidate_faster_off_the_path_is_confirmed_one_executable_per_cal
     assert on_call(runs) == ["xla"] and compiled.wait_built(60)
     assert compiled.executor.info.state == "timing"
     per_call = []
-    for _ in range(2 * executor.TIMING_ROUNDS):
+    for _ in range(2 * executor.CONFIRM_ROUNDS):
         got = np.asarray(compiled(*args()))
         np.testing.assert_allclose(got, expected(*args()), rtol=1e-5, atol=1e-5)
         per_call.append(on_call(runs))
-    assert per_call == [["stitched"], ["xla"]] * executor.TIMING_ROUNDS
+    assert per_call == [["stitched"], ["xla"]] * executor.CONFIRM_ROUNDS
     info = compiled.executor.info
-    assert info.state == "settled" and f"calls 2-{1 + 2 * executor.TIMING_ROUNDS}" in info.why
+    assert info.state == "settled" and f"calls 2-{1 + 2 * executor.CONFIRM_ROUNDS}" in info.why
     assert info.kept == ("stitched" if executor.stitched_wins(info.stitched_us, info.xla_us)
                          else "xla")
     compiled(*args())
@@ -306,7 +306,7 @@ def test_async_trial_with_donated_arguments():
     a = args()
     compiled = fn.lower(*a).compile()
     assert compiled.wait_built(120)
-    for _ in range(1 + 2 * executor.TIMING_ROUNDS):  # the trial, then any confirmation
+    for _ in range(1 + 2 * executor.CONFIRM_ROUNDS):  # the trial, then any confirmation
         x = jnp.asarray(a[0])
         got = np.asarray(compiled(x, *a[1:]))  # the first call starts the trial on copies
         assert x.is_deleted()

@@ -27,10 +27,14 @@ from .build import BuildError, Built, reason
 
 log = logging.getLogger("fusionstitching")
 
-# Samples per executable, in the trial and in the confirmation on real calls (best of each).
-# 5, not 3: a few more calls, against single steps that vary by 10% on a shared CPU (no
-# measurement here separates 3 from 5).
+# Samples per executable in the trial (best of each). 5, not 3: a few more calls, against
+# single steps that vary by 10% on a shared CPU (no measurement here separates 3 from 5).
 TIMING_ROUNDS = 5
+# Real calls per executable in the confirmation (best of each). 15, not 5: on 23 decisions
+# (benchmarks/decision_check.py, transformers BERT and keras_hub Mistral) the best of 5 kept
+# a slower stitched executable twice (0.89x, 0.94x) and the best of 15 never did, on the same
+# samples; both missed the same three wins.
+CONFIRM_ROUNDS = 15
 # The stitched executable is kept only when its best time is at least this much below XLA's:
 # single steps on a shared CPU vary by several percent, and a swap won by noise leaves the job
 # slower than XLA.
@@ -64,7 +68,7 @@ class RuntimeInfo:
     swapped_at_call: int | None = None  # 1-based call number from which stitched ran
     build_s: float | None = None  # wall time of the stitched build
     stitched_plan: dict | None = None  # kernels of the built stitched executable
-    timing_rounds: int = TIMING_ROUNDS
+    timing_rounds: int = CONFIRM_ROUNDS
 
 
 @dataclass
@@ -340,7 +344,7 @@ class Executor:
             self.fail("execute", [], reason(exc))
             return self._execute(self.xla, args, kwargs)
         self._samples[label].append(time.perf_counter() - started)
-        if all(len(s) >= TIMING_ROUNDS for s in self._samples.values()):
+        if all(len(s) >= CONFIRM_ROUNDS for s in self._samples.values()):
             kept = record_choice(self.info, min(self._samples["xla"]),
                                  min(self._samples["stitched"]), self.reference,
                                  f"measured on calls {self._first_timed_call}-"
