@@ -1,29 +1,35 @@
 """How often keep="fastest" keeps the slower executable, on this CPU.
 
-Per step (as bench_cpu_speed.py finds them): ROUNDS times, a fresh fusionstitching.jit with
-the default keep="fastest" (the plan cached after the first) is called until it decides; its
-deciding samples (executor ``_samples``: each real call timed running one executable) and its
-choice are recorded. Then the step's "true" ratio is measured as bench_cpu_speed.py does:
-CALLS alternating calls of jax.jit and of keep="stitched", medians. Rules for the decision
-can then be compared offline on the recorded samples (``--rules``) against that ratio.
+Per step (as bench_cpu_speed.py finds them), ROUNDS fresh fusionstitching.jit decisions
+(keep="fastest", plan cached after the first): the deciding samples (each real call timed
+running one executable) and the choice; then CALLS alternating calls of jax.jit and of the
+stitched executable decided on, medians. ``--replay`` judges decision rules on recorded
+samples against those medians (a prefix of the samples is a decision with fewer rounds).
 
     python benchmarks/decision_check.py --part transformers --only bert --rounds 6 --json F
+    python benchmarks/decision_check.py --replay F [F ...]
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
-import jax
-from bench_cpu_speed import MAX_DECIDING_CALLS, steps
-from bench_plan_time import PARTS
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks import each other
 
-from fusionstitching.runtime import executor as executor_module
-from fusionstitching.runtime.executor import Executor
-from fusionstitching.stitched_jit import jit
+import jax  # noqa: E402
+from bench_cpu_speed import MAX_DECIDING_CALLS, steps  # noqa: E402
+from bench_plan_time import PARTS  # noqa: E402
+from step_loops import paired_ratio  # noqa: E402
+
+from fusionstitching.runtime import executor as executor_module  # noqa: E402
+from fusionstitching.runtime.executor import Executor  # noqa: E402
+from fusionstitching.stitched_jit import jit  # noqa: E402
 
 _settle = Executor._settle
 
@@ -31,9 +37,6 @@ _settle = Executor._settle
 def _settle_noting_candidate(executor, kept: str, why: str) -> None:
     executor.decided_candidate = executor.candidate  # the settle forgets it
     _settle(executor, kept, why)
-
-
-Executor._settle = _settle_noting_candidate
 
 
 def timed(function, args) -> float:
@@ -69,18 +72,57 @@ def true_ratio(fn, args, stitched, calls: int) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def rules(samples: dict) -> dict[str, bool]:
+    """Whether each rule keeps the stitched executable on these deciding samples."""
+    xla, stitched = samples["xla"], samples["stitched"]
+    median, low, _ = paired_ratio(xla, stitched)
+    return {"best of 5, 2% margin": min(stitched[:5]) < (1 - executor_module.SWAP_MARGIN)
+            * min(xla[:5]),
+            f"best of {len(xla)}, 2% margin": min(stitched) < (1 - executor_module.SWAP_MARGIN)
+            * min(xla),
+            f"median of {len(xla)} pair ratios over 1.02": median > 1.02,
+            "90% interval of the pair ratios above 1": low > 1.0}
+
+
+def replay(paths: list[str]) -> None:
+    """Per rule: decisions keeping a slower stitched executable, decisions missing a win
+    over 1.05x, the rest."""
+    counts: dict = {}
+    for path in paths:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rt") as file:
+            for row in json.load(file):
+                if not row["samples"]["xla"] or "true" not in row:
+                    continue  # decided in the trial, before any real-call sample
+                true = row["true"]["xla"] / row["true"]["stitched"]
+                for rule, keeps in rules(row["samples"]).items():
+                    count = counts.setdefault(rule, {"kept slower": 0, "missed win": 0,
+                                                     "right": 0})
+                    outcome = ("kept slower" if keeps and true < 1.0 else
+                               "missed win" if not keeps and true > 1.05 else "right")
+                    count[outcome] += 1
+    for rule, count in counts.items():
+        print(f"{rule:45s} {count}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=PARTS, required=True)
+    parser.add_argument("--replay", nargs="+", metavar="JSON")
+    parser.add_argument("--part", choices=PARTS)
     parser.add_argument("--only", nargs="+")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--confirm_rounds", type=int, default=executor_module.CONFIRM_ROUNDS,
                         help="real calls per executable in the confirmation (more, to judge "
                              "rules on fewer: a prefix of the samples is a smaller decision)")
-    parser.add_argument("--json", required=True)
+    parser.add_argument("--json")
     options = parser.parse_args(argv)
+    if options.replay:
+        replay(options.replay)
+        return
+    if not (options.part and options.json):
+        parser.error("--part and --json, or --replay")
     executor_module.CONFIRM_ROUNDS = options.confirm_rounds
+    Executor._settle = _settle_noting_candidate
     rows = []
     with tempfile.TemporaryDirectory() as cache_dir:
         for name, kind, fn, args in steps(options.part, options.only):
