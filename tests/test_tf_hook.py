@@ -18,6 +18,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from tf_hooks import variable_packing
 from tf_hooks.tf_hook import split_alias
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -263,3 +264,19 @@ def test_keras_encoder_fit_same_losses_and_weights(tmp_path, steps):
     (report,) = reports
     assert "one_step_on_data" in report["module"]
     assert_stitched_ran(report, stderr)
+
+
+def test_small_variables_are_packed_by_dtype_and_come_back_in_parameter_order():
+    f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
+    variables = [((32, 64), f32), ((), i64), ((64,), f32), ((512, 512), f32), ((3,), f32)]
+    layout = variable_packing.packing(variables)
+    (group,) = layout.groups  # the f32 ones under PACK_MAX_BYTES; a lone int64 is not packed
+    assert (group.dtype, group.variables, group.offsets) == ("float32", (0, 2, 4),
+                                                              (0, 2048, 2112, 2115))
+    assert group.shapes == ((32, 64), (64,), (3,)) and layout.whole == (1, 3)
+    flat = np.arange(2115, dtype=np.float32)
+    small = variable_packing.unpacked(layout, flat)
+    assert [a.shape for a in small] == [(32, 64), (64,), (3,)]
+    np.testing.assert_array_equal(small[2], [2112, 2113, 2114])
+    arrays = variable_packing.in_parameter_order(layout, small, ["counter", "big"])
+    assert arrays[1] == "counter" and arrays[3] == "big" and arrays[4] is small[2]
