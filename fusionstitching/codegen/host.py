@@ -47,7 +47,10 @@ _NOT_BESIDE_SPLIT = (GlobalStore, SharedStore, If, Loop, WarpReduce, Barrier)
 def split_loop(kernel: Kernel) -> Loop | str | None:
     """The loop a fast host kernel shares out among parts: "blocks" (the block loop) when the
     grid has several blocks, else the kernel's one top-level loop when it accumulates nothing
-    and only values sit beside it (a loop schedule's rows); None when there is none."""
+    and only values sit beside it (a loop schedule's rows); None when there is none, or when
+    a prologue must run before all of it."""
+    if kernel.prologue:
+        return None
     if kernel.grid[0] > 1:
         return "blocks"
     if kernel.block[0] != 1:
@@ -184,8 +187,22 @@ class HostLowering(ThreadLowering):
 
         blocks = self.part_bounds(kernel.grid[0]) if self.split == "blocks" else (
             ir.Constant(I32, 0), ir.Constant(I32, kernel.grid[0]))
+        scratch = self.allocate_scratch()
+        self.lower(kernel.prologue)
         self.counted_loop(*blocks, 1, block)
+        for pointer in scratch:
+            self.intrinsic("free", ir.VoidType(), [pointer])
         self.finish()
+
+    def allocate_scratch(self) -> list[ir.Value]:
+        """Heap memory for each scratch array, for this call (an array may be far larger than
+        a thread's stack: a scatter's embedding table)."""
+        pointers = []
+        for array in self.kernel.scratch:
+            size = ir.Constant(I64, max(array.size, 1) * DTYPE_BYTES[array.dtype])
+            pointers.append(self.intrinsic("malloc", PTR, [size]))
+            self.shared[array.name] = pointers[-1]
+        return pointers
 
     def thread(self, tid, p: int, phase: list, lets: list, defined_in: dict, used_in: dict
                ) -> None:

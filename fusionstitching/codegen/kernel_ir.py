@@ -250,6 +250,11 @@ class Kernel:
     # block size allows (it reads .maxntid so); 1: the grid runs one block per SM on the
     # schedule's device, so no register costs occupancy (.minnctapersm 1).
     min_blocks_per_sm: int = 0
+    # Host kernels only: statements run once per call before the blocks (a scatter computed
+    # in XLA's form into a scratch array, `IndexMaps.scatter_into_scratch`), and the scratch
+    # arrays they fill (heap memory of the call, read by the blocks like shared arrays).
+    prologue: list = field(default_factory=list)
+    scratch: list[SharedArray] = field(default_factory=list)
 
     @property
     def smem_bytes(self) -> int:
@@ -261,7 +266,9 @@ class Kernel:
                  for i, b in enumerate(self.buffers)]
         head += [f"  shared {a.name}: {a.dtype}[{a.size}]" for a in self.shared]
         head += [f"  constant {c.name}: {c.dtype}[{c.values.size}]" for c in self.constants]
-        return "\n".join(head + _format_body(self.body, 1))
+        head += [f"  scratch {a.name}: {a.dtype}[{a.size}]" for a in self.scratch]
+        prologue = ["  prologue:"] + _format_body(self.prologue, 2) if self.prologue else []
+        return "\n".join(head + prologue + _format_body(self.body, 1))
 
 
 DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "s32": 4, "s64": 8, "u32": 4, "u64": 8,

@@ -68,13 +68,15 @@ class ScheduledKernel:
     pruned: list[tuple[Schedule, float]] = dataclasses.field(default_factory=list)
 
 
-def build_kernel(pattern: Pattern, sched: Schedule, name: str) -> tuple[Kernel, set[str]]:
-    """The kernel IR of `pattern` under one schedule; raises CodegenError (e.g. locality)."""
+def build_kernel(pattern: Pattern, sched: Schedule, name: str, host: bool = False
+                 ) -> tuple[Kernel, set[str]]:
+    """The kernel IR of `pattern` under one schedule; raises CodegenError (e.g. locality).
+    ``host``: for the CPU (scatters computed once, in XLA's form, by the kernel's prologue)."""
     if sched.kind == "phases":
-        return build_phased_kernel(pattern, sched, name)
+        return build_phased_kernel(pattern, sched, name, host)
     if sched.kind == "columns":
         return build_columns_kernel(pattern, sched, name)
-    return build_one_space_kernel(pattern, sched, name)
+    return build_one_space_kernel(pattern, sched, name, host)
 
 
 def host_schedule(pattern: Pattern, chosen: Schedule | None = None) -> Schedule:
@@ -110,7 +112,7 @@ def build_host_kernel(pattern: Pattern, chosen: Schedule | None, name: str) -> K
             if err.kind is not Refusal.COLUMNS_FORM:
                 raise
             sched = _thread_host_schedule(sched.space)
-    return reuse_across_loops(build_kernel(pattern, sched, name)[0])
+    return reuse_across_loops(build_kernel(pattern, sched, name, host=True)[0])
 
 
 def _strided_points(pattern: Pattern) -> int:

@@ -39,7 +39,7 @@ def build_columns_kernel(pattern: Pattern, sched: Schedule, name: str
     width = sched.groups_per_block
     tid, bid = Var("tid", 1), Var("bid", sched.grid_blocks)
     group, lane, point = Var("o", o), Var("c", width), Var("r", r)
-    em = Emitter(pattern, group)
+    em = Emitter(pattern, group, host=True)  # a host schedule
     first_output = len(pattern.inputs)
     outputs = list(enumerate(zip(pattern.outputs, pattern.output_values)))
     per_point = [(i, s, v) for i, ((_, s), v) in outputs if s.num_elements == o * r]
@@ -125,5 +125,6 @@ def build_columns_kernel(pattern: Pattern, sched: Schedule, name: str
     # one thread per block: its loops cover the block's results (not sched.block of them)
     kernel = Kernel(name, pattern.buffers(), sched.grid, (1,),
                     list(accumulators.values()), em.scopes[0], tid, bid,
-                    list(em.constants.values()))
+                    list(em.constants.values()), prologue=em.prologue,
+                    scratch=list(em.scratch.values()))
     return kernel, {"thread_composition"}

@@ -41,7 +41,8 @@ class Emitter(IndexMaps):
     (a reduction result times a constant) is hoisted out of the loops.
     """
 
-    def __init__(self, pattern: Pattern, group: Var):
+    def __init__(self, pattern: Pattern, group: Var, host: bool = False,
+                 one_thread: bool = False):
         self.pattern = pattern
         self.ops = pattern.op_map()
         self.group = group
@@ -61,6 +62,12 @@ class Emitter(IndexMaps):
         # Stores of one scope waiting for the other lanes of their 16-byte group:
         # (buffer, group offset, depth) -> {lane: (offset, value)}.
         self.pending: dict[tuple[int, Ix, int], dict[int, tuple[Ix, Value]]] = {}
+        # Host kernels compute each scatter once per call into a scratch array (in the
+        # prologue, or at its first use where ``one_thread``: `IndexMaps.scattered`); GPU
+        # kernels compute scatters in the gather form.
+        self.host, self.one_thread = host, one_thread
+        self.prologue: list = []
+        self.scratch: dict[str, SharedArray] = {}
 
     def fresh(self, dtype: str) -> Value:
         return Value(f"v{next(self.names)}", dtype)
@@ -240,6 +247,8 @@ class Emitter(IndexMaps):
             case "gather":
                 return self.gather(op, index)
             case "scatter":
+                if self.host:
+                    return self.scattered(op, index)
                 return self.scatter(op, index)
             case "reduce-window":
                 return self.reduce_window(op, index)

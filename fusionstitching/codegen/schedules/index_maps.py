@@ -18,7 +18,7 @@ from ..errors import CodegenError, Refusal
 from ..flatten import FlatOp
 from ..index_expr import (Ix, Var, add, delinearize, ix, linearize, row_major, scale,
                           value_range)
-from ..kernel_ir import Accumulate, Loop, Value
+from ..kernel_ir import Accumulate, Loop, SharedArray, SharedLoad, SharedStore, Value
 from ..ops import REDUCIBLE, identity
 
 # A scatter in the gather form costs (update windows) x (output elements): this bounds the
@@ -149,10 +149,9 @@ class IndexMaps:
             operand_index[d] = add(operand_index[d], index[out_dim])
         return self.value(op.operands[0], tuple(operand_index))
 
-    def scatter(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
-        """Element ``index`` of scatter(operand, indices, updates) in the gather form (module
-        docstring): the operand's element combined, in update-window order, with the element of
-        every update window that covers it; windows that do not fit the operand are skipped."""
+    def scatter_form(self, op: FlatOp) -> tuple[ScatterDims, Shape, Shape, Shape]:
+        """(dims, operand, indices and updates shapes) of a scatter the code generator builds;
+        refuses the others."""
         if len(op.operands) != 3:
             raise CodegenError(Refusal.UNSUPPORTED_OP,
                                f"scatter {op.name}: variadic scatters are not supported")
@@ -171,6 +170,119 @@ class IndexMaps:
             raise CodegenError(Refusal.UNSUPPORTED_TYPE,
                                f"scatter {op.name}: {indices.dtype} indices are not supported "
                                f"(s32 only)")
+        return dims, operand, indices, updates
+
+    def scattered(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
+        """Element ``index`` of a scatter a host kernel computes once (`scatter_into_scratch`):
+        by its prologue, or, where the scatter reads reductions of the kernel and the kernel
+        is one thread (a host phased schedule), at its first use, once those reductions are
+        staged; else in the gather form."""
+        array = self.scratch.get(op.name)
+        if array is None:
+            reductions = producing_reductions(self.ops, op)
+            if not reductions:
+                array, statements = self.scatter_into_scratch(op)
+                self.prologue += statements
+            elif self.one_thread and reductions <= self.staged.keys():
+                array, statements = self.scatter_into_scratch(op)
+                self.scopes[0] += statements  # before the loop being built reads it
+            else:
+                return self.scatter(op, index)
+        offset = linearize(index, op.shape)
+        dst, depth = self.fresh(op.shape.dtype), self.index_depth(offset)
+        self.place(SharedLoad(dst, array, offset), depth)
+        return dst, depth
+
+    def scatter_into_scratch(self, op: FlatOp) -> tuple[SharedArray, list]:
+        """Statements computing scatter ``op`` as XLA:CPU does, into a scratch array of its
+        shape: every element set to the operand's, then each update window in order combined
+        into the elements it lands on (a window that does not fit the operand is skipped), so
+        the result is XLA's bit for bit. It costs (elements + updates), where the gather form
+        costs (elements x windows). The statements have scopes and a value cache of their own,
+        so that they can run before the loop that asked for them."""
+        dims, operand, indices, updates = self.scatter_form(op)
+        dtype = op.shape.dtype
+        array = SharedArray(f"scatter{len(self.scratch)}", dtype, op.shape.num_elements)
+        saved = self.scopes, self.cache, self.pending
+        self.scopes, self.cache, self.pending = [[]], {}, {}
+        try:
+            element = Var(f"s{next(self.names)}", op.shape.num_elements)
+            self.open_loop(element)  # physical order: contiguous stores
+            initial, _ = self.value(op.operands[0], delinearize(ix(element), op.shape))
+            self.place(SharedStore(array, ix(element), initial), 1)
+            self.place(Loop(element, ix(0), element.extent, 1, self.close_loop(), []), 0)
+            self.place_windows(op, dims, operand, indices, updates, array)
+            statements = self.scopes[0]
+        finally:
+            self.scopes, self.cache, self.pending = saved
+        self.scratch[op.name] = array
+        return array, statements
+
+    def place_windows(self, op: FlatOp, dims: ScatterDims, operand: Shape, indices: Shape,
+                      updates: Shape, array: SharedArray) -> None:
+        """The loop over update windows (row-major over the scatter dims, as the gather form
+        and XLA order them), and in each a loop over the window's elements."""
+        dtype = op.shape.dtype
+        window_dims = dims.update_window_dims
+        scatter_dims = [d for d in range(updates.rank) if d not in window_dims]
+        windowed = [d for d in range(operand.rank) if d not in dims.inserted_window_dims]
+        size = [1] * operand.rank
+        for d, u in zip(windowed, window_dims):
+            size[d] = updates.dims[u]
+        batch_shape = row_major(Shape("s32", tuple(updates.dims[d] for d in scatter_dims), ()))
+        window = Var(f"w{next(self.names)}", batch_shape.num_elements)
+        self.open_loop(window)
+        batch = list(delinearize(ix(window), batch_shape))
+        starts: list[tuple[Value, int] | None] = [None] * operand.rank
+        for k, d in enumerate(dims.scatter_dims_to_operand_dims):
+            at = batch[:dims.index_vector_dim] + [ix(k)] + batch[dims.index_vector_dim:] \
+                if dims.index_vector_dim < indices.rank else batch
+            starts[d] = self.value(op.operands[1], tuple(at))
+        fits = self.all_of([self.in_range(start, 0, n - size[d] + 1)
+                            for d, (start, n) in enumerate(zip(starts, operand.dims))
+                            if start is not None])
+        window_shape = row_major(Shape("s32", tuple(updates.dims[u] for u in window_dims), ()))
+        inner = window_shape.num_elements > 1
+        if inner:
+            element = Var(f"k{next(self.names)}", window_shape.num_elements)
+            self.open_loop(element)
+            coordinates = list(delinearize(ix(element), window_shape))
+        else:
+            coordinates = [ix(0)] * len(window_dims)
+        offset = [ix(0)] * operand.rank
+        for d, coordinate in zip(windowed, coordinates):
+            offset[d] = coordinate
+        position = []
+        for d, (start, n) in enumerate(zip(starts, operand.dims)):
+            if start is None:
+                position.append(offset[d])
+            else:  # clamped: a window that does not fit rewrites what it read
+                landing = self.op("add", "s32", start, self.index_value(offset[d]))
+                position.append(self.dynamic(landing, n))
+        at = [ix(0)] * updates.rank
+        for k, u in enumerate(scatter_dims):
+            at[u] = batch[k]
+        for u, coordinate in zip(window_dims, coordinates):
+            at[u] = coordinate
+        update = self.value(op.operands[2], tuple(at))
+        depth = len(self.scopes) - 1
+        flat = linearize(tuple(position), op.shape)
+        current = self.fresh(dtype)
+        self.place(SharedLoad(current, array, flat), depth)
+        combined = self.op(op.reducer, dtype, (current, depth), update)
+        if fits is not None:
+            combined = self.op("select", dtype, fits, combined, (current, depth))
+        self.place(SharedStore(array, flat, combined[0]), depth)
+        if inner:
+            self.place(Loop(element, ix(0), element.extent, 1, self.close_loop(), []), 1)
+        self.place(Loop(window, ix(0), window.extent, 1, self.close_loop(), []), 0)
+
+    def scatter(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
+        """Element ``index`` of scatter(operand, indices, updates) in the gather form (module
+        docstring): the operand's element combined, in update-window order, with the element of
+        every update window that covers it; windows that do not fit the operand are skipped."""
+        dims, operand, indices, updates = self.scatter_form(op)
+        dtype = op.shape.dtype
         window_dims = dims.update_window_dims
         to_operand = dims.scatter_dims_to_operand_dims
         vector_dim = dims.index_vector_dim
@@ -374,3 +486,18 @@ def iota_starts(ops: dict[str, FlatOp], op: FlatOp, to_operand: tuple[int, ...],
                     and s not in fixed.values():
                 fixed[d] = s
     return fixed
+
+
+def producing_reductions(ops: dict[str, FlatOp], op: FlatOp) -> set[str]:
+    """The pattern's reductions among ``op``'s producers (a kernel's prologue runs before
+    any reduction of its schedule)."""
+    seen, stack, reductions = set(), list(op.operands), set()
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in ops:
+            continue
+        seen.add(name)
+        if ops[name].opcode == "reduce":
+            reductions.add(name)
+        stack += ops[name].operands
+    return reductions

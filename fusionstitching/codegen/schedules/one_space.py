@@ -17,15 +17,16 @@ from .reduce import apply_init, combine_across_threads, reduce_variadic
 from .space import independent, reduce_operand_index, reduction_stages, reshaped, result_shape
 
 
-def build_one_space_kernel(pattern: Pattern, sched: Schedule, name: str
+def build_one_space_kernel(pattern: Pattern, sched: Schedule, name: str, host: bool = False
                            ) -> tuple[Kernel, set[str]]:
     """The kernel IR of `pattern` under a one-space schedule; raises CodegenError (e.g.
-    locality: a consumer reads a reduction at an index its own group did not reduce)."""
+    locality: a consumer reads a reduction at an index its own group did not reduce).
+    ``host``: a host kernel's (scatters in its prologue, `Emitter.scatter_in_prologue`)."""
     space = sched.space
     threads = sched.block[0]
     tid, bid = Var("tid", threads), Var("bid", sched.grid_blocks)
     group = Var("o", max(space.groups, 1))
-    em = Emitter(pattern, group)
+    em = Emitter(pattern, group, host=host)
     schemes = {"thread_composition"}
     shared: list[SharedArray] = []
     buffers = pattern.buffers()
@@ -106,7 +107,8 @@ def build_one_space_kernel(pattern: Pattern, sched: Schedule, name: str
         packed_outputs(em, pattern, packed, first_output, add(scale(bid, threads), tid),
                        threads * sched.grid_blocks, sched.vector, bool(r), schemes)
     kernel = Kernel(name, buffers, sched.grid, sched.block, shared, em.scopes[0], tid, bid,
-                    list(em.constants.values()))
+                    list(em.constants.values()), prologue=em.prologue,
+                    scratch=list(em.scratch.values()))
     return kernel, schemes
 
 

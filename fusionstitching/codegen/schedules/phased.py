@@ -88,7 +88,7 @@ def enumerate_phased_schedules(pattern: Pattern, device: Device) -> list[Schedul
     return out + [dataclasses.replace(s, unrolled=True) for s in out]
 
 
-def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
+def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str, host: bool = False
                         ) -> tuple[Kernel, set[str]]:
     """The phased schedule: phases in dependency order, then the outputs.
 
@@ -107,7 +107,10 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
     the other outputs are packed loops over the grid's threads."""
     threads, blocks = sched.block[0], sched.grid_blocks
     tid, bid = Var("tid", threads), Var("bid", blocks)
-    em = Emitter(pattern, Var("o", 1))  # reductions are staged, never read at "the" group
+    # Reductions are staged, never read at "the" group. ``host``: as build_one_space_kernel;
+    # a host phased schedule is one thread (`host_schedule`).
+    em = Emitter(pattern, Var("o", 1), host=host,
+                 one_thread=host and sched.grid_blocks == 1 and sched.block[0] == 1)
     em.unroll_short = sched.unrolled
     schemes = {"thread_composition", "block_composition"}
     shared: list[SharedArray] = []
@@ -203,7 +206,8 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str
                            "no short loop to unroll (the same kernel as without)")
     buffers = pattern.buffers()
     kernel = Kernel(name, buffers, sched.grid, sched.block, shared, em.scopes[0], tid, bid,
-                    list(em.constants.values()))
+                    list(em.constants.values()), prologue=em.prologue,
+                    scratch=list(em.scratch.values()))
     return kernel, schemes
 
 
