@@ -19,11 +19,11 @@ from ..errors import CodegenError, Refusal
 from ..flatten import FlatOp, Pattern
 from ..index_expr import Ix, Var, add, delinearize, ix, linearize, row_major, scale
 from ..kernel_ir import (DTYPE_BYTES, VECTOR_LANES, VECTOR_TYPES, Compute, Const, ConstArray,
-                         ConstLoad, DynamicIndex, GlobalLoad, GlobalStore, IndexValue,
-                         SharedArray, SharedLoad, Value, VectorExtract, VectorPack,
-                         vector_group)
+                         ConstLoad, DynamicIndex, GlobalLoad, GlobalStore, IndexValue, Loop,
+                         SharedArray, SharedLoad, SharedStore, Value, VectorExtract,
+                         VectorPack, vector_group)
 from ..ops import DTYPES, ELEMENTWISE, FLOAT_ONLY, INT_ONLY, INTS, NARROW_FLOATS
-from .index_maps import IndexMaps
+from .index_maps import IndexMaps, producing_reductions
 from .space import result_shape
 
 
@@ -68,6 +68,10 @@ class Emitter(IndexMaps):
         self.host, self.one_thread = host, one_thread
         self.prologue: list = []
         self.scratch: dict[str, SharedArray] = {}
+        # One-thread host kernels: values several ops read, computed once into scratch
+        # (`computed_once`) instead of again in every phase and output that reads them.
+        self.once = reused_values(pattern) if one_thread else set()
+        self.computing_once: set[str] = set()
 
     def fresh(self, dtype: str) -> Value:
         return Value(f"v{next(self.names)}", dtype)
@@ -198,6 +202,10 @@ class Emitter(IndexMaps):
             raise CodegenError(Refusal.UNSUPPORTED_TYPE,
                                f"{code} {op.name}: element type {dtype} is not supported")
         if code in ELEMENTWISE:  # most ops: tested before the other opcodes one by one
+            if op.name in self.once and op.name not in self.computing_once:
+                once = self.computed_once(op, index)
+                if once is not None:
+                    return once
             return self.elementwise(op, [self.value(o, index) for o in op.operands])
         match code:
             case "parameter":
@@ -333,6 +341,32 @@ class Emitter(IndexMaps):
         self.place(ConstLoad(dst, self.constants[op.name], offset), depth)
         return dst, depth
 
+    def computed_once(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int] | None:
+        """Element ``index`` of ``op`` from a scratch array filled before the loop that first
+        reads it (None where a reduction it needs is not staged yet)."""
+        array = self.scratch.get(op.name)
+        if array is None:
+            if not producing_reductions(self.ops, op) <= self.staged.keys():
+                return None
+            array = SharedArray(f"once{len(self.scratch)}", op.shape.dtype,
+                                op.shape.num_elements)
+            self.computing_once.add(op.name)
+
+            def fill():
+                element = Var(f"s{next(self.names)}", op.shape.num_elements)
+                self.open_loop(element)  # physical order: contiguous stores
+                value, _ = self.value(op.name, delinearize(ix(element), op.shape))
+                self.place(SharedStore(array, ix(element), value), 1)
+                self.place(Loop(element, ix(0), element.extent, 1, self.close_loop(), []), 0)
+
+            self.scopes[0] += self.isolated(fill)
+            self.computing_once.discard(op.name)
+            self.scratch[op.name] = array
+        offset = linearize(index, op.shape)
+        dst, depth = self.fresh(op.shape.dtype), self.index_depth(offset)
+        self.place(SharedLoad(dst, array, offset), depth)
+        return dst, depth
+
     def staged_result(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
         staged = self.staged[op.name]
         if isinstance(staged, Value):
@@ -362,3 +396,31 @@ class Emitter(IndexMaps):
         raise CodegenError(Refusal.CROSS_BLOCK,
                            f"reduction {op.name} is read at element {read} by the thread group "
                            f"of result {self.group}: needs cross-block communication")
+
+
+# A value is computed once (`Emitter.computed_once`) when at least this many elementwise ops
+# produce it (itself included), counted back to the first non-elementwise op: below, reading
+# it back costs about what computing it again does.
+ONCE_MIN_OPS = 4
+
+
+def reused_values(pattern: Pattern) -> set[str]:
+    """Elementwise ops of ``pattern`` that two or more ops or outputs read and that take
+    ONCE_MIN_OPS elementwise ops to compute."""
+    readers: dict[str, int] = {}
+    for op in pattern.ops:
+        for o in set(op.operands):
+            readers[o] = readers.get(o, 0) + 1
+    for name in pattern.output_values:
+        readers[name] = readers.get(name, 0) + 1
+    ops, cone = pattern.op_map(), {}
+
+    def size(name: str) -> int:
+        if name not in cone:
+            op = ops.get(name)
+            cone[name] = 0 if op is None or op.opcode not in ELEMENTWISE else \
+                1 + sum(size(o) for o in set(op.operands))
+        return cone[name]
+
+    return {op.name for op in pattern.ops
+            if readers.get(op.name, 0) >= 2 and size(op.name) >= ONCE_MIN_OPS}

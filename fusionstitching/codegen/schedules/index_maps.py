@@ -203,20 +203,29 @@ class IndexMaps:
         dims, operand, indices, updates = self.scatter_form(op)
         dtype = op.shape.dtype
         array = SharedArray(f"scatter{len(self.scratch)}", dtype, op.shape.num_elements)
-        saved = self.scopes, self.cache, self.pending
-        self.scopes, self.cache, self.pending = [[]], {}, {}
-        try:
+
+        def fill():
             element = Var(f"s{next(self.names)}", op.shape.num_elements)
             self.open_loop(element)  # physical order: contiguous stores
             initial, _ = self.value(op.operands[0], delinearize(ix(element), op.shape))
             self.place(SharedStore(array, ix(element), initial), 1)
             self.place(Loop(element, ix(0), element.extent, 1, self.close_loop(), []), 0)
             self.place_windows(op, dims, operand, indices, updates, array)
-            statements = self.scopes[0]
-        finally:
-            self.scopes, self.cache, self.pending = saved
+
+        statements = self.isolated(fill)
         self.scratch[op.name] = array
         return array, statements
+
+    def isolated(self, build) -> list:
+        """The statements ``build`` places, in scopes and a value cache of their own (they run
+        before the loop being built, which may not see their values)."""
+        saved = self.scopes, self.cache, self.pending
+        self.scopes, self.cache, self.pending = [[]], {}, {}
+        try:
+            build()
+            return self.scopes[0]
+        finally:
+            self.scopes, self.cache, self.pending = saved
 
     def place_windows(self, op: FlatOp, dims: ScatterDims, operand: Shape, indices: Shape,
                       updates: Shape, array: SharedArray) -> None:
