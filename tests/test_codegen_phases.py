@@ -323,7 +323,23 @@ def test_a_host_phased_kernel_computes_a_value_two_phases_read_once():
     module, spec = _generate(TWO_READERS)
     _assert_phased(spec, 2)
     host = spec.host_kernel
-    assert [(a.name, a.size) for a in host.scratch] == [("once0", 16 * 32)]
+    assert [(a.name[:4], a.size) for a in host.scratch] == [("once", 16 * 32)]
     assert _statements(host.body, "tanh") == 1
     assert _statements(spec.kernel.body, "tanh") > 1  # in each phase (its loops unrolled)
+    check_against_xla(module, spec, rtol=1e-5, atol=1e-5)
+
+
+# g is computed once, and filling it reads d, computed once too (nested: the two arrays were
+# once given one name, and the kernel read one through the other).
+NESTED = TWO_READERS.replace(
+    "  %rows = f32[16]{0} reduce(%d",
+    "  %e = f32[16,32]{1,0} add(%d, %x)\n  %f = f32[16,32]{1,0} multiply(%e, %d)\n"
+    "  %g = f32[16,32]{1,0} tanh(%f)\n  %rows = f32[16]{0} reduce(%g").replace(
+    "reduce(%d, %zero), dimensions={0}", "reduce(%g, %zero), dimensions={0}")
+
+
+def test_values_computed_once_inside_another_get_arrays_of_their_own():
+    module, spec = _generate(NESTED)
+    names = [a.name for a in spec.host_kernel.scratch]
+    assert len(names) == 2 and len(set(names)) == 2
     check_against_xla(module, spec, rtol=1e-5, atol=1e-5)

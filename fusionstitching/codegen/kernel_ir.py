@@ -251,8 +251,9 @@ class Kernel:
     # schedule's device, so no register costs occupancy (.minnctapersm 1).
     min_blocks_per_sm: int = 0
     # Host kernels only: statements run once per call before the blocks (a scatter computed
-    # in XLA's form into a scratch array, `IndexMaps.scatter_into_scratch`), and the scratch
-    # arrays they fill (heap memory of the call, read by the blocks like shared arrays).
+    # in XLA's form, `IndexMaps.scatter_into_scratch`), and the scratch arrays (heap memory of
+    # the call, read like shared arrays) that they or the body fill: scatters, and in a
+    # one-thread kernel the values several loops read (`Emitter.computed_once`).
     prologue: list = field(default_factory=list)
     scratch: list[SharedArray] = field(default_factory=list)
 

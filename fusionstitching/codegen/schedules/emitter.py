@@ -348,7 +348,8 @@ class Emitter(IndexMaps):
         if array is None:
             if not producing_reductions(self.ops, op) <= self.staged.keys():
                 return None
-            array = SharedArray(f"once{len(self.scratch)}", op.shape.dtype,
+            # named by the emitter's counter: filling it may create another array first
+            array = SharedArray(f"once{next(self.names)}", op.shape.dtype,
                                 op.shape.num_elements)
             self.computing_once.add(op.name)
 

@@ -202,7 +202,8 @@ class IndexMaps:
         so that they can run before the loop that asked for them."""
         dims, operand, indices, updates = self.scatter_form(op)
         dtype = op.shape.dtype
-        array = SharedArray(f"scatter{len(self.scratch)}", dtype, op.shape.num_elements)
+        # named by the emitter's counter: filling it may create another array first
+        array = SharedArray(f"scatter{next(self.names)}", dtype, op.shape.num_elements)
 
         def fill():
             element = Var(f"s{next(self.names)}", op.shape.num_elements)
