@@ -23,6 +23,15 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks import each other
+
+import jax  # noqa: E402
+from bench_cpu_speed import steps  # noqa: E402
+from step_loops import state_feedback, training_loop  # noqa: E402
+
+from fusionstitching.runtime import ffi  # noqa: E402
+from fusionstitching.stitched_jit import jit  # noqa: E402
+
 # Ordered: the first matching rule names a sample's category (dso and symbol of its frame).
 CATEGORIES = (
     ("dots (YNNPACK)", lambda dso, sym: "ynn" in sym or "slinky" in sym),
@@ -87,14 +96,6 @@ def attribute(lines, starts: list[tuple[int, str]]) -> tuple[collections.Counter
 
 def child(part: str, model: str, keep: str, seconds: float, out: str) -> None:
     """Warm the step, write the stitched kernels' addresses, print READY, loop."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import jax
-    from bench_cpu_speed import steps
-    from step_loops import state_feedback, training_loop
-
-    from fusionstitching.runtime import ffi
-    from fusionstitching.stitched_jit import jit
-
     for name, _, fn, args in steps(part, [model]):
         if not name.endswith("train"):
             continue
