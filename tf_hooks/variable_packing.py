@@ -1,7 +1,8 @@
 """Small captured variables travel packed into jax: the read graph returns each dtype's small
 variables as one flat tensor, and one jax executable slices them back. Each tensor's DLPack
 import costs ~14 us in a quiet process, where copying a small variable costs less; measured
-in benchmarks/README.md (thirtieth session)."""
+in benchmarks/README.md (thirtieth session). Imported at interpreter start with tf_hooks, so
+TF is imported only inside the function that traces with it (tf_hooks/__init__.py)."""
 from __future__ import annotations
 
 import itertools

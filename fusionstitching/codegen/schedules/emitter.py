@@ -19,9 +19,8 @@ from ..errors import CodegenError, Refusal
 from ..flatten import FlatOp, Pattern
 from ..index_expr import Ix, Var, add, delinearize, ix, linearize, row_major, scale
 from ..kernel_ir import (DTYPE_BYTES, VECTOR_LANES, VECTOR_TYPES, Compute, Const, ConstArray,
-                         ConstLoad, DynamicIndex, GlobalLoad, GlobalStore, IndexValue, Loop,
-                         SharedArray, SharedLoad, SharedStore, Value, VectorExtract,
-                         VectorPack, vector_group)
+                         ConstLoad, DynamicIndex, GlobalLoad, GlobalStore, IndexValue,
+                         SharedArray, Value, VectorExtract, VectorPack, vector_group)
 from ..ops import DTYPES, ELEMENTWISE, FLOAT_ONLY, INT_ONLY, INTS, NARROW_FLOATS
 from .index_maps import IndexMaps, producing_reductions
 from .space import result_shape
@@ -352,30 +351,17 @@ class Emitter(IndexMaps):
             array = SharedArray(f"once{next(self.names)}", op.shape.dtype,
                                 op.shape.num_elements)
             self.computing_once.add(op.name)
-
-            def fill():
-                element = Var(f"s{next(self.names)}", op.shape.num_elements)
-                self.open_loop(element)  # physical order: contiguous stores
-                value, _ = self.value(op.name, delinearize(ix(element), op.shape))
-                self.place(SharedStore(array, ix(element), value), 1)
-                self.place(Loop(element, ix(0), element.extent, 1, self.close_loop(), []), 0)
-
-            self.scopes[0] += self.isolated(fill)
+            self.scopes[0] += self.isolated(
+                lambda: self.store_every_element(array, op.shape, op.name))
             self.computing_once.discard(op.name)
             self.scratch[op.name] = array
-        offset = linearize(index, op.shape)
-        dst, depth = self.fresh(op.shape.dtype), self.index_depth(offset)
-        self.place(SharedLoad(dst, array, offset), depth)
-        return dst, depth
+        return self.array_element(array, op.shape, index)
 
     def staged_result(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
         staged = self.staged[op.name]
         if isinstance(staged, Value):
             return staged, 0
-        offset = linearize(index, op.shape)
-        dst, depth = self.fresh(staged.dtype), self.index_depth(offset)
-        self.place(SharedLoad(dst, staged, offset), depth)
-        return dst, depth
+        return self.array_element(staged, op.shape, index)
 
     def check_locality(self, op: FlatOp, index: tuple[Ix, ...]) -> None:
         """A reduction's value is only available at the result its thread group reduced."""

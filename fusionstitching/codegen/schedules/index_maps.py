@@ -20,6 +20,7 @@ from ..index_expr import (Ix, Var, add, delinearize, ix, linearize, row_major, s
                           value_range)
 from ..kernel_ir import Accumulate, Loop, SharedArray, SharedLoad, SharedStore, Value
 from ..ops import REDUCIBLE, identity
+from .space import ancestors
 
 # A scatter in the gather form costs (update windows) x (output elements): this bounds the
 # code and the work per element; below it the latency-evaluator (and the pipeline's cost guard
@@ -188,10 +189,7 @@ class IndexMaps:
                 self.scopes[0] += statements  # before the loop being built reads it
             else:
                 return self.scatter(op, index)
-        offset = linearize(index, op.shape)
-        dst, depth = self.fresh(op.shape.dtype), self.index_depth(offset)
-        self.place(SharedLoad(dst, array, offset), depth)
-        return dst, depth
+        return self.array_element(array, op.shape, index)
 
     def scatter_into_scratch(self, op: FlatOp) -> tuple[SharedArray, list]:
         """Statements computing scatter ``op`` as XLA:CPU does, into a scratch array of its
@@ -206,16 +204,29 @@ class IndexMaps:
         array = SharedArray(f"scatter{next(self.names)}", dtype, op.shape.num_elements)
 
         def fill():
-            element = Var(f"s{next(self.names)}", op.shape.num_elements)
-            self.open_loop(element)  # physical order: contiguous stores
-            initial, _ = self.value(op.operands[0], delinearize(ix(element), op.shape))
-            self.place(SharedStore(array, ix(element), initial), 1)
-            self.place(Loop(element, ix(0), element.extent, 1, self.close_loop(), []), 0)
+            self.store_every_element(array, op.shape, op.operands[0])
             self.place_windows(op, dims, operand, indices, updates, array)
 
         statements = self.isolated(fill)
         self.scratch[op.name] = array
         return array, statements
+
+    def store_every_element(self, array: SharedArray, shape: Shape, name: str) -> None:
+        """array[e] = value ``name`` at element e of ``shape``, a loop over the elements in
+        physical order (contiguous stores), at depth 0 of the current scopes."""
+        element = Var(f"s{next(self.names)}", shape.num_elements)
+        self.open_loop(element)
+        value, _ = self.value(name, delinearize(ix(element), shape))
+        self.place(SharedStore(array, ix(element), value), 1)
+        self.place(Loop(element, ix(0), element.extent, 1, self.close_loop(), []), 0)
+
+    def array_element(self, array: SharedArray, shape: Shape, index: tuple[Ix, ...]
+                      ) -> tuple[Value, int]:
+        """Element ``index`` of a value of ``shape`` held in ``array`` (physical order)."""
+        offset = linearize(index, shape)
+        dst, depth = self.fresh(array.dtype), self.index_depth(offset)
+        self.place(SharedLoad(dst, array, offset), depth)
+        return dst, depth
 
     def isolated(self, build) -> list:
         """The statements ``build`` places, in scopes and a value cache of their own (they run
@@ -501,13 +512,4 @@ def iota_starts(ops: dict[str, FlatOp], op: FlatOp, to_operand: tuple[int, ...],
 def producing_reductions(ops: dict[str, FlatOp], op: FlatOp) -> set[str]:
     """The pattern's reductions among ``op``'s producers (a kernel's prologue runs before
     any reduction of its schedule)."""
-    seen, stack, reductions = set(), list(op.operands), set()
-    while stack:
-        name = stack.pop()
-        if name in seen or name not in ops:
-            continue
-        seen.add(name)
-        if ops[name].opcode == "reduce":
-            reductions.add(name)
-        stack += ops[name].operands
-    return reductions
+    return {name for name in ancestors(ops, op.name) if ops[name].opcode == "reduce"}

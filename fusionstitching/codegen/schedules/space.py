@@ -87,23 +87,23 @@ def reduction_stages(pattern: Pattern) -> list[list[FlatOp]]:
     return [stages[k] for k in sorted(stages)]
 
 
+def ancestors(by_name: dict[str, FlatOp], name: str) -> set[str]:
+    """Every op ``name`` depends on. Only this value's: a closure over every op of a large
+    pattern was a fifth of the explorer's capability queries."""
+    seen, stack = set(), list(by_name[name].operands)
+    while stack:
+        operand = stack.pop()
+        if operand not in seen:
+            seen.add(operand)
+            stack.extend(by_name[operand].operands)
+    return seen
+
+
 def independent(pattern: Pattern, names: list[str]) -> bool:
     """Whether some two of these values do not depend on each other (kernel packing)."""
     by_name = pattern.op_map()
-
-    def ancestors(name: str) -> set[str]:
-        # Only these values' ancestors: a closure over every op of a large pattern was a
-        # fifth of the explorer's capability queries.
-        seen, stack = set(), list(by_name[name].operands)
-        while stack:
-            operand = stack.pop()
-            if operand not in seen:
-                seen.add(operand)
-                stack.extend(by_name[operand].operands)
-        return seen
-
     distinct = list(dict.fromkeys(names))
-    above = {name: ancestors(name) for name in distinct}
+    above = {name: ancestors(by_name, name) for name in distinct}
     return any(a not in above[b] and b not in above[a]
                for a, b in itertools.combinations(distinct, 2))
 
