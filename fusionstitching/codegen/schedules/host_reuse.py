@@ -97,14 +97,17 @@ def _forms(kernel: Kernel, loop: Loop) -> dict[Value, tuple[tuple, bool]]:
 
 
 def _outermost(loop: Loop, again: set[Value]) -> list[Value]:
-    """The values of ``again`` that something else in the loop reads (an inner one, read
-    only by others of ``again``, need not be kept: it goes dead)."""
+    """The values of ``again`` that something else in the loop reads, in the loop's order (an
+    inner one, read only by others of ``again``, need not be kept: it goes dead)."""
     read_by_others = set()
     for s in loop.body:
         if not set(defined_values(s)) & again:
             read_by_others.update(used_values(s))
     read_by_others.update(a.value for a in loop.accumulates)
-    return [v for v in again if v in read_by_others]
+    # In the loop's order, not the set's: the arrays' names must not vary from run to run
+    # (they are in the kernel's text, hence its cache key).
+    return [v for s in loop.body for v in defined_values(s)
+            if v in again and v in read_by_others]
 
 
 def _rewritten(body: list, loads: dict[Value, SharedLoad], stores: dict[Value, SharedStore]
