@@ -15,6 +15,7 @@ import pytest
 import costmodel
 from fusionstitching.codegen import Refusal, Schedule, can_stitch, count_traffic, generate
 from fusionstitching.codegen.flatten import flatten
+from fusionstitching.codegen.kernel_ir import GlobalLoad, GlobalStore
 from fusionstitching.codegen.schedules.choose import _build_and_price
 from fusionstitching.codegen.schedules.phased import build_phased_kernel
 from fusionstitching.codegen.schedules.space import Space
@@ -342,4 +343,28 @@ def test_values_computed_once_inside_another_get_arrays_of_their_own():
     module, spec = _generate(NESTED)
     names = [a.name for a in spec.host_kernel.scratch]
     assert len(names) == 2 and len(set(names)) == 2
+    check_against_xla(module, spec, rtol=1e-5, atol=1e-5)
+
+
+# d is computed once and is also an output (as an optimizer's new moment is both an output and
+# read by the update): it is written into its output buffer and read back from there.
+OUTPUT_READ_TWICE = TWO_READERS.replace(
+    "ROOT %out = (f32[16]{0}, f32[32]{0}) tuple(%rows, %cols)",
+    "ROOT %out = (f32[16]{0}, f32[32]{0}, f32[16,32]{1,0}) tuple(%rows, %cols, %d)")
+
+
+def _buffer_accesses(body: list, kind: type, buffer: int) -> int:
+    return sum((isinstance(s, kind) and s.buffer == buffer)
+               + _buffer_accesses(getattr(s, "body", []), kind, buffer) for s in body)
+
+
+def test_a_value_computed_once_that_is_an_output_is_kept_in_the_output_buffer():
+    module, spec = _generate(OUTPUT_READ_TWICE)
+    _assert_phased(spec, 2)
+    host = spec.host_kernel
+    (out_d,) = [i for i, b in enumerate(host.buffers) if b.is_output and b.name == "d"]
+    assert host.scratch == [], host  # no scratch array, no copy into the output
+    assert _buffer_accesses(host.body, GlobalStore, out_d) == 1  # the loop filling it
+    assert _buffer_accesses(host.body, GlobalLoad, out_d) >= 1  # the phases read it back
+    assert _statements(host.body, "tanh") == 1
     check_against_xla(module, spec, rtol=1e-5, atol=1e-5)

@@ -67,10 +67,14 @@ class Emitter(IndexMaps):
         self.host, self.one_thread = host, one_thread
         self.prologue: list = []
         self.scratch: dict[str, SharedArray] = {}
+        self.once_in_output: dict[str, int] = {}  # value computed once -> the output holding it
         # One-thread host kernels: values several ops read, computed once into scratch
         # (`computed_once`) instead of again in every phase and output that reads them.
         self.once = reused_values(pattern) if one_thread else set()
         self.computing_once: set[str] = set()
+        # Output buffers a value computed once was written into (its array, read back there):
+        # the output loops do not store it again.
+        self.filled_outputs: set[int] = set()
 
     def fresh(self, dtype: str) -> Value:
         return Value(f"v{next(self.names)}", dtype)
@@ -343,19 +347,37 @@ class Emitter(IndexMaps):
     def computed_once(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int] | None:
         """Element ``index`` of ``op`` from a scratch array filled before the loop that first
         reads it (None where a reduction it needs is not staged yet)."""
-        array = self.scratch.get(op.name)
+        array = self.scratch.get(op.name, self.once_in_output.get(op.name))
         if array is None:
             if not producing_reductions(self.ops, op) <= self.staged.keys():
                 return None
-            # named by the emitter's counter: filling it may create another array first
-            array = SharedArray(f"once{next(self.names)}", op.shape.dtype,
-                                op.shape.num_elements)
+            array = self.output_holding(op)
+            if array is None:
+                # named by the emitter's counter: filling it may create another array first
+                array = SharedArray(f"once{next(self.names)}", op.shape.dtype,
+                                    op.shape.num_elements)
+                self.scratch[op.name] = array
+            else:
+                self.once_in_output[op.name] = array
             self.computing_once.add(op.name)
             self.scopes[0] += self.isolated(
                 lambda: self.store_every_element(array, op.shape, op.name))
             self.computing_once.discard(op.name)
-            self.scratch[op.name] = array
+            if isinstance(array, int):
+                self.filled_outputs.add(array)
         return self.array_element(array, op.shape, index)
+
+    def output_holding(self, op: FlatOp) -> int | None:
+        """The output buffer a value computed once is written into, when the kernel outputs it
+        as it is (same shape and layout): its array costs no copy to the output and no scratch.
+        Buffers are distinct (no custom-call aliasing), so nothing else writes it first."""
+        if op.shape.dtype == "pred":
+            return None
+        first_output = len(self.pattern.inputs)
+        return next((first_output + i for i, ((_, shape), name) in enumerate(
+            zip(self.pattern.outputs, self.pattern.output_values))
+            if name == op.name and shape == op.shape
+            and first_output + i not in self.filled_outputs), None)
 
     def staged_result(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
         staged = self.staged[op.name]

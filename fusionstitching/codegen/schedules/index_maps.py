@@ -18,7 +18,8 @@ from ..errors import CodegenError, Refusal
 from ..flatten import FlatOp
 from ..index_expr import (Ix, Var, add, delinearize, ix, linearize, row_major, scale,
                           value_range)
-from ..kernel_ir import Accumulate, Loop, SharedArray, SharedLoad, SharedStore, Value
+from ..kernel_ir import (Accumulate, GlobalLoad, GlobalStore, Loop, SharedArray, SharedLoad,
+                         SharedStore, Value)
 from ..ops import REDUCIBLE, identity
 from .space import ancestors
 
@@ -211,21 +212,26 @@ class IndexMaps:
         self.scratch[op.name] = array
         return array, statements
 
-    def store_every_element(self, array: SharedArray, shape: Shape, name: str) -> None:
+    def store_every_element(self, array: SharedArray | int, shape: Shape, name: str) -> None:
         """array[e] = value ``name`` at element e of ``shape``, a loop over the elements in
-        physical order (contiguous stores), at depth 0 of the current scopes."""
+        physical order (contiguous stores), at depth 0 of the current scopes. ``array``: a
+        scratch array, or the number of an output buffer of ``shape``."""
         element = Var(f"s{next(self.names)}", shape.num_elements)
         self.open_loop(element)
         value, _ = self.value(name, delinearize(ix(element), shape))
-        self.place(SharedStore(array, ix(element), value), 1)
+        self.place(GlobalStore(array, ix(element), value) if isinstance(array, int) else
+                   SharedStore(array, ix(element), value), 1)
         self.place(Loop(element, ix(0), element.extent, 1, self.close_loop(), []), 0)
 
-    def array_element(self, array: SharedArray, shape: Shape, index: tuple[Ix, ...]
+    def array_element(self, array: SharedArray | int, shape: Shape, index: tuple[Ix, ...]
                       ) -> tuple[Value, int]:
-        """Element ``index`` of a value of ``shape`` held in ``array`` (physical order)."""
+        """Element ``index`` of a value of ``shape`` held in ``array`` (physical order; a
+        scratch array, or the number of an output buffer)."""
         offset = linearize(index, shape)
-        dst, depth = self.fresh(array.dtype), self.index_depth(offset)
-        self.place(SharedLoad(dst, array, offset), depth)
+        dst = self.fresh(shape.dtype if isinstance(array, int) else array.dtype)
+        depth = self.index_depth(offset)
+        self.place(GlobalLoad(dst, array, offset) if isinstance(array, int) else
+                   SharedLoad(dst, array, offset), depth)
         return dst, depth
 
     def isolated(self, build) -> list:

@@ -108,9 +108,12 @@ def stores_at_group(em: Emitter, result: Shape, group: Var, outputs: list,
     shape) at the element of result ``group``."""
     stores = []
     for i, shape, value_name in outputs:
+        if first_output + i in em.filled_outputs:
+            continue
         index = reshaped(delinearize(ix(group), result), result, shape)
         value, _ = em.value(value_name, index)
-        stores.append(GlobalStore(first_output + i, linearize(index, shape), value))
+        if first_output + i not in em.filled_outputs:  # filled by the value just computed
+            stores.append(GlobalStore(first_output + i, linearize(index, shape), value))
     return stores
 
 
@@ -123,7 +126,7 @@ def packed_outputs(em: Emitter, pattern: Pattern, packed: list, first_output: in
     load latency per trip (BERT train JAX's 10-phase LayerNorm-backward chain waited 25 of
     its 31 modeled load latencies in its two output loops)."""
     by_size: dict[int, list] = {}
-    for out in packed:
+    for out in (o for o in packed if first_output + o[0] not in em.filled_outputs):
         by_size.setdefault(out[1].num_elements, []).append(out)
     if len(by_size) > 1 or (after_reductions and by_size):
         schemes.add("kernel_packing")
@@ -131,9 +134,12 @@ def packed_outputs(em: Emitter, pattern: Pattern, packed: list, first_output: in
         def store_element(at_element: Ix, outs=outs) -> list:
             at = delinearize(at_element, outs[0][1])  # the first output is written coalesced
             for i, shape, value_name in outs:
+                if first_output + i in em.filled_outputs:  # a value computed once into it
+                    continue
                 index = reshaped(at, outs[0][1], shape)
                 value, _ = em.value(value_name, index)
-                em.store(first_output + i, shape, linearize(index, shape), value)
+                if first_output + i not in em.filled_outputs:
+                    em.store(first_output + i, shape, linearize(index, shape), value)
             return []
         vector_n = vector if n % vector == 0 else 1
         shape = outs[0][1]
