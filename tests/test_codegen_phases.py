@@ -15,7 +15,7 @@ import pytest
 import costmodel
 from fusionstitching.codegen import Refusal, Schedule, can_stitch, count_traffic, generate
 from fusionstitching.codegen.flatten import flatten
-from fusionstitching.codegen.kernel_ir import GlobalLoad, GlobalStore
+from fusionstitching.codegen.kernel_ir import GlobalLoad, GlobalStore, Loop, SharedStore
 from fusionstitching.codegen.schedules.choose import _build_and_price
 from fusionstitching.codegen.schedules.phased import build_phased_kernel
 from fusionstitching.codegen.schedules.space import Space
@@ -367,4 +367,22 @@ def test_a_value_computed_once_that_is_an_output_is_kept_in_the_output_buffer():
     assert _buffer_accesses(host.body, GlobalStore, out_d) == 1  # the loop filling it
     assert _buffer_accesses(host.body, GlobalLoad, out_d) >= 1  # the phases read it back
     assert _statements(host.body, "tanh") == 1
+    check_against_xla(module, spec, rtol=1e-5, atol=1e-5)
+
+
+def _loops_storing(body: list, array: str) -> list:
+    """The top-level loops of ``body`` whose inner loop stores into shared array ``array``."""
+    return [s for s in body if isinstance(s, Loop) and any(
+        isinstance(t, Loop) and any(isinstance(u, SharedStore) and u.array.name == array
+                                    for u in t.body) for t in s.body)]
+
+
+def test_a_host_phased_kernels_column_sums_read_row_by_row():
+    """One result at a time, a column sum reads a cache line per element; the host's phased
+    kernel loops over the points (rows) outer and the results inner, as the columns schedule
+    does, so the inner loop reads a row contiguously."""
+    module, spec = _generate(TWO_READERS)
+    (rows_outer,) = _loops_storing(spec.host_kernel.body, "res_cols")
+    assert rows_outer.stop == 16 and rows_outer.body[-1].stop == 32  # 16 rows, 32 columns
+    assert not _loops_storing(spec.kernel.body, "res_cols")  # the GPU schedule: per result
     check_against_xla(module, spec, rtol=1e-5, atol=1e-5)

@@ -16,8 +16,10 @@ from costmodel.devices import Device
 from ..errors import CodegenError, Refusal
 from ..flatten import FlatOp, Pattern
 from ..index_expr import Ix, Var, add, div, ix, mod, scale
-from ..kernel_ir import (UNROLL_FACTOR, WARP, Barrier, BlockReduce, GlobalStore, If,
-                         IndexLet, Kernel, SharedArray, SharedStore, Value, WarpReduce)
+from ..kernel_ir import (UNROLL_FACTOR, WARP, Barrier, BlockReduce, Compute, GlobalStore, If,
+                         IndexLet, Kernel, Loop, SharedArray, SharedLoad, SharedStore, Value,
+                         WarpReduce)
+from ..ops import identity
 from .candidates import Schedule
 from .emitter import Emitter
 from .loops import Points, in_runs, over_points, packed_outputs, stores_at_group, unroll_short
@@ -38,6 +40,9 @@ PHASED_THREADS = 128  # see enumerate_phased_schedules
 # when its results have more points than one serial run: up to SERIAL_RUN points a thread
 # per result waits for one batch of loads, less than a warp's five shuffles after it.
 MAX_RESULTS_PER_WARP = 4
+# A one-thread host phase of at least this many strided results reads its points row by row
+# (`_points_outer`): one vector of results per row.
+MIN_COLUMNS = 8
 
 
 def _phase_plan(pattern: Pattern) -> list[list[list[FlatOp]]]:
@@ -180,6 +185,8 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str, host: bool
             elif space.reduced > SERIAL_RUN and threads // space.groups >= 2:
                 _lanes_per_result(em, pattern, phase, space, values_at, arrays, tid, f"{k}_{j}")
                 schemes.add("warp_composition")
+            elif em.one_thread and _strided(pattern, phase, space):
+                _points_outer(em, pattern, phase, space, values_at, arrays, f"{k}_{j}")
             else:
                 def per_result(result: Ix, phase=phase, arrays=arrays, values_at=values_at,
                                reducers=reducers, space=space, tag=f"{k}_{j}") -> list:
@@ -338,6 +345,55 @@ def _spread_results(em: Emitter, pattern: Pattern, sched: Schedule, phase: list[
     for red in phase:
         del em.reduced[red.name]
     em.group = outer_group
+
+
+def _strided(pattern: Pattern, phase: list[FlatOp], space: Space) -> bool:
+    """A phase of several results whose points are strided in memory (the reduced dimensions
+    leave out the operand's minor one: column sums), none of them variadic."""
+    operand = pattern.op_map()[phase[0].operands[0]].shape
+    return space.groups >= MIN_COLUMNS and operand.rank > 0 and \
+        operand.minor_to_major[0] not in phase[0].dimensions and \
+        all(red.combiner is None for red in phase)
+
+
+def _points_outer(em: Emitter, pattern: Pattern, phase: list[FlatOp], space: Space, values_at,
+                  arrays: list[SharedArray], tag: str) -> None:
+    """One CPU thread's column sums, as columns.py orders them: the points outer and the
+    results inner, each result's partial value in its array, so a row is read contiguously
+    (the inner loop vectorizes) and values of the point alone (a row's statistics) are
+    computed once per point, not once per element."""
+    result, point = Var(f"o{tag}", space.groups), Var(f"r{tag}", space.reduced)
+
+    def over_results(body, outer: int) -> None:
+        em.open_loop(result)
+        body(len(em.scopes) - 1)
+        em.place(Loop(result, ix(0), space.groups, 1, em.close_loop(), []), outer)
+
+    def start(depth: int) -> None:
+        for red, array in zip(phase, arrays):
+            init, _ = em.const(identity(red.reducer, array.dtype), array.dtype)
+            em.place(SharedStore(array, ix(result), init), depth)
+
+    def accumulate(depth: int) -> None:
+        for red, (value, _), array in zip(phase, values_at(ix(result))(ix(point)), arrays):
+            partial, total = em.fresh(value.dtype), em.fresh(value.dtype)
+            em.place(SharedLoad(partial, array, ix(result)), depth)
+            em.place(Compute(total, red.reducer, [partial, value]), depth)
+            em.place(SharedStore(array, ix(result), total), depth)
+
+    def finish(depth: int) -> None:
+        for red, array in zip(phase, arrays):
+            partial = em.fresh(array.dtype)
+            em.place(SharedLoad(partial, array, ix(result)), depth)
+            total = apply_init(em, pattern, red, partial, depth)
+            if total is not partial:
+                em.place(SharedStore(array, ix(result), total), depth)
+
+    over_results(start, 0)
+    em.open_loop(point)
+    over_results(accumulate, 1)
+    em.place(Loop(point, ix(0), space.reduced, 1, em.close_loop(), []), 0)
+    over_results(finish, 0)
 
 
 def _serial_reduce(em: Emitter, count: int, visit, reducers: list[str], tag: str
