@@ -19,7 +19,7 @@ from ..index_expr import Ix, Var, add, div, ix, mod, scale
 from ..kernel_ir import (UNROLL_FACTOR, WARP, Barrier, BlockReduce, Compute, GlobalStore, If,
                          IndexLet, Kernel, Loop, SharedArray, SharedLoad, SharedStore, Value,
                          WarpReduce)
-from ..ops import identity
+from ..ops import NARROW_FLOATS, identity
 from .candidates import Schedule
 from .emitter import Emitter
 from .loops import Points, in_runs, over_points, packed_outputs, stores_at_group, unroll_short
@@ -349,11 +349,13 @@ def _spread_results(em: Emitter, pattern: Pattern, sched: Schedule, phase: list[
 
 def _strided(pattern: Pattern, phase: list[FlatOp], space: Space) -> bool:
     """A phase of several results whose points are strided in memory (the reduced dimensions
-    leave out the operand's minor one: column sums), none of them variadic."""
+    leave out the operand's minor one: column sums), none of them variadic or narrow (their
+    arrays hold the partial values in the result's type)."""
     operand = pattern.op_map()[phase[0].operands[0]].shape
     return space.groups >= MIN_COLUMNS and operand.rank > 0 and \
         operand.minor_to_major[0] not in phase[0].dimensions and \
-        all(red.combiner is None for red in phase)
+        all(red.combiner is None and red.shape.dtype not in NARROW_FLOATS | {"pred"}
+            for red in phase)
 
 
 def _points_outer(em: Emitter, pattern: Pattern, phase: list[FlatOp], space: Space, values_at,
