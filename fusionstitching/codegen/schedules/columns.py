@@ -12,12 +12,11 @@ from __future__ import annotations
 from ..errors import CodegenError, Refusal
 from ..flatten import Pattern
 from ..index_expr import Var, add, ix, linearize, scale
-from ..kernel_ir import Compute, IndexLet, Kernel, Loop, SharedArray, SharedLoad, SharedStore
-from ..ops import identity
+from ..kernel_ir import IndexLet, Kernel, Loop, SharedArray, SharedLoad
 from .candidates import Schedule
 from .emitter import Emitter
 from .loops import stores_at_group
-from .reduce import apply_init, tag_of
+from .reduce import add_to_partial, finish_partials, start_partials, tag_of
 from .space import Space, reduce_operand_index, reduction_stages, reshaped, result_shape
 
 RESULTS_PER_BLOCK = 256  # at most (blocks are what runs in parts); its accumulators are on the stack
@@ -80,33 +79,18 @@ def build_columns_kernel(pattern: Pattern, sched: Schedule, name: str
 
     finished: list[str] = []
     for stage in stages:
-        def start(depth: int) -> None:
-            for red in stage:
-                init, _ = em.const(identity(red.reducer, result_shape(red).dtype),
-                                   result_shape(red).dtype)
-                em.place(SharedStore(accumulators[red.name], ix(lane), init), depth)
+        arrays = [accumulators[red.name] for red in stage]
 
         def accumulate(depth: int) -> None:
-            for red in stage:
+            for red, array in zip(stage, arrays):
                 shape = em.ops[red.operands[0]].shape
                 value, _ = em.value(red.operands[0], reduce_operand_index(red, shape, ix(group),
                                                                           ix(point)))
-                partial, total = em.fresh(value.dtype), em.fresh(value.dtype)
-                em.place(SharedLoad(partial, accumulators[red.name], ix(lane)), depth)
-                em.place(Compute(total, red.reducer, [partial, value]), depth)
-                em.place(SharedStore(accumulators[red.name], ix(lane), total), depth)
+                add_to_partial(em, red, value, array, ix(lane), depth)
 
-        def finish(depth: int) -> None:
-            for red in stage:
-                partial = em.fresh(result_shape(red).dtype)
-                em.place(SharedLoad(partial, accumulators[red.name], ix(lane)), depth)
-                total = apply_init(em, pattern, red, partial, depth)
-                if total is not partial:
-                    em.place(SharedStore(accumulators[red.name], ix(lane), total), depth)
-
-        lanes(start)
+        lanes(lambda depth: start_partials(em, stage, arrays, ix(lane), depth))
         rows(accumulate)
-        lanes(finish)
+        lanes(lambda depth: finish_partials(em, pattern, stage, arrays, ix(lane), depth))
         finished += [red.name for red in stage]
     ref = stages[0][0]
     ref_shape = em.ops[ref.operands[0]].shape

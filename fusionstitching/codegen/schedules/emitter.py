@@ -72,9 +72,6 @@ class Emitter(IndexMaps):
         # (`computed_once`) instead of again in every phase and output that reads them.
         self.once = reused_values(pattern) if one_thread else set()
         self.computing_once: set[str] = set()
-        # Output buffers a value computed once was written into (its array, read back there):
-        # the output loops do not store it again.
-        self.filled_outputs: set[int] = set()
 
     def fresh(self, dtype: str) -> Value:
         return Value(f"v{next(self.names)}", dtype)
@@ -363,9 +360,12 @@ class Emitter(IndexMaps):
             self.scopes[0] += self.isolated(
                 lambda: self.store_every_element(array, op.shape, op.name))
             self.computing_once.discard(op.name)
-            if isinstance(array, int):
-                self.filled_outputs.add(array)
         return self.array_element(array, op.shape, index)
+
+    @property
+    def filled_outputs(self) -> set[int]:
+        """Output buffers holding a value computed once: the output loops do not store them."""
+        return set(self.once_in_output.values())
 
     def output_holding(self, op: FlatOp) -> int | None:
         """The output buffer a value computed once is written into, when the kernel outputs it
@@ -376,8 +376,7 @@ class Emitter(IndexMaps):
         first_output = len(self.pattern.inputs)
         return next((first_output + i for i, ((_, shape), name) in enumerate(
             zip(self.pattern.outputs, self.pattern.output_values))
-            if name == op.name and shape == op.shape
-            and first_output + i not in self.filled_outputs), None)
+            if name == op.name and shape == op.shape), None)
 
     def staged_result(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int]:
         staged = self.staged[op.name]

@@ -16,14 +16,14 @@ from costmodel.devices import Device
 from ..errors import CodegenError, Refusal
 from ..flatten import FlatOp, Pattern
 from ..index_expr import Ix, Var, add, div, ix, mod, scale
-from ..kernel_ir import (UNROLL_FACTOR, WARP, Barrier, BlockReduce, Compute, GlobalStore, If,
-                         IndexLet, Kernel, Loop, SharedArray, SharedLoad, SharedStore, Value,
-                         WarpReduce)
-from ..ops import NARROW_FLOATS, identity
+from ..kernel_ir import (UNROLL_FACTOR, WARP, Barrier, BlockReduce, GlobalStore, If,
+                         IndexLet, Kernel, Loop, SharedArray, SharedStore, Value, WarpReduce)
+from ..ops import NARROW_FLOATS
 from .candidates import Schedule
 from .emitter import Emitter
 from .loops import Points, in_runs, over_points, packed_outputs, stores_at_group, unroll_short
-from .reduce import apply_init, combine_across_threads, tag_of
+from .reduce import (add_to_partial, apply_init, combine_across_threads, finish_partials,
+                     start_partials, tag_of)
 from .space import (Space, independent, reduce_operand_index, reduction_stages, result_shape,
                     space_of)
 
@@ -371,31 +371,15 @@ def _points_outer(em: Emitter, pattern: Pattern, phase: list[FlatOp], space: Spa
         body(len(em.scopes) - 1)
         em.place(Loop(result, ix(0), space.groups, 1, em.close_loop(), []), outer)
 
-    def start(depth: int) -> None:
-        for red, array in zip(phase, arrays):
-            init, _ = em.const(identity(red.reducer, array.dtype), array.dtype)
-            em.place(SharedStore(array, ix(result), init), depth)
-
     def accumulate(depth: int) -> None:
         for red, (value, _), array in zip(phase, values_at(ix(result))(ix(point)), arrays):
-            partial, total = em.fresh(value.dtype), em.fresh(value.dtype)
-            em.place(SharedLoad(partial, array, ix(result)), depth)
-            em.place(Compute(total, red.reducer, [partial, value]), depth)
-            em.place(SharedStore(array, ix(result), total), depth)
+            add_to_partial(em, red, value, array, ix(result), depth)
 
-    def finish(depth: int) -> None:
-        for red, array in zip(phase, arrays):
-            partial = em.fresh(array.dtype)
-            em.place(SharedLoad(partial, array, ix(result)), depth)
-            total = apply_init(em, pattern, red, partial, depth)
-            if total is not partial:
-                em.place(SharedStore(array, ix(result), total), depth)
-
-    over_results(start, 0)
+    over_results(lambda depth: start_partials(em, phase, arrays, ix(result), depth), 0)
     em.open_loop(point)
     over_results(accumulate, 1)
     em.place(Loop(point, ix(0), space.reduced, 1, em.close_loop(), []), 0)
-    over_results(finish, 0)
+    over_results(lambda depth: finish_partials(em, pattern, phase, arrays, ix(result), depth), 0)
 
 
 def _serial_reduce(em: Emitter, count: int, visit, reducers: list[str], tag: str

@@ -185,5 +185,34 @@ def apply_init(em: Emitter, pattern: Pattern, r: FlatOp, total: Value, depth: in
     return value
 
 
+def start_partials(em: Emitter, reds: list[FlatOp], arrays: list[SharedArray], at: Ix,
+                   depth: int) -> None:
+    """Each reduction's partial value at ``at`` of its array starts at the identity (one CPU
+    thread's accumulator arrays: results side by side, the points outer)."""
+    for red, array in zip(reds, arrays):
+        init, _ = em.const(identity(red.reducer, array.dtype), array.dtype)
+        em.place(SharedStore(array, at, init), depth)
+
+
+def add_to_partial(em: Emitter, red: FlatOp, value: Value, array: SharedArray, at: Ix,
+                   depth: int) -> None:
+    """array[at] = array[at] (reducer) value."""
+    partial, total = em.fresh(value.dtype), em.fresh(value.dtype)
+    em.place(SharedLoad(partial, array, at), depth)
+    em.place(Compute(total, red.reducer, [partial, value]), depth)
+    em.place(SharedStore(array, at, total), depth)
+
+
+def finish_partials(em: Emitter, pattern: Pattern, reds: list[FlatOp],
+                    arrays: list[SharedArray], at: Ix, depth: int) -> None:
+    """Each reduction's partial value at ``at`` combined with its init value (`apply_init`)."""
+    for red, array in zip(reds, arrays):
+        partial = em.fresh(array.dtype)
+        em.place(SharedLoad(partial, array, at), depth)
+        total = apply_init(em, pattern, red, partial, depth)
+        if total is not partial:
+            em.place(SharedStore(array, at, total), depth)
+
+
 def tag_of(red: FlatOp) -> str:
     return red.name.replace("/", "_").replace(".", "_")
