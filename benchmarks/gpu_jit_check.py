@@ -40,6 +40,10 @@ from benchmarks.models import zoo  # noqa: E402
 from step_loops import repeated_calls, state_feedback, training_loop  # noqa: E402
 
 DECIDING_CALLS = 50  # calls after the first within which keep="fastest" must decide
+# Runs of n back-to-back calls of one executable (waiting for the last) in the ranking probe:
+# which n ranks XLA's and the stitched executable as the loop carrying the state does.
+RUN_LENGTHS = (1, 4, 16, 64)
+PROBE_ROUNDS = 7
 WORKLOADS = ["bert/train", "transformer/train", "dien/train", "bert/infer", "crnn/infer"]
 
 
@@ -97,6 +101,23 @@ def plan_all(names: list[str], size: str, cache_dir: str, jobs: int, deadline_s:
     return done
 
 
+def ranking_by_run_length(executables: dict, args) -> dict[str, dict[str, list[float]]]:
+    """{n: {label: [min, median] us per call}} of runs of n calls of each executable, in
+    rounds that alternate which goes first."""
+    probe = {}
+    for n in RUN_LENGTHS:
+        samples = {label: [] for label in executables}
+        for r in range(PROBE_ROUNDS):
+            order = list(executables.items())
+            for label, executable in (order if r % 2 == 0 else order[::-1]):
+                run = repeated_calls(executable, args)
+                started = time.perf_counter()
+                run(n)
+                samples[label].append((time.perf_counter() - started) / n * 1e6)
+        probe[str(n)] = {label: [min(s), float(np.median(s))] for label, s in samples.items()}
+    return probe
+
+
 def check_workload(name: str, size: str, device, cache_dir: str | None = None,
                    dump_to: str | None = None) -> dict:
     fn, args = workload(name, size)
@@ -116,6 +137,9 @@ def check_workload(name: str, size: str, device, cache_dir: str | None = None,
         jax.block_until_ready(fastest(*args))
         deciding_calls += 1
     (report,) = fastest.reports()
+    # the deciding calls' own times (private: a benchmark reads what the executor weighed)
+    row["deciding_samples_us"] = {k: [round(t * 1e6, 1) for t in v]
+                                  for k, v in compiled.executor._samples.items()}
     runtime = report.runtime or {}
     row.update(kept=("stitched" if compiled.executor.runs_stitched() else "xla")
                if compiled.executor.decided() is not None else "undecided",
@@ -141,6 +165,8 @@ def check_workload(name: str, size: str, device, cache_dir: str | None = None,
     (own,) = stitched._compiled.values()
     if own.executor.runs_stitched():  # the same executable without our wrapper's dispatch
         runs["fs_direct"] = repeated_calls(own.executor.active, args)
+        row["ranking_us"] = ranking_by_run_length(
+            {"xla": compiled.executor.xla, "stitched": own.executor.active}, args)
     seconds = interleaved_seconds(runs)
     row.update({f"{k}_us": v * 1e6 for k, v in seconds.items()})
     row["speedup"] = seconds["jax"] / seconds["fs"]
@@ -200,6 +226,14 @@ def main(argv=None) -> int:
         loop = (f"\n    carrying the state: jax {row['jax_loop_us']:.1f} us  stitched "
                 f"{row['fs_loop_us']:.1f} us ({row['loop_speedup']:.2f}x)  fastest "
                 f"{row['fastest_loop_us']:.1f} us" if "loop_speedup" in row else "")
+        for label, times in row["deciding_samples_us"].items():
+            if times:
+                print(f"    deciding calls, {label}: min {min(times):.1f} us  median "
+                      f"{float(np.median(times)):.1f} us  ({len(times)} calls)", flush=True)
+        for n, times in row.get("ranking_us", {}).items():
+            print(f"    runs of {n:>2}: xla {times['xla'][0]:.1f}/{times['xla'][1]:.1f} us  "
+                  f"stitched {times['stitched'][0]:.1f}/{times['stitched'][1]:.1f} us "
+                  f"(min/median)", flush=True)
         print(f"{row['workload']:<24} mem kernels {row['xla_mem_kernels']}->"
               f"{row['planned_mem_kernels']}  jax {row['jax_us']:.1f} us  stitched "
               f"{row['fs_us']:.1f} us ({row['speedup']:.2f}x){direct}  fastest {row['fastest_us']:.1f}"
