@@ -301,6 +301,33 @@ def test_async_candidate_faster_off_the_path_is_confirmed_one_executable_per_cal
     assert on_call(runs) == [info.kept]
 
 
+def test_confirmation_in_runs_of_calls_waits_only_for_each_runs_last(monkeypatch):
+    # a GPU's confirmation (GPU_RUN_CALLS): runs of back-to-back calls of one executable
+    monkeypatch.setattr(executor, "best_times", lambda xla_run, stitched, inputs: (2e-3, 1e-3))
+    waited = []
+    real_wait = jax.block_until_ready
+    monkeypatch.setattr(jax, "block_until_ready", lambda x: waited.append(1) or real_wait(x))
+    runs = []
+    compiled = recorded_async(monkeypatch, jit(layernorm, cache_dir=None, async_compile=True),
+                              args(), runs)
+    compiled.executor.run_calls = 3
+    compiled(*args())
+    assert on_call(runs) == ["xla"] and compiled.wait_built(60)
+    assert compiled.executor.info.state == "timing"
+    per_call, waits = [], []
+    for _ in range(2 * 3 * executor.CONFIRM_ROUNDS):
+        waited.clear()
+        got = np.asarray(compiled(*args()))
+        np.testing.assert_allclose(got, expected(*args()), rtol=1e-5, atol=1e-5)
+        per_call.append(on_call(runs))
+        waits.append(len(waited))
+    assert per_call == ([["stitched"]] * 3 + [["xla"]] * 3) * executor.CONFIRM_ROUNDS
+    assert waits == [0, 0, 1] * 2 * executor.CONFIRM_ROUNDS  # the executor waits for no other
+    info = compiled.executor.info
+    assert info.state == "settled" and "in runs of 3 calls of one executable" in info.why
+    assert f"calls 2-{1 + 6 * executor.CONFIRM_ROUNDS}" in info.why
+
+
 def test_async_trial_with_donated_arguments():
     fn = jit(layernorm, donate_argnums=0, cache_dir=None, async_compile=True, verify=True)
     a = args()

@@ -4,7 +4,8 @@ One ``Executor`` per compiled signature; calls run ``active`` (XLA's executable 
 stitched executable becomes the candidate: the next call runs XLA's and keeps copies of its
 inputs and outputs, on which the candidate runs once (checked with ``verify``) and both are
 timed unless ``keep="stitched"`` (with ``async_compile`` on a background thread); a candidate
-within TRIAL_SLACK of XLA's there is timed on real calls; the faster becomes ``active``.
+within TRIAL_SLACK of XLA's there is timed on real calls (on a GPU in runs of back-to-back
+calls); the faster becomes ``active``.
 States: building -> pending -> trial -> timing -> settled, or fallback. A front end whose calls are not jax calls
 (tf_hooks) subclasses it (``_execute``, ``_trial_call``, ``_call_errors``).
 """
@@ -35,6 +36,13 @@ TIMING_ROUNDS = 5
 # a slower stitched executable twice (0.89x, 0.94x) and the best of 15 never did, on the same
 # samples; both missed the same three wins.
 CONFIRM_ROUNDS = 15
+# Real calls per confirmation sample on a GPU: a run of back-to-back calls of one executable,
+# timed from the first call to the last one's outputs. On an H200 (benchmarks/README.md, fourth
+# GPU session) single calls, each waited for, ranked XLA's executable faster on all six
+# training steps tried (the stitched one launches more custom calls, so it waits longer for
+# its first kernel); runs of 16 ranked the two as the loop carrying the training state did on
+# all six (stitched 1.02-1.17x faster). On a CPU one call per sample, as decision_check judged.
+GPU_RUN_CALLS = 16
 # The stitched executable is kept only when its best time is at least this much below XLA's:
 # single steps on a shared CPU vary by several percent, and a swap won by noise leaves the job
 # slower than XLA.
@@ -81,6 +89,7 @@ class Executor:
     rtol: float = 1e-5
     atol: float = 1e-5
     reference: str = "xla"  # label of what calls run when the stitched executable does not
+    run_calls: int = 1  # real calls per confirmation sample (GPU_RUN_CALLS on a GPU)
     info: RuntimeInfo = field(default_factory=RuntimeInfo)
     fallbacks: list[Fallback] = field(default_factory=list)
     built: Built | None = None
@@ -95,6 +104,7 @@ class Executor:
         self._calls_lock = threading.Lock()  # one call at a time starts a trial or is timed
         self._samples: dict[str, list[float]] = {"xla": [], "stitched": []}  # timing calls
         self._first_timed_call = 0
+        self._run_label, self._run_done, self._run_started = "stitched", 0, 0.0
 
     # -- the build's outcome (from the compiling thread) ------------------------------------
     def built_ok(self, built: Built, seconds: float) -> None:
@@ -327,29 +337,41 @@ class Executor:
         return verification.drift_verdict(module, flat, got, expected, exact)
 
     def _timed_call(self, args, kwargs):
-        """One confirmation sample: this call runs one executable, timed; the executable with
-        fewer samples goes next (stitched first)."""
+        """One call of a confirmation run: ``run_calls`` calls of one executable, timed from
+        the first call to the last one's outputs; calls in between are not waited for, as a
+        training loop does not wait. The executable with fewer samples runs next (stitched
+        first). A stitched run that fails ends in XLA's executable answering the call (the
+        run's earlier outputs were already returned)."""
         import jax
 
-        if not any(self._samples.values()):
-            self._first_timed_call = self.info.calls
-        label = min(("stitched", "xla"), key=lambda k: len(self._samples[k]))
+        if self._run_done == 0:
+            if not any(self._samples.values()):
+                self._first_timed_call = self.info.calls
+            self._run_label = min(("stitched", "xla"), key=lambda k: len(self._samples[k]))
+            self._run_started = time.perf_counter()
+        label = self._run_label
         executable = self.candidate if label == "stitched" else self.xla
-        started = time.perf_counter()
         try:
-            out = jax.block_until_ready(self._execute(executable, args, kwargs))
+            out = self._execute(executable, args, kwargs)
+            self._run_done += 1
+            if self._run_done == self.run_calls:
+                jax.block_until_ready(out)
         except self._call_errors() as exc:
             if label == "xla":
                 raise
             self.fail("execute", [], reason(exc))
             return self._execute(self.xla, args, kwargs)
-        self._samples[label].append(time.perf_counter() - started)
+        if self._run_done < self.run_calls:
+            return out
+        self._samples[label].append((time.perf_counter() - self._run_started) / self.run_calls)
+        self._run_done = 0
         if all(len(s) >= CONFIRM_ROUNDS for s in self._samples.values()):
+            each = (f"in runs of {self.run_calls} calls of one executable" if self.run_calls > 1
+                    else "each running one executable")
             kept = record_choice(self.info, min(self._samples["xla"]),
                                  min(self._samples["stitched"]), self.reference,
                                  f"measured on calls {self._first_timed_call}-"
-                                 f"{self.info.calls}, each running "
-                                 f"one executable")
+                                 f"{self.info.calls}, {each}")
             self._settle(kept, self.info.why)
         return out
 
