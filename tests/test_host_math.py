@@ -1,4 +1,4 @@
-"""The fast host kernels' exp, log, tanh and erf (codegen/host_math.py): error in ulp against
+"""The fast host kernels' exp, log, tanh, erf, sine and cosine (codegen/host_math.py): error in ulp against
 f64, the special values, and a loop of each one vectorized by LLVM."""
 import ctypes
 import math
@@ -14,10 +14,11 @@ from fusionstitching.codegen.llvm_lowering import optimize
 
 F32, I32, PTR = ir.FloatType(), ir.IntType(32), ir.PointerType()
 REFERENCE = {"exponential": np.exp, "log": np.log, "tanh": np.tanh,
-             "erf": np.vectorize(math.erf, otypes=[np.float64])}
+             "erf": np.vectorize(math.erf, otypes=[np.float64]), "sine": np.sin,
+             "cosine": np.cos}
 # tanh is a rational function, as XLA:CPU's own is: XLA's measures 4.27 ulp on these inputs,
 # a rational with its error below 1.5 ulp would cost the exp it replaces.
-MAX_ULP = {"exponential": 1.0, "log": 1.0, "tanh": 4.5, "erf": 2.5}
+MAX_ULP = {"exponential": 1.0, "log": 1.0, "tanh": 4.5, "erf": 2.5, "sine": 1.0, "cosine": 1.0}
 
 
 def loop_kernel(function):
@@ -63,6 +64,12 @@ def inputs(name: str) -> np.ndarray:
     if name == "log":  # every binade, subnormals included
         values = np.exp(rng.uniform(-103, 88, 100_000))
         extra = [1e-45, 1e-40, 1e-38, 0.5, 1.0, 2.0, 0.70710677, 0.7071068, 3.4e38]
+    elif name in ("sine", "cosine"):  # every finite f32's exponent, and near multiples of pi/2
+        every = rng.integers(0, 0x7F800000, 100_000, dtype=np.uint32).view(np.float32)
+        near = (np.arange(1, 20_000) * np.pi / 2).astype(np.float32)
+        values = np.concatenate([every, -every, rng.uniform(-1e4, 1e4, 50_000), near,
+                                 np.nextafter(near, np.float32(0))])
+        extra = [1e-45, -1e-45, 1e-38, np.pi, np.pi / 2, 1e5, 1.6e8, 3.4e38, -3.4e38]
     else:
         wide = {"exponential": 104.0, "tanh": 12.0, "erf": 10.0}[name]
         values = np.concatenate([rng.uniform(-wide, wide, 100_000), rng.uniform(-2, 2, 50_000),

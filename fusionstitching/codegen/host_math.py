@@ -1,4 +1,4 @@
-"""f32 exp, log, tanh and erf as plain arithmetic, for fast host kernels.
+"""f32 exp, log, tanh, erf, sine and cosine as plain arithmetic, for fast host kernels.
 
 LLVM lowers ``llvm.exp.f32`` and friends on x86 to calls of the C library's scalar functions,
 so a loop holding one is not vectorized and pays a call per element (a 512x1024 softmax took
@@ -7,15 +7,18 @@ values, and bit operations: the loop vectorizer widens them like any arithmetic,
 own polynomial approximations are. Every polynomial was fitted here (numpy, least squares at
 Chebyshev nodes, in f64, to the function's smooth remainder named beside it; tanh's rational
 by reweighted least squares on its relative error); each function is within a few ulp of the
-correctly rounded result (tests/test_host_math.py measures it).
+correctly rounded result (tests/test_host_math.py measures it). Sine and cosine reduce any
+finite f32 exactly enough in f64 (a table of 2/pi), then Taylor polynomials in f64.
 """
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 from llvmlite import ir
 
 F32 = ir.FloatType()
+F64 = ir.DoubleType()
 I32 = ir.IntType(32)
 
 LOG2_E = 1 / math.log(2)
@@ -56,6 +59,43 @@ ERFC_POLY_FAR = (-9.1733266633766135e+00, 1.1739268376225025e+01, -7.02292678998
                  2.8282965676376155e+00, -1.0053659618824069e+00, 4.2128707892770895e-01,
                  -2.8206187421437134e-01, 5.6418937122178658e-01)
 ERF_ONE = 9.19  # above: erf(x) is 1.0 in f32
+# sin(r) = r + r^3 SIN_POLY(r^2), cos(r) = 1 + r^2 COS_POLY(r^2): Taylor's coefficients, for
+# |r| <= pi/4 in f64 (truncation below 1e-11 relative, far under an f32 ulp)
+SIN_POLY = tuple((-1) ** k / math.factorial(2 * k + 1) for k in range(6, 0, -1))
+COS_POLY = tuple((-1) ** k / math.factorial(2 * k) for k in range(6, 0, -1))
+# A finite f32 is m * 2^e, m < 2^24 an integer, -149 <= e <= 104. SINCOS_TABLE[e + 149] is
+# (2^e * 2/pi) mod 4 as two f64 (hi + lo, 106 bits): m times it, mod 4, is x * 2/pi mod 4 to
+# about 2^-78, however large x is (Payne and Hanek's reduction, with one entry per exponent).
+SINCOS_MIN_E, SINCOS_MAX_E = -149, 104
+
+
+def _two_over_pi() -> Fraction:
+    """2/pi to about 2^-450, from Machin's formula in integers."""
+    scale = 1 << 460
+
+    def atan_inverse(n: int) -> int:  # atan(1/n) * scale
+        total, power, k = 0, scale // n, 0
+        while power:
+            total += (-1) ** k * (power // (2 * k + 1))
+            power //= n * n
+            k += 1
+        return total
+
+    pi = 16 * atan_inverse(5) - 4 * atan_inverse(239)
+    return Fraction(2 * scale, 1) / pi
+
+
+def _sincos_table() -> list[tuple[float, float]]:
+    two_over_pi, table = _two_over_pi(), []
+    for e in range(SINCOS_MIN_E, SINCOS_MAX_E + 1):
+        value = two_over_pi * Fraction(2) ** e
+        value -= 4 * (value.numerator // (4 * value.denominator))  # mod 4
+        hi = float(value)
+        table.append((hi, float(value - Fraction(hi))))
+    return table
+
+
+SINCOS_TABLE = _sincos_table()
 
 
 def _const(value: float) -> ir.Constant:
@@ -72,10 +112,18 @@ def _poly(b: ir.IRBuilder, x: ir.Value, coefficients) -> ir.Value:
 
 
 def _intrinsic(b: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
+    """A call of an intrinsic whose result has its first argument's type."""
     module = b.module
     fn = module.globals.get(name) or ir.Function(
-        module, ir.FunctionType(F32, [F32] * len(args)), name)
+        module, ir.FunctionType(args[0].type, [a.type for a in args]), name)
     return b.call(fn, list(args))
+
+
+def _poly64(b: ir.IRBuilder, x: ir.Value, coefficients) -> ir.Value:
+    acc = ir.Constant(F64, coefficients[0])
+    for c in coefficients[1:]:
+        acc = _intrinsic(b, "llvm.fmuladd.f64", acc, x, ir.Constant(F64, c))
+    return acc
 
 
 def _is_nan(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
@@ -161,4 +209,75 @@ def erf(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return b.select(_is_nan(b, x), x, result)
 
 
-FUNCTIONS = {"exponential": exp, "log": log, "tanh": tanh, "erf": erf}
+def _table_entry(b: ir.IRBuilder, part: int, index: ir.Value) -> ir.Value:
+    """SINCOS_TABLE[index][part] (0: hi, 1: lo), from a constant global of the module."""
+    name = ("fs_sincos_hi", "fs_sincos_lo")[part]
+    table = b.module.globals.get(name)
+    if table is None:
+        typ = ir.ArrayType(F64, len(SINCOS_TABLE))
+        table = ir.GlobalVariable(b.module, typ, name)
+        table.initializer = ir.Constant(typ, [entry[part] for entry in SINCOS_TABLE])
+        table.global_constant, table.linkage = True, "internal"
+    return b.load(b.gep(table, [ir.Constant(I32, 0), index], source_etype=table.value_type),
+                  typ=F64)
+
+
+def _quadrant_and_rest(b: ir.IRBuilder, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(n, r): |x| = (n + r * 2/pi) * pi/2 modulo 2*pi, n an i32 quadrant (0-3) and r an f64
+    within [-pi/4, pi/4]; any finite f32 x."""
+    bits = b.bitcast(x, I32)
+    i32 = lambda v: ir.Constant(I32, v)  # noqa: E731
+    biased = b.and_(b.lshr(bits, i32(23)), i32(0xFF))
+    fraction = b.and_(bits, i32(0x7FFFFF))
+    subnormal = b.icmp_signed("==", biased, i32(0))
+    m = b.select(subnormal, fraction, b.or_(fraction, i32(0x800000)))
+    e = b.sub(b.select(subnormal, i32(1), biased), i32(150))  # |x| = m * 2^e
+    index = b.sub(e, i32(SINCOS_MIN_E))
+    index = b.select(b.icmp_signed(">", index, i32(len(SINCOS_TABLE) - 1)),
+                     i32(len(SINCOS_TABLE) - 1), index)  # inf and NaN: any entry
+    md = b.sitofp(m, F64)
+    hi, lo = _table_entry(b, 0, index), _table_entry(b, 1, index)
+    product = b.fmul(md, hi)
+    error = _intrinsic(b, "llvm.fma.f64", md, hi, b.fneg(product))  # md * hi - product, exact
+    four = ir.Constant(F64, 4.0)
+    whole = b.fsub(product, b.fmul(four, _intrinsic(
+        b, "llvm.floor.f64", b.fmul(product, ir.Constant(F64, 0.25)))))  # mod 4, exact
+    low = _intrinsic(b, "llvm.fma.f64", md, lo, error)
+    q = _intrinsic(b, "llvm.rint.f64", b.fadd(whole, low))
+    rest = b.fadd(b.fsub(whole, q), low)  # whole - q is exact: low's bits are kept
+    r = b.fmul(rest, ir.Constant(F64, math.pi / 2))
+    return b.and_(b.fptosi(q, I32), i32(3)), r
+
+
+def _sine_or_cosine(b: ir.IRBuilder, x: ir.Value, cosine: bool) -> ir.Value:
+    n, r = _quadrant_and_rest(b, x)
+    r2 = b.fmul(r, r)
+    sin_r = _intrinsic(b, "llvm.fmuladd.f64", b.fmul(r, r2), _poly64(b, r2, SIN_POLY), r)
+    cos_r = _intrinsic(b, "llvm.fmuladd.f64", r2, _poly64(b, r2, COS_POLY),
+                       ir.Constant(F64, 1.0))
+    one, two = ir.Constant(I32, 1), ir.Constant(I32, 2)
+    odd = b.icmp_signed("!=", b.and_(n, one), ir.Constant(I32, 0))
+    # sin: quadrants 2 and 3 negative, and odd sin(-x); cos: quadrants 1 and 2
+    if cosine:
+        value = b.select(odd, sin_r, cos_r)
+        negative = b.icmp_signed("!=", b.and_(b.add(n, one), two), ir.Constant(I32, 0))
+    else:
+        value = b.select(odd, cos_r, sin_r)
+        negative = b.xor(b.icmp_signed("!=", b.and_(n, two), ir.Constant(I32, 0)),
+                         b.icmp_signed("<", b.bitcast(x, I32), ir.Constant(I32, 0)))
+    value = b.fptrunc(value, F32)
+    result = b.select(negative, b.fneg(value), value)
+    infinite_or_nan = b.fcmp_unordered("uno", b.fsub(x, x), b.fsub(x, x))
+    return b.select(infinite_or_nan, _const(float("nan")), result)
+
+
+def sine(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return _sine_or_cosine(b, x, cosine=False)
+
+
+def cosine(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return _sine_or_cosine(b, x, cosine=True)
+
+
+FUNCTIONS = {"exponential": exp, "log": log, "tanh": tanh, "erf": erf, "sine": sine,
+             "cosine": cosine}
