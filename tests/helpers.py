@@ -2,11 +2,14 @@
 the training scripts run under the hook: helpers_hook.py)."""
 from __future__ import annotations
 
+import ctypes
+
 import jax
 import numpy as np
 import pytest
 
 from fusionstitching import codegen
+from fusionstitching.codegen.host import to_physical
 from fusionstitching.codegen.kernel_ir import Kernel
 from fusionstitching.explorer import KernelDag
 
@@ -147,3 +150,19 @@ def args(rows=16, cols=128):
 
 def expected(*a):
     return np.asarray(jax.jit(layernorm)(*a))
+
+
+def run_in_parts(host, spec, inputs, parts: int | None) -> list[np.ndarray]:
+    """The kernel whole (``parts`` None) or as each of ``parts`` parts in turn, on outputs
+    first filled with NaN (an element no part writes stays NaN)."""
+    ins = [to_physical(x, s) for x, (_, s) in zip(inputs, spec.inputs)]
+    outs = [np.full(s.num_elements, np.nan, s.numpy_dtype) for _, s in spec.outputs]
+    pointers = (ctypes.c_void_p * len(ins + outs))(*[a.ctypes.data for a in ins + outs])
+    if parts is None:
+        ctypes.CFUNCTYPE(None, ctypes.c_void_p)(host.address)(pointers)
+    else:
+        call = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)(
+            host.parts_address)
+        for part in reversed(range(parts)):  # any order: the parts are independent
+            call(pointers, part, parts)
+    return outs

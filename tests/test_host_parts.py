@@ -3,7 +3,6 @@ them on XLA's intra-op thread pool (runtime/ffi.py ``parallel_ir``): the parts t
 exactly what the whole kernel writes, and stitched executables give XLA's numbers."""
 from __future__ import annotations
 
-import ctypes
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -15,13 +14,13 @@ import pytest  # noqa: E402
 
 from fusionstitching.capture import jax_hlo  # noqa: E402
 from fusionstitching.codegen import compile_host  # noqa: E402
-from fusionstitching.codegen.host import split_extent, split_loop, to_physical  # noqa: E402
+from fusionstitching.codegen.host import split_extent, split_loop  # noqa: E402
 from fusionstitching.codegen.kernel_ir import Loop  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
 from fusionstitching.pipeline import Options, stitch_module  # noqa: E402
 from fusionstitching.runtime import ffi  # noqa: E402
 from fusionstitching.stitched_jit import jit  # noqa: E402
-from helpers import layernorm  # noqa: E402
+from helpers import layernorm, run_in_parts  # noqa: E402
 
 
 def softmax_and_stats(x, b):
@@ -63,22 +62,6 @@ def specs(fn, rows, cols):
     result = stitch_module(module, Options(target="h100", ptxas=False, host=True))
     assert result.kernels
     return [k.spec for k in result.kernels]
-
-
-def run_in_parts(host, spec, inputs, parts: int | None) -> list[np.ndarray]:
-    """The kernel whole (``parts`` None) or as each of ``parts`` parts in turn, on outputs
-    first filled with NaN (an element no part writes stays NaN)."""
-    ins = [to_physical(x, s) for x, (_, s) in zip(inputs, spec.inputs)]
-    outs = [np.full(s.num_elements, np.nan, s.numpy_dtype) for _, s in spec.outputs]
-    pointers = (ctypes.c_void_p * len(ins + outs))(*[a.ctypes.data for a in ins + outs])
-    if parts is None:
-        ctypes.CFUNCTYPE(None, ctypes.c_void_p)(host.address)(pointers)
-    else:
-        call = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32)(
-            host.parts_address)
-        for part in reversed(range(parts)):  # any order: the parts are independent
-            call(pointers, part, parts)
-    return outs
 
 
 @pytest.mark.parametrize("fn, shape", PATTERNS, ids=[fn.__name__ for fn, _ in PATTERNS])

@@ -188,6 +188,7 @@ class HostLowering(ThreadLowering):
         blocks = self.part_bounds(kernel.grid[0]) if self.split == "blocks" else (
             ir.Constant(I32, 0), ir.Constant(I32, kernel.grid[0]))
         scratch = self.allocate_scratch()
+        self.lower(kernel.part_prologue)
         self.lower(kernel.prologue)
         self.counted_loop(*blocks, 1, block)
         for pointer in scratch:

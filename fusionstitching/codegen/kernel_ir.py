@@ -256,6 +256,10 @@ class Kernel:
     # one-thread kernel the values several loops read (`Emitter.computed_once`).
     prologue: list = field(default_factory=list)
     scratch: list[SharedArray] = field(default_factory=list)
+    # Host kernels only: statements each part runs before its share, and before `prologue`
+    # (tables of small inputs' expensive ops, `tabulate_small_inputs`, into scratch arrays):
+    # cheap enough to run again per part, so the kernel keeps its parts.
+    part_prologue: list = field(default_factory=list)
 
     @property
     def smem_bytes(self) -> int:
@@ -269,7 +273,9 @@ class Kernel:
         head += [f"  constant {c.name}: {c.dtype}[{c.values.size}]" for c in self.constants]
         head += [f"  scratch {a.name}: {a.dtype}[{a.size}]" for a in self.scratch]
         prologue = ["  prologue:"] + _format_body(self.prologue, 2) if self.prologue else []
-        return "\n".join(head + prologue + _format_body(self.body, 1))
+        per_part = ["  each part's prologue:"] + _format_body(self.part_prologue, 2) \
+            if self.part_prologue else []
+        return "\n".join(head + per_part + prologue + _format_body(self.body, 1))
 
 
 DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "s32": 4, "s64": 8, "u32": 4, "u64": 8,

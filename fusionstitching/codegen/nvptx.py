@@ -112,7 +112,8 @@ class NvptxLowering(ThreadLowering):
         return value
 
     def build(self) -> None:
-        if self.kernel.prologue or self.kernel.scratch:  # a host schedule's (build_host_kernel)
+        if self.kernel.prologue or self.kernel.part_prologue or self.kernel.scratch:
+            # a host schedule's (build_host_kernel)
             raise ValueError(f"{self.kernel.name}: a prologue and scratch arrays are host-only")
         self.lower(expand_block_reduce(self.kernel))
         self.finish()

@@ -26,7 +26,7 @@ from ..index_expr import strides as _element_strides
 from ..kernel_ir import Kernel
 from .candidates import Schedule, enumerate_schedules
 from .columns import build_columns_kernel, columns_schedule
-from .host_reuse import reuse_across_loops
+from .host_reuse import reuse_across_loops, tabulate_small_inputs
 from .one_space import build_one_space_kernel, launch_free, relaunched
 from .phased import build_phased_kernel, enumerate_phased_schedules
 from .shared_memory import reuse_shared_memory
@@ -102,17 +102,19 @@ def _thread_host_schedule(space) -> Schedule:
 
 def build_host_kernel(pattern: Pattern, chosen: Schedule | None, name: str) -> Kernel:
     """The kernel of `host_schedule`, with values later loops would recompute kept
-    (`reuse_across_loops`); a pattern the columns schedule does not take gets the thread
+    (`reuse_across_loops`) and expensive ops of small inputs tabulated
+    (`tabulate_small_inputs`); a pattern the columns schedule does not take gets the thread
     schedule (one result per block)."""
     sched = host_schedule(pattern, chosen)
     if sched.kind == "columns":
         try:
-            return build_columns_kernel(pattern, sched, name)[0]
+            return tabulate_small_inputs(build_columns_kernel(pattern, sched, name)[0])
         except CodegenError as err:
             if err.kind is not Refusal.COLUMNS_FORM:
                 raise
             sched = _thread_host_schedule(sched.space)
-    return reuse_across_loops(build_kernel(pattern, sched, name, host=True)[0])
+    return tabulate_small_inputs(reuse_across_loops(
+        build_kernel(pattern, sched, name, host=True)[0]))
 
 
 def _strided_points(pattern: Pattern) -> int:
