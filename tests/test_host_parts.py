@@ -14,11 +14,11 @@ import pytest  # noqa: E402
 
 from fusionstitching.capture import jax_hlo  # noqa: E402
 from fusionstitching.codegen import compile_host  # noqa: E402
+from fusionstitching.codegen import host as host_codegen  # noqa: E402
 from fusionstitching.codegen.host import split_extent, split_loop  # noqa: E402
 from fusionstitching.codegen.kernel_ir import Loop  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
 from fusionstitching.pipeline import Options, stitch_module  # noqa: E402
-from fusionstitching.runtime import ffi  # noqa: E402
 from fusionstitching.stitched_jit import jit  # noqa: E402
 from helpers import layernorm, run_in_parts  # noqa: E402
 
@@ -94,16 +94,16 @@ def test_what_a_kernel_shares_out():
 
 
 def test_parts_follow_the_kernels_bytes():
-    assert ffi.max_parts(0, 10 ** 9) == 1  # nothing to share out
-    assert ffi.max_parts(512, ffi.PART_BYTES - 1) == 1  # too small to be worth a thread
-    assert ffi.max_parts(512, 8 * ffi.PART_BYTES) == 8
-    assert ffi.max_parts(3, 8 * ffi.PART_BYTES) == 3
+    assert host_codegen.max_parts(0, 10 ** 9) == 1  # nothing to share out
+    assert host_codegen.max_parts(512, host_codegen.PART_BYTES - 1) == 1  # too small to be worth a thread
+    assert host_codegen.max_parts(512, 8 * host_codegen.PART_BYTES) == 8
+    assert host_codegen.max_parts(3, 8 * host_codegen.PART_BYTES) == 3
 
 
 @pytest.mark.parametrize("fn, shape", PATTERNS, ids=[fn.__name__ for fn, _ in PATTERNS])
 def test_stitched_kernels_in_parts_on_xlas_thread_pool_give_xlas_numbers(monkeypatch, fn,
                                                                          shape):
-    monkeypatch.setattr(ffi, "PART_BYTES", 1)  # every kernel as many parts as it can have
+    monkeypatch.setattr(host_codegen, "PART_BYTES", 1)  # every kernel as many parts as it can have
     a = arguments(fn, *shape, seed=2)
     stitched = jit(fn, cache_dir=None, keep="stitched")
     for _ in range(3):

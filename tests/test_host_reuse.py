@@ -1,6 +1,5 @@
 """Host kernels keep a value a later loop would compute again (codegen/schedules/host_reuse.py):
-softmax's exp is computed once per element, RoPE's sine and cosine once per angle (and part),
-and the kernel gives XLA:CPU's numbers."""
+softmax's exp is computed once per element, and the kernel gives XLA:CPU's numbers."""
 from __future__ import annotations
 
 import os
@@ -13,12 +12,10 @@ import numpy as np  # noqa: E402
 
 from fusionstitching.capture import jax_hlo  # noqa: E402
 from fusionstitching.codegen import compile_host  # noqa: E402
-from fusionstitching.codegen.host import split_loop  # noqa: E402
 from fusionstitching.codegen.kernel_ir import Compute, Loop, SharedLoad, SharedStore  # noqa: E402
 from fusionstitching.codegen.schedules import host_reuse  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
 from fusionstitching.pipeline import Options, stitch_module  # noqa: E402
-from helpers import run_in_parts  # noqa: E402
 
 
 def softmax(x):
@@ -85,48 +82,3 @@ def test_kept_arrays_are_named_in_the_loops_order():
     assert stored == ["kept0", "kept1", "kept2"], spec.host_kernel
     np.testing.assert_allclose(compile_host(spec, fast=True)(x)[0],
                                np.asarray(jax.jit(three_kept)(x)), rtol=2e-6, atol=1e-6)
-
-
-def rope_and_norms(x, angles):
-    """Rotary embedding of x [batch, positions, dims] by angles [positions, dims], and each
-    row's squared norm: sine and cosine of the angles once per element of x (XLA's form)."""
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
-    y = x * jnp.cos(angles) + rotated * jnp.sin(angles)
-    return y, (y * y).sum(-1)
-
-
-def computes(body, op: str) -> int:
-    return sum(isinstance(s, Compute) and s.op == op for s in body) + sum(
-        computes(s.body, op) for s in body if isinstance(s, Loop))
-
-
-def test_rope_computes_sine_and_cosine_once_per_angle_and_part():
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((64, 16, 8), np.float32)
-    angles = rng.uniform(-30, 30, (16, 8)).astype(np.float32)
-    spec = host_kernel_of(rope_and_norms, x, angles)
-    kernel = spec.host_kernel
-    assert split_loop(kernel) == "blocks"  # its rows still shared out among parts
-    assert [(a.name, a.size) for a in kernel.scratch] == [("table0", 128), ("table1", 128)]
-    assert [computes(loop.body, "cosine") + 2 * computes(loop.body, "sine")
-            for loop in kernel.part_prologue] == [1, 2]  # cosine's table, then sine's
-    assert computes(kernel.body, "sine") == computes(kernel.body, "cosine") == 0
-    host = compile_host(spec, fast=True)
-    inputs = [angles, x] if kernel.buffers[0].shape.dims == (16, 8) else [x, angles]
-    want = [np.asarray(w) for w in jax.jit(rope_and_norms)(x, angles)]
-    whole = run_in_parts(host, spec, inputs, None)
-    for got, w in zip(whole, want):
-        np.testing.assert_allclose(got.reshape(w.shape), w, rtol=2e-6, atol=2e-6)
-    for parts in (2, 3):  # each part fills its own tables
-        for got, w in zip(run_in_parts(host, spec, inputs, parts), whole):
-            np.testing.assert_array_equal(got, w)
-
-
-def test_a_few_uses_per_angle_are_not_tabulated():
-    rng = np.random.default_rng(4)
-    x = rng.standard_normal((4, 16, 8), np.float32)  # 16 uses of each angle: not enough
-    angles = rng.uniform(-3, 3, (16, 8)).astype(np.float32)
-    kernel = host_kernel_of(rope_and_norms, x, angles).host_kernel
-    assert not kernel.scratch and not kernel.part_prologue
-    assert computes(kernel.body, "sine") > 0

@@ -63,6 +63,17 @@ def split_loop(kernel: Kernel) -> Loop | str | None:
     return None if any(isinstance(s, _NOT_BESIDE_SPLIT) for s in beside) else loops[0]
 
 
+# A kernel is shared out in parts of at least this many bytes (inputs and outputs): waking a
+# pool thread costs microseconds, a few times what a smaller part saves.
+PART_BYTES = 256 * 1024
+
+
+def max_parts(split_extent: int, kernel_bytes: int) -> int:
+    """Parts a kernel may run in: one per PART_BYTES of its buffers, at most one per
+    iteration of its split loop (``split_extent``, 0: none)."""
+    return max(1, min(split_extent, kernel_bytes // PART_BYTES))
+
+
 def split_extent(kernel: Kernel) -> int:
     """How many iterations `split_loop` has (0: none, the kernel runs as one part)."""
     loop = split_loop(kernel)

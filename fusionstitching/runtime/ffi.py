@@ -14,6 +14,8 @@ import threading
 
 import llvmlite.binding as llvm
 
+from ..codegen.host import max_parts
+
 TARGET_PREFIX = "fusionstitching"
 
 # Struct layouts, field for field, from xla/ffi/api/c_api.h (FFI API 0.3, jaxlib 0.10).
@@ -42,9 +44,6 @@ _POOL_TYPES = """
 """
 _API_SIZE_WITH_POOL = 152  # offsetof(XLA_FFI_Api, XLA_FFI_ThreadPool_NumThreads) + 8
 _ERROR_DESTROY = 2  # index of XLA_FFI_Error_Destroy in %Api's array of functions
-# A kernel is shared out in parts of at least this many bytes (inputs and outputs): waking a
-# pool thread costs microseconds, a few times what a smaller part saves.
-PART_BYTES = 256 * 1024
 
 _EXTENSION_METADATA = 1
 _STAGE_EXECUTE = 3
@@ -330,12 +329,6 @@ def _host_target_machine():
         llvm.initialize_native_asmprinter()
         _target_machine = llvm.Target.from_default_triple().create_target_machine()
     return _target_machine
-
-
-def max_parts(split_extent: int, kernel_bytes: int) -> int:
-    """Parts a kernel may run in: one per PART_BYTES of its buffers, at most one per
-    iteration of its split loop (``split_extent``, 0: none)."""
-    return max(1, min(split_extent, kernel_bytes // PART_BYTES))
 
 
 def compile_handler(symbol: str, kernel_address: int, num_inputs: int, num_outputs: int,

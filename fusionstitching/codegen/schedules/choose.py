@@ -26,7 +26,8 @@ from ..index_expr import strides as _element_strides
 from ..kernel_ir import Kernel
 from .candidates import Schedule, enumerate_schedules
 from .columns import build_columns_kernel, columns_schedule
-from .host_reuse import reuse_across_loops, tabulate_small_inputs
+from .host_reuse import reuse_across_loops
+from .tables import tabulate_small_inputs
 from .one_space import build_one_space_kernel, launch_free, relaunched
 from .phased import build_phased_kernel, enumerate_phased_schedules
 from .shared_memory import reuse_shared_memory

@@ -7,17 +7,13 @@ stays in L1, and reading it back costs less than a polynomial exp per element. O
 block's top-level loops over the same points (from 0, step 1) holding plain statements take
 part, and only values whose computation includes an expensive op are kept; the loops and
 every other statement stay as they are, so the numbers are the same bit for bit.
-`tabulate_small_inputs`: an expensive op of a small input's elements that the kernel computes
-many times over (RoPE's sine and cosine, once per output element) is computed once per element
-and part before the kernel's share, and read from its table.
 """
 from __future__ import annotations
 
 import dataclasses
 
-from ..host import split_loop
-from ..index_expr import Var, ix
-from ..kernel_ir import (DTYPE_BYTES, Compute, Const, ConstLoad, GlobalLoad, GlobalStore, If,
+from ..index_expr import ix
+from ..kernel_ir import (DTYPE_BYTES, Compute, Const, ConstLoad, GlobalLoad, GlobalStore,
                          IndexValue, Kernel, Loop, SharedArray, SharedLoad, SharedStore, Value,
                          defined_values, used_values)
 
@@ -26,12 +22,6 @@ EXPENSIVE = frozenset({"exponential", "exponential-minus-one", "log", "log-plus-
                        "erf", "logistic", "power", "sqrt", "rsqrt", "cbrt", "divide",
                        "remainder", "sine", "cosine", "tan", "atan2"})
 KEPT_BYTES = 32 * 1024  # the kernel's arrays together: on the stack, in L1
-# An input's elements are tabulated when the kernel would compute the op at least this many
-# times per element: each part fills its own table (one op, one store per element), and a
-# kernel may run in up to TABULATE_PARTS parts (the table is then filled that many times).
-TABULATE_REUSE = 4
-TABULATE_PARTS = 8
-TABULATED_ELEMENTS = 1 << 16  # at most this many per table (heap memory of the call)
 _PLAIN = (Compute, Const, ConstLoad, GlobalLoad, GlobalStore, IndexValue)
 
 
@@ -128,76 +118,3 @@ def _rewritten(body: list, loads: dict[Value, SharedLoad], stores: dict[Value, S
         out.append(loads[defined[0]] if len(defined) == 1 and defined[0] in loads else s)
         out.extend(stores[v] for v in defined if v in stores)
     return out
-
-
-def tabulate_small_inputs(kernel: Kernel) -> Kernel:
-    """``kernel`` with each expensive op of an input's loaded elements (``op(buffer[i])``) that
-    it computes many times per element (TABULATE_REUSE, times TABULATE_PARTS if it has parts)
-    computed once per element into a table by each part's prologue, and read from there."""
-    if kernel.block[0] != 1:  # the threads of a block would each fill the table
-        return kernel
-    reuse = TABULATE_REUSE * (TABULATE_PARTS if split_loop(kernel) is not None else 1)
-    loads = {s.dst: s for s in _statements(kernel.body) if isinstance(s, GlobalLoad)}
-    evaluations: dict[tuple[str, int], int] = {}  # (op, buffer) -> per call, body's order
-    first: dict[tuple[str, int], Compute] = {}
-    for s, trips in _with_trips(kernel.body, kernel.grid[0]):
-        if _tabulable(kernel, s, loads):
-            key = (s.op, loads[s.args[0]].buffer)
-            evaluations[key] = evaluations.get(key, 0) + trips
-            first.setdefault(key, s)
-    tables: dict[tuple[str, int], SharedArray] = {}
-    prologue = []  # each part's
-    for (op, buffer), count in evaluations.items():
-        elements = kernel.buffers[buffer].shape.num_elements
-        if count < reuse * elements or elements > TABULATED_ELEMENTS:
-            continue
-        compute = first[op, buffer]
-        k = len(tables)
-        table = tables[op, buffer] = SharedArray(f"table{k}", compute.dst.dtype, elements)
-        at = Var(f"tab{k}", elements)
-        x, y = Value(f"tab{k}x", compute.args[0].dtype), Value(f"tab{k}y", compute.dst.dtype)
-        prologue.append(Loop(at, ix(0), elements, 1, [GlobalLoad(x, buffer, ix(at)),
-                                                      Compute(y, op, [x]),
-                                                      SharedStore(table, ix(at), y)]))
-    if not tables:
-        return kernel
-
-    def rewrite(body: list) -> list:
-        out = []
-        for s in body:
-            if _tabulable(kernel, s, loads) and (s.op, loads[s.args[0]].buffer) in tables:
-                load = loads[s.args[0]]
-                out.append(SharedLoad(s.dst, tables[s.op, load.buffer], load.offset))
-            elif isinstance(s, (Loop, If)):
-                out.append(dataclasses.replace(s, body=rewrite(s.body)))
-            else:
-                out.append(s)
-        return out
-
-    return dataclasses.replace(kernel, body=rewrite(kernel.body), part_prologue=prologue,
-                               scratch=kernel.scratch + list(tables.values()))
-
-
-def _tabulable(kernel: Kernel, s, loads: dict[Value, GlobalLoad]) -> bool:
-    """``s`` is an expensive op of one element loaded from an input buffer."""
-    return isinstance(s, Compute) and s.op in EXPENSIVE and len(s.args) == 1 \
-        and s.args[0] in loads and not kernel.buffers[loads[s.args[0]].buffer].is_output \
-        and "x" not in s.args[0].dtype  # not a 4-lane vector
-
-
-def _statements(body: list):
-    for s in body:
-        yield s
-        if isinstance(s, (Loop, If)):
-            yield from _statements(s.body)
-
-
-def _with_trips(body: list, trips: int):
-    """(statement, how many times a call runs it) of every statement, inner ones included
-    (a loop's trips as stop / step; an If as if always taken)."""
-    for s in body:
-        yield s, trips
-        if isinstance(s, Loop):
-            yield from _with_trips(s.body, trips * -(-s.stop // s.step))
-        elif isinstance(s, If):
-            yield from _with_trips(s.body, trips)
