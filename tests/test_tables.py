@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 from fusionstitching.codegen import compile_host  # noqa: E402
 from fusionstitching.codegen.host import split_loop  # noqa: E402
 from fusionstitching.codegen.kernel_ir import Compute, Loop  # noqa: E402
+from fusionstitching.codegen.schedules import tables  # noqa: E402
 from helpers import run_in_parts  # noqa: E402
 from test_host_reuse import host_kernel_of  # noqa: E402
 
@@ -85,3 +86,14 @@ def test_angles_computed_from_iota_are_tabulated_over_their_index_values():
     for parts in (None, 2):
         for got, w in zip(run_in_parts(host, spec, [x], parts), want):
             np.testing.assert_allclose(got.reshape(w.shape), w, rtol=2e-6, atol=4e-6)
+
+
+def test_the_same_numbers_bit_for_bit_with_and_without_tables(monkeypatch):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((64, 16, 8), np.float32)
+    tabulated = host_kernel_of(rope_of_positions, x)
+    monkeypatch.setattr(tables, "TABULATE_REUSE", 10 ** 9)  # no value is used that often
+    plain = host_kernel_of(rope_of_positions, x)
+    assert tabulated.host_kernel.scratch and not plain.host_kernel.scratch
+    for a, b in zip(compile_host(tabulated, fast=True)(x), compile_host(plain, fast=True)(x)):
+        np.testing.assert_array_equal(a, b)
