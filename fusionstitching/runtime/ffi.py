@@ -55,9 +55,9 @@ _FRAME_ARGS, _FRAME_RETS, _ARGS_POINTERS = 5, 6, 4
 
 
 def handler_ir(symbol: str, kernel_address: int, num_inputs: int, num_outputs: int,
-               parts_address: int = 0, max_parts: int = 1) -> str:
+               parts_address: int = 0, most_parts: int = 1) -> str:
     """LLVM IR of the FFI handler ``symbol`` that calls the kernel at ``kernel_address``, or,
-    with ``max_parts`` above 1, its parts at ``parts_address`` side by side (`parallel_ir`)."""
+    with ``most_parts`` above 1, its parts at ``parts_address`` side by side (`parallel_ir`)."""
     gather = []
     slot = 0
     for field, count, what in ((_FRAME_ARGS, num_inputs, "arg"), (_FRAME_RETS, num_outputs, "ret")):
@@ -73,9 +73,9 @@ def handler_ir(symbol: str, kernel_address: int, num_inputs: int, num_outputs: i
                 f"  store ptr %{what}{i}.data, ptr %slot{slot}")
             slot += 1
     gather_text = "\n".join(gather)
-    if max_parts > 1:
+    if most_parts > 1:
         run_text = f"  call void @{symbol}.run(ptr %frame, ptr %buffers)"
-        parallel = parallel_ir(symbol, kernel_address, parts_address, max_parts)
+        parallel = parallel_ir(symbol, kernel_address, parts_address, most_parts)
     else:
         run_text = (f"  %kernel = inttoptr i64 {kernel_address} to ptr\n"
                     f"  call void %kernel(ptr %buffers)")
@@ -123,8 +123,8 @@ done:
 {parallel}"""
 
 
-def parallel_ir(symbol: str, kernel_address: int, parts_address: int, max_parts: int) -> str:
-    """The functions of a handler whose kernel runs in up to ``max_parts`` parts
+def parallel_ir(symbol: str, kernel_address: int, parts_address: int, most_parts: int) -> str:
+    """The functions of a handler whose kernel runs in up to ``most_parts`` parts
     (``void parts(void** buffers, i32 part, i32 parts)`` at ``parts_address``): as many parts
     as XLA's intra-op pool has threads (``@{symbol}.parts``); pool tasks and the calling thread
     claim parts from a shared counter until none is left, and the caller waits until every
@@ -247,8 +247,8 @@ no.pool:
 
 answer:
   %n = load i64, ptr %threads
-  %above = icmp sgt i64 %n, {max_parts}
-  %capped = select i1 %above, i64 {max_parts}, i64 %n
+  %above = icmp sgt i64 %n, {most_parts}
+  %capped = select i1 %above, i64 {most_parts}, i64 %n
   %parts = trunc i64 %capped to i32
   ret i32 %parts
 

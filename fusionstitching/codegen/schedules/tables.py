@@ -14,7 +14,7 @@ import dataclasses
 import math
 
 from ..host import max_parts, split_extent
-from ..index_expr import Ix, Var, add, ix, scale, value_range
+from ..index_expr import FloorDiv, Ix, Mod, Var, add, ix, scale, value_range
 from ..kernel_ir import (Compute, Const, GlobalLoad, If, IndexValue, Kernel, Loop, SharedArray,
                          SharedLoad, SharedStore, Value)
 from .host_reuse import EXPENSIVE
@@ -114,7 +114,7 @@ def _of_indices(s: Compute, defs: dict):
         return None  # a load, an accumulator, a value from outside
 
     shape = form(s.dst)
-    if shape is None or not leaves:
+    if shape is None or not leaves or not all(_exact_range(leaf.index) for leaf in leaves):
         return None
     ranges = [value_range(leaf.index) for leaf in leaves]
     extents = tuple(hi - lo + 1 for lo, hi in ranges)
@@ -143,6 +143,16 @@ def _of_indices(s: Compute, defs: dict):
         return statements, emit(s.dst)
 
     return ("indices", shape, tuple(ranges)), _Candidate(s.dst.dtype, entries, fill, extents), at
+
+
+def _exact_range(x: Ix) -> bool:
+    """`value_range` holds the values x takes: no quotient or remainder of a value that may be
+    negative (there the range is a guess, and the lowering divides unsigned)."""
+    for atom, _ in x.terms:
+        if isinstance(atom, (FloorDiv, Mod)) and (value_range(atom.arg)[0] < 0
+                                                   or not _exact_range(atom.arg)):
+            return False
+    return True
 
 
 def _defined(s) -> list[Value]:
