@@ -1,4 +1,7 @@
-"""benchmarks/gpu_jit_check.py without a GPU: the exit, and how workloads are named."""
+"""benchmarks/gpu_jit_check.py without a GPU: the exit, how workloads are named, and the ranking
+probe's runs."""
+import time
+
 import pytest
 
 from benchmarks import gpu_jit_check
@@ -25,8 +28,6 @@ def test_planning_children_report_a_failure_and_a_deadline(tmp_path):
 
 
 def test_ranking_probe_times_runs_of_each_length(monkeypatch):
-    import time
-
     monkeypatch.setattr(gpu_jit_check, "RUN_LENGTHS", (1, 4))
     monkeypatch.setattr(gpu_jit_check, "PROBE_ROUNDS", 3)
     calls = []

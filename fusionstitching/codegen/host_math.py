@@ -103,11 +103,12 @@ def _const(value: float) -> ir.Constant:
 
 
 def _poly(b: ir.IRBuilder, x: ir.Value, coefficients) -> ir.Value:
-    """Horner's rule, highest power first; each step an ``llvm.fmuladd`` (one FMA where the
-    CPU has it, else a multiply and an add: never a call)."""
-    acc = _const(coefficients[0])
+    """Horner's rule in x's type (f32 or f64), highest power first; each step an
+    ``llvm.fmuladd`` (one FMA where the CPU has it, else a multiply and an add: never a call)."""
+    name = "llvm.fmuladd.f64" if x.type == F64 else "llvm.fmuladd.f32"
+    acc = ir.Constant(x.type, coefficients[0])
     for c in coefficients[1:]:
-        acc = _intrinsic(b, "llvm.fmuladd.f32", acc, x, _const(c))
+        acc = _intrinsic(b, name, acc, x, ir.Constant(x.type, c))
     return acc
 
 
@@ -117,13 +118,6 @@ def _intrinsic(b: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
     fn = module.globals.get(name) or ir.Function(
         module, ir.FunctionType(args[0].type, [a.type for a in args]), name)
     return b.call(fn, list(args))
-
-
-def _poly64(b: ir.IRBuilder, x: ir.Value, coefficients) -> ir.Value:
-    acc = ir.Constant(F64, coefficients[0])
-    for c in coefficients[1:]:
-        acc = _intrinsic(b, "llvm.fmuladd.f64", acc, x, ir.Constant(F64, c))
-    return acc
 
 
 def _is_nan(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
@@ -252,8 +246,8 @@ def _quadrant_and_rest(b: ir.IRBuilder, x: ir.Value) -> tuple[ir.Value, ir.Value
 def _sine_or_cosine(b: ir.IRBuilder, x: ir.Value, cosine: bool) -> ir.Value:
     n, r = _quadrant_and_rest(b, x)
     r2 = b.fmul(r, r)
-    sin_r = _intrinsic(b, "llvm.fmuladd.f64", b.fmul(r, r2), _poly64(b, r2, SIN_POLY), r)
-    cos_r = _intrinsic(b, "llvm.fmuladd.f64", r2, _poly64(b, r2, COS_POLY),
+    sin_r = _intrinsic(b, "llvm.fmuladd.f64", b.fmul(r, r2), _poly(b, r2, SIN_POLY), r)
+    cos_r = _intrinsic(b, "llvm.fmuladd.f64", r2, _poly(b, r2, COS_POLY),
                        ir.Constant(F64, 1.0))
     one, two = ir.Constant(I32, 1), ir.Constant(I32, 2)
     odd = b.icmp_signed("!=", b.and_(n, one), ir.Constant(I32, 0))

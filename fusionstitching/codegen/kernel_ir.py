@@ -380,6 +380,18 @@ def expand_block_reduce(kernel: Kernel) -> list:
     return out
 
 
+def nested_body(stmt) -> list:
+    body = getattr(stmt, "body", None)
+    return body if isinstance(body, list) else []
+
+
+def all_statements(body: list):
+    """Every statement of ``body``, those inside loops and ifs included, in program order."""
+    for s in body:
+        yield s
+        yield from all_statements(nested_body(s))
+
+
 def defined_values(stmt) -> list[Value]:
     match stmt:
         case Const() | IndexValue() | Compute() | GlobalLoad() | WarpReduce() | BlockReduce() \

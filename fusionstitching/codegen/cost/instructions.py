@@ -18,10 +18,10 @@ from costmodel.latency import chain_latency
 from ..index_expr import Ix, Var
 from ..kernel_ir import (WARP, Barrier, BlockReduce, Compute, Const, DynamicIndex, GlobalLoad,
                          GlobalStore, If, IndexLet, IndexValue, Kernel, Loop, SharedLoad,
-                         SharedStore, Value, WarpReduce, defined_values, used_values)
+                         SharedStore, Value, WarpReduce, defined_values, nested_body,
+                         used_values)
 from ..ops import INTS
-from .lowered import (REGISTER_WIDTH, compute_dtype, nested_body, trip_count, unrolled_trips,
-                      used_lanes)
+from .lowered import REGISTER_WIDTH, compute_dtype, trip_count, unrolled_trips, used_lanes
 
 SHUFFLE_STEPS = WARP.bit_length() - 1  # xor butterfly over 32 lanes: 5 shuffles
 

@@ -7,7 +7,7 @@ import dataclasses
 
 from ..index_expr import Ix, Mod, Var, value_range
 from ..kernel_ir import (UNROLL_FACTOR, Compute, GlobalStore, If, Kernel, Loop, Value,
-                         VectorExtract, used_values)
+                         VectorExtract, all_statements, used_values)
 
 # 32-bit registers per value; default 1 (a 128-bit vector load's value holds 4)
 REGISTER_WIDTH = {"s64": 2, "u64": 2, "f64": 2, "pred": 0, "f32x4": 4, "s32x4": 4}
@@ -23,11 +23,6 @@ def trip_count(loop: Loop) -> int:
 def compute_dtype(s: Compute) -> str:
     # compare and select produce pred / take pred; the arithmetic happens in the data type.
     return s.args[-1].dtype if s.args else s.dst.dtype
-
-
-def nested_body(stmt) -> list:
-    body = getattr(stmt, "body", None)
-    return body if isinstance(body, list) else []
 
 
 def used_lanes(body: list) -> dict[Value, int]:
@@ -73,12 +68,6 @@ def _reads_var(body: list, var: Var) -> bool:
     return any(isinstance(value, Ix) and var in value.vars()
                for s in all_statements(body) if dataclasses.is_dataclass(s)
                for value in (getattr(s, f.name) for f in dataclasses.fields(s)))
-
-
-def all_statements(body: list):
-    for s in body:
-        yield s
-        yield from all_statements(nested_body(s))
 
 
 def _known_range(index: Ix, kernel: Kernel) -> tuple[int, int] | None:

@@ -22,10 +22,9 @@ from costmodel.occupancy import ARCH_LIMITS
 from ..index_expr import Ix, Var
 from ..kernel_ir import (Barrier, BlockReduce, Compute, Const, ConstLoad, GlobalLoad,
                          GlobalStore, If, IndexLet, IndexValue, Kernel, Loop, SharedLoad,
-                         SharedStore, Value, WarpReduce, defined_values, expand_block_reduce,
-                         used_values)
-from .lowered import (REGISTER_WIDTH, all_statements, compute_dtype, nested_body, trip_bounds,
-                      unrolled_trips, used_lanes)
+                         SharedStore, Value, WarpReduce, all_statements, defined_values,
+                         expand_block_reduce, nested_body, used_values)
+from .lowered import REGISTER_WIDTH, compute_dtype, trip_bounds, unrolled_trips, used_lanes
 
 POINTER_WIDTH = 2  # 64-bit addresses
 REGISTERS_PER_SM = 65536  # sm_80, sm_90

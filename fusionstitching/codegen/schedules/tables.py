@@ -16,7 +16,7 @@ import math
 from ..host import max_parts, split_extent
 from ..index_expr import FloorDiv, Ix, Mod, Var, add, ix, scale, value_range
 from ..kernel_ir import (Compute, Const, GlobalLoad, If, IndexValue, Kernel, Loop, SharedArray,
-                         SharedLoad, SharedStore, Value)
+                         SharedLoad, SharedStore, Value, all_statements)
 from .host_reuse import EXPENSIVE
 
 # A value is tabulated when the kernel would compute it at least this many times per entry
@@ -45,7 +45,7 @@ def tabulate_small_inputs(kernel: Kernel) -> Kernel:
         return kernel
     reuse = TABULATE_REUSE * max_parts(split_extent(kernel),
                                        sum(b.shape.byte_size for b in kernel.buffers))
-    defs = {v: s for s in _statements(kernel.body) for v in _defined(s)}
+    defs = {v: s for s in all_statements(kernel.body) for v in _defined(s)}
     candidates: dict[tuple, _Candidate] = {}  # in the body's order
     for s, trips in _with_trips(kernel.body, kernel.grid[0]):
         if not (isinstance(s, Compute) and s.op in EXPENSIVE):
@@ -169,13 +169,6 @@ def _rewritten(body: list, uses: dict[Value, SharedLoad]) -> list:
         else:
             out.append(s)
     return out
-
-
-def _statements(body: list):
-    for s in body:
-        yield s
-        if isinstance(s, (Loop, If)):
-            yield from _statements(s.body)
 
 
 def _with_trips(body: list, trips: int):
