@@ -6,7 +6,8 @@ process with its library's environment, as bench_plan_time.py runs them): both f
 are called on the same seeded inputs (the zoo's own values; the tier's arguments are shapes,
 filled with seeded normal floats and 0/1 integers as verification does). The first call of
 fusionstitching.jit plans, builds, measures each kernel against XLA:CPU and tries the
-stitched executable; the next calls confirm a faster one ("deciding calls"). The table then
+stitched executable; the next calls confirm a faster one ("deciding calls", made as a job
+makes them: a training step's carry its state, none waits for the last). The table then
 shows the median wall time of CALLS alternating calls of each, after the decision, the median
 of their pair ratios with a 90% interval (step_loops.paired_ratio),
 which executable was kept, how many patterns run stitched and how many were measured slower
@@ -33,7 +34,7 @@ from pathlib import Path
 import jax
 import numpy as np
 from bench_plan_time import PARTS, ZOO, markdown_table, run_parts, tier_steps
-from step_loops import loss_index, paired_ratio, state_feedback, training_loop
+from step_loops import loss_index, paired_ratio, state_feedback, stepper, training_loop
 from thunk_share import memory_share
 
 from fusionstitching.stitched_jit import jit
@@ -62,13 +63,17 @@ def steps(part: str, only):
         yield name, kind, fn, concrete(args) if kind == "jax" else args
 
 
-MAX_DECIDING_CALLS = 40  # the trial's call, then 2 x CONFIRM_ROUNDS (executor.py)
+MAX_DECIDING_CALLS = 1000  # the trial's call, then 2 x CONFIRM_ROUNDS runs of RUN_CALLS
+# (executor.py)
 
 
 # Alternating runs of a loop carrying the training state: 15 rounds, not 5. With 5 the loop's
 # ratio for one and the same executable on both sides ranged 0.83-1.53 (keras_hub Mistral
-# train, two runs), and pairs bound their median ratio only from 5 up.
-LOOP_ROUNDS, LOOP_STEPS = 15, 10
+# train, two runs), and pairs bound their median ratio only from 5 up. 100 steps a run, not
+# 10: a job runs one executable for thousands of steps, and the first steps after the other
+# executable's run are slow (cold caches); zoo Transformer train read about 1.0 in runs of 10
+# and 1.3 in runs of 200 (thirty-fourth session, benchmarks/README.md).
+LOOP_ROUNDS, LOOP_STEPS = 15, 100
 
 
 def max_difference(a, b) -> float:
@@ -101,10 +106,16 @@ def measure(name: str, fn, args, calls: int, cache_dir: str) -> dict:
     row["fs_first_s"] = time.perf_counter() - started
     row["max_diff"] = max_difference(jax.block_until_ready(stitched(*args)), want)
     (compiled,) = stitched._compiled.values()
-    row["deciding_calls"] = 2  # the trial's and this one
+    feedback = state_feedback(fn, args)
+    # Real calls confirming a faster candidate, made as a job makes them: a training step as
+    # a loop that carries its state, an inference step as calls on the same inputs, neither
+    # waiting for each call (the executor times runs of them).
+    deciding, out = stepper(stitched, args, feedback), None
+    row["deciding_calls"] = 2  # the trial's and the one above
     while compiled.executor.decided() is None and row["deciding_calls"] < MAX_DECIDING_CALLS:
-        jax.block_until_ready(stitched(*args))  # real calls confirming a faster candidate
+        out = deciding()
         row["deciding_calls"] += 1
+    jax.block_until_ready(out)
     times = {"xla": [], "fs": []}
     for i in range(calls):
         for label, function in in_turn(i, ("xla", reference), ("fs", stitched)):
@@ -113,7 +124,6 @@ def measure(name: str, fn, args, calls: int, cache_dir: str) -> dict:
             times[label].append(time.perf_counter() - started)
     row.update({f"{k}_ms": statistics.median(v) * 1e3 for k, v in times.items()})
     row["ratio"], row["ratio_low"], row["ratio_high"] = paired_ratio(times["xla"], times["fs"])
-    feedback = state_feedback(fn, args)
     if feedback:  # a training step: also as a loop that carries its state, as a job runs it
         loops = {"xla": training_loop(reference, args, feedback),
                  "fs": training_loop(stitched, args, feedback)}

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks impor
 import jax  # noqa: E402
 from bench_cpu_speed import MAX_DECIDING_CALLS, steps  # noqa: E402
 from bench_plan_time import PARTS  # noqa: E402
-from step_loops import paired_ratio  # noqa: E402
+from step_loops import paired_ratio, state_feedback, stepper  # noqa: E402
 
 from fusionstitching.runtime import executor as executor_module  # noqa: E402
 from fusionstitching.runtime.executor import Executor  # noqa: E402
@@ -49,12 +49,14 @@ def decide(fn, args, cache_dir: str) -> tuple[dict, object]:
     """(the decision, the stitched executable it was about: per-kernel measurement may have
     left patterns to XLA, so keep="stitched" would time another one)."""
     stitched = jit(fn, cache_dir=cache_dir)
-    for _ in range(max(MAX_DECIDING_CALLS, 2 * executor_module.CONFIRM_ROUNDS + 5)):
-        jax.block_until_ready(stitched(*args))
+    step, out = stepper(stitched, args, state_feedback(fn, args)), None
+    for _ in range(MAX_DECIDING_CALLS):  # as a job calls it: state carried, no waiting
+        out = step()
         (compiled,) = stitched._compiled.values()
         executor = compiled.executor
         if executor is not None and executor.decided() is not None:
             break
+    jax.block_until_ready(out)
     return dict(kept=executor.info.kept, why=executor.info.why,
                 samples={k: list(v) for k, v in executor._samples.items()}), \
         getattr(executor, "decided_candidate", None)

@@ -58,6 +58,20 @@ def training_loop(fn, args, feedback: dict[int, int]):
     return run
 
 
+def stepper(fn, args, feedback: dict[int, int]):
+    """``step()``: one call, taking the state the last call returned (the same inputs each
+    time when ``feedback`` is empty); never waits."""
+    state = list(args)
+
+    def step():
+        out = fn(*state)
+        outs = out if isinstance(out, tuple) else (out,)
+        for j, i in feedback.items():
+            state[j] = outs[i]
+        return out
+    return step
+
+
 def loss_index(fn, args, feedback: dict[int, int]) -> int | None:
     """The output that is a training step's loss: a float scalar that is not state."""
     out = jax.eval_shape(fn, *args)

@@ -25,9 +25,9 @@ from jax.api_util import shaped_abstractify
 
 from . import pipeline
 from .report import Report
-from .runtime.build import gpu_device_of, reason
+from .runtime.build import reason
 from .runtime.cache import default_dir
-from .runtime.executor import GPU_RUN_CALLS, Executor
+from .runtime.executor import Executor
 from .runtime.lifecycle import Lifecycle, share_cache
 
 _DEFAULT = object()
@@ -273,8 +273,7 @@ class Compiled:
                                    runtime.dump_to)
         self.executor = self.lifecycle.executor = Executor(
             xla_compiled, name, verify=runtime.verify, keep=runtime.keep,
-            background=runtime.async_compile, info=self.lifecycle.info,
-            run_calls=GPU_RUN_CALLS if gpu_device_of(xla_compiled) else 1)
+            background=runtime.async_compile, info=self.lifecycle.info)
 
     @property
     def stitched(self):

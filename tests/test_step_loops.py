@@ -28,6 +28,26 @@ def test_a_training_steps_state_is_carried_to_the_next_step():
         assert after[0] is before[1] and after[1] is before[2] and after[2] is args[2]
 
 
+def test_a_stepper_carries_the_state_from_call_to_call():
+    def step(params, x):
+        return params + x, jnp.sum(params)
+
+    args = (jnp.zeros(3), jnp.ones(3))
+    calls = []
+
+    def recorded(*a):
+        calls.append(a)
+        return step(*a)
+
+    one = step_loops.stepper(recorded, args, {0: 0})
+    first, second = one(), one()
+    assert calls[0] == args and calls[1][0] is first[0] and calls[1][1] is args[1]
+    assert float(second[1]) == 3.0  # the second step saw the first one's parameters
+    same = step_loops.stepper(recorded, args, {})
+    same(), same()
+    assert calls[2] == args and calls[3] == args  # no state: the same inputs each call
+
+
 def test_the_loss_is_the_float_scalar_that_is_not_state():
     def step(params, x):
         return {"w": params["w"] * 2, "b": params["b"]}, jnp.int32(3), jnp.sum(params["w"] * x)

@@ -36,13 +36,16 @@ TIMING_ROUNDS = 5
 # a slower stitched executable twice (0.89x, 0.94x) and the best of 15 never did, on the same
 # samples; both missed the same three wins.
 CONFIRM_ROUNDS = 15
-# Real calls per confirmation sample on a GPU: a run of back-to-back calls of one executable,
-# timed from the first call to the last one's outputs. On an H200 (benchmarks/README.md, fourth
-# GPU session) single calls, each waited for, ranked XLA's executable faster on all six
-# training steps tried (the stitched one launches more custom calls, so it waits longer for
-# its first kernel); runs of 16 ranked the two as the loop carrying the training state did on
-# all six (stitched 1.02-1.17x faster). On a CPU one call per sample, as decision_check judged.
-GPU_RUN_CALLS = 16
+# Real calls per confirmation sample: a run of back-to-back calls of one executable, timed from
+# the first call's outputs to the last one's (the first call after the other executable's run
+# pays for cold caches and sleeping pool threads, which a job running one executable never
+# does). Single calls, each waited for, misranked the two on both kinds of machine: on an H200
+# (benchmarks/README.md, fourth GPU session) they ranked XLA's executable faster on all six
+# training steps tried, where runs of 16 ranked them as the loop carrying the training state
+# did; on this 2-core CPU (thirty-fourth session) they kept a stitched flax ViT step that ran
+# 0.83x in long loops and runs of 16 timed from the first call's outputs kept XLA's, and runs
+# timed from the first call kept XLA's on a zoo Transformer step that ran 1.28x stitched.
+RUN_CALLS = 16
 # The stitched executable is kept only when its best time is at least this much below XLA's:
 # single steps on a shared CPU vary by several percent, and a swap won by noise leaves the job
 # slower than XLA.
@@ -89,7 +92,7 @@ class Executor:
     rtol: float = 1e-5
     atol: float = 1e-5
     reference: str = "xla"  # label of what calls run when the stitched executable does not
-    run_calls: int = 1  # real calls per confirmation sample (GPU_RUN_CALLS on a GPU)
+    run_calls: int = RUN_CALLS  # real calls per confirmation sample
     info: RuntimeInfo = field(default_factory=RuntimeInfo)
     fallbacks: list[Fallback] = field(default_factory=list)
     built: Built | None = None
@@ -338,10 +341,10 @@ class Executor:
 
     def _timed_call(self, args, kwargs):
         """One call of a confirmation run: ``run_calls`` calls of one executable, timed from
-        the first call to the last one's outputs; calls in between are not waited for, as a
-        training loop does not wait. The executable with fewer samples runs next (stitched
-        first). A stitched run that fails ends in XLA's executable answering the call (the
-        run's earlier outputs were already returned)."""
+        the first call's outputs to the last one's (the whole call when ``run_calls`` is 1);
+        calls in between are not waited for, as a training loop does not wait. The executable
+        with fewer samples runs next (stitched first). A stitched run that fails ends in XLA's
+        executable answering the call (the run's earlier outputs were already returned)."""
         import jax
 
         if self._run_done == 0:
@@ -354,16 +357,20 @@ class Executor:
         try:
             out = self._execute(executable, args, kwargs)
             self._run_done += 1
-            if self._run_done == self.run_calls:
+            warm_up = self._run_done == 1 and self.run_calls > 1
+            if warm_up or self._run_done == self.run_calls:
                 jax.block_until_ready(out)
         except self._call_errors() as exc:
             if label == "xla":
                 raise
             self.fail("execute", [], reason(exc))
             return self._execute(self.xla, args, kwargs)
+        if warm_up:
+            self._run_started = time.perf_counter()
         if self._run_done < self.run_calls:
             return out
-        self._samples[label].append((time.perf_counter() - self._run_started) / self.run_calls)
+        timed_calls = self.run_calls - 1 if self.run_calls > 1 else 1
+        self._samples[label].append((time.perf_counter() - self._run_started) / timed_calls)
         self._run_done = 0
         if all(len(s) >= CONFIRM_ROUNDS for s in self._samples.values()):
             each = (f"in runs of {self.run_calls} calls of one executable" if self.run_calls > 1
