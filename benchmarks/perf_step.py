@@ -1,14 +1,15 @@
-"""Where a training step's CPU time goes, sampled by Linux perf, for XLA's executable and the
+"""Where a step's CPU time goes, sampled by Linux perf, for XLA's executable and the
 stitched one: the runtime's parts (thread pool, thunk executor, malloc, Python dispatch, ...),
 YNNPACK's dots, XLA's JIT-compiled fusions, and each stitched kernel, in CPU us per step.
 
 A jax.profiler trace times each thunk with a few us of its own, so it ranks many small
 thunks too high; sampling does not. Each side runs in a child process: the step (as
-bench_cpu_speed.py finds it) as a loop that carries its state (step_loops.py) for
-``--seconds`` + 4, and `perf record` samples the last ``--seconds`` of it. Stitched kernels
-are told apart by their code addresses (perf sees JIT code without names).
+bench_cpu_speed.py finds it) as a loop that carries its state (step_loops.py; an inference
+step: calls on the same inputs) for ``--seconds`` + 4, and `perf record` samples the last
+``--seconds`` of it. Stitched kernels are told apart by their code addresses (perf sees JIT
+code without names).
 
-    python benchmarks/perf_step.py --part zoo --only bert [--keep stitched] [--seconds 10]
+    python benchmarks/perf_step.py --part zoo --only bert [--mode infer] [--keep stitched]
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks import each other
 
 import jax  # noqa: E402
-from bench_cpu_speed import steps  # noqa: E402
-from step_loops import state_feedback, training_loop  # noqa: E402
+from bench_cpu_speed import MAX_DECIDING_CALLS, steps  # noqa: E402
+from step_loops import repeated_calls, state_feedback, stepper, training_loop  # noqa: E402
 
 from fusionstitching.runtime import ffi  # noqa: E402
 from fusionstitching.stitched_jit import jit  # noqa: E402
@@ -94,17 +95,24 @@ def attribute(lines, starts: list[tuple[int, str]]) -> tuple[collections.Counter
     return categories, kernels
 
 
-def child(part: str, model: str, keep: str, seconds: float, out: str) -> None:
+def child(part: str, model: str, mode: str, keep: str, seconds: float, out: str) -> None:
     """Warm the step, write the stitched kernels' addresses, print READY, loop."""
     for name, _, fn, args in steps(part, [model]):
-        if not name.endswith("train"):
+        if not name.endswith(mode):
             continue
         args = jax.device_put(args)
         with tempfile.TemporaryDirectory() as cache_dir:
             step = jax.jit(fn) if keep == "xla" else jit(fn, keep=keep, cache_dir=cache_dir)
-            for _ in range(45):  # builds, and with keep="fastest" decides
-                jax.block_until_ready(step(*args))
-            run = training_loop(step, args, state_feedback(fn, args))
+            jax.block_until_ready(step(*args))  # builds
+            feedback = state_feedback(fn, args)
+            if keep != "xla":  # keep="fastest" decides on calls made as a job makes them
+                call, (compiled,) = stepper(step, args, feedback), step._compiled.values()
+                for _ in range(MAX_DECIDING_CALLS):
+                    if compiled.executor.decided() is not None:
+                        break
+                    call()
+            run = training_loop(step, args, feedback) if feedback else repeated_calls(step,
+                                                                                      args)
             run(10)
             starts = sorted((address, target.rsplit("_", 1)[0])
                             for target, owner in ffi._registered.items()
@@ -119,14 +127,14 @@ def child(part: str, model: str, keep: str, seconds: float, out: str) -> None:
         Path(out).write_text(json.dumps({"step": name, "starts": starts,
                                          "ms_per_step": elapsed / loops * 1e3}))
         return
-    raise SystemExit(f"no training step {model!r} in part {part!r}")
+    raise SystemExit(f"no {mode} step {model!r} in part {part!r}")
 
 
-def profile(part: str, model: str, keep: str, seconds: float) -> dict:
+def profile(part: str, model: str, mode: str, keep: str, seconds: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out, data = f"{tmp}/child.json", f"{tmp}/perf.data"
-        proc = subprocess.Popen([sys.executable, __file__, "--child", part, model, keep,
-                                 str(seconds), out], stdout=subprocess.PIPE, text=True,
+        proc = subprocess.Popen([sys.executable, __file__, "--child", part, model, mode,
+                                 keep, str(seconds), out], stdout=subprocess.PIPE, text=True,
                                 env={**os.environ, "JAX_PLATFORMS": "cpu"})
         for line in proc.stdout:
             if line.startswith("READY"):
@@ -152,18 +160,21 @@ def profile(part: str, model: str, keep: str, seconds: float) -> dict:
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
-        part, model, keep, seconds, out = argv[1:]
-        child(part, model, keep, float(seconds), out)
+        part, model, mode, keep, seconds, out = argv[1:]
+        child(part, model, mode, keep, float(seconds), out)
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", default="zoo")
-    parser.add_argument("--only", required=True, help="the model whose training step to sample")
+    parser.add_argument("--only", required=True, help="the model whose step to sample")
+    parser.add_argument("--mode", choices=("train", "infer"), default="train",
+                        help="its training step (a loop carrying the state) or its inference "
+                             "step (calls on the same inputs)")
     parser.add_argument("--keep", nargs="+", default=["xla", "stitched"],
                         help="xla (jax.jit), stitched or fastest (fusionstitching.jit)")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
-    rows = [profile(args.part, args.only, keep, args.seconds) for keep in args.keep]
+    rows = [profile(args.part, args.only, args.mode, keep, args.seconds) for keep in args.keep]
     for row in rows:
         print(f"{row['step']} keep={row['keep']}: {row['ms_per_step'] * 1e3:.0f} us per step "
               f"(wall), {row['cpu_us_per_step']:.0f} us of CPU")

@@ -99,8 +99,14 @@ def _of_indices(s: Compute, defs: dict):
     """A value computed from index values and constants alone: (key, candidate, the use's
     entry) or None. The table's entries run over every index value's range (row-major)."""
     leaves: list[IndexValue] = []
+    forms: dict[Value, tuple | None] = {}  # a value's operands are often shared: walk each once
 
     def form(v: Value):
+        if v not in forms:
+            forms[v] = _form(v)
+        return forms[v]
+
+    def _form(v: Value):
         d = defs.get(v)
         if isinstance(d, Compute):
             args = [form(a) for a in d.args]
