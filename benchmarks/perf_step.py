@@ -106,7 +106,8 @@ def child(part: str, model: str, mode: str, keep: str, seconds: float, out: str)
             jax.block_until_ready(step(*args))  # builds
             feedback = state_feedback(fn, args)
             if keep != "xla":  # keep="fastest" decides on calls made as a job makes them
-                call, (compiled,) = stepper(step, args, feedback), step._compiled.values()
+                (compiled,) = step._compiled.values()
+                call = stepper(step, args, feedback)
                 for _ in range(MAX_DECIDING_CALLS):
                     if compiled.executor.decided() is not None:
                         break
