@@ -7,7 +7,7 @@ are called on the same seeded inputs (the zoo's own values; the tier's arguments
 filled with seeded normal floats and 0/1 integers as verification does). The first call of
 fusionstitching.jit plans, builds, measures each kernel against XLA:CPU and tries the
 stitched executable; the next calls confirm a faster one ("deciding calls", made as a job
-makes them: a training step's carry its state, none waits for the last). The table then
+makes them: a training step's calls carry its state, and none is waited for). The table then
 shows the median wall time of CALLS alternating calls of each, after the decision, the median
 of their pair ratios with a 90% interval (step_loops.paired_ratio),
 which executable was kept, how many patterns run stitched and how many were measured slower
