@@ -264,6 +264,19 @@ def on_call(runs: list) -> list:
     return made
 
 
+def timing_in_runs(monkeypatch, run_calls: int, runs: list):
+    """A Compiled whose trial timed the stitched executable faster, confirming it in runs of
+    ``run_calls`` calls; its first call (XLA's, on the caller's thread) is made."""
+    monkeypatch.setattr(executor, "best_times", lambda xla_run, stitched, inputs: (2e-3, 1e-3))
+    compiled = recorded_async(monkeypatch, jit(layernorm, cache_dir=None, async_compile=True),
+                              args(), runs)
+    compiled.executor.run_calls = run_calls
+    compiled(*args())
+    assert on_call(runs) == ["xla"] and compiled.wait_built(60)
+    assert compiled.executor.info.state == "timing"
+    return compiled
+
+
 def test_async_trial_runs_off_the_call_path(monkeypatch):
     monkeypatch.setattr(executor, "best_times", lambda xla_run, stitched, inputs: (1e-3, 2e-3))
     runs = []
@@ -282,14 +295,8 @@ def test_async_trial_runs_off_the_call_path(monkeypatch):
 
 
 def test_async_candidate_faster_off_the_path_is_confirmed_one_executable_per_call(monkeypatch):
-    monkeypatch.setattr(executor, "best_times", lambda xla_run, stitched, inputs: (2e-3, 1e-3))
     runs = []
-    compiled = recorded_async(monkeypatch, jit(layernorm, cache_dir=None, async_compile=True),
-                              args(), runs)
-    compiled.executor.run_calls = 1
-    compiled(*args())
-    assert on_call(runs) == ["xla"] and compiled.wait_built(60)
-    assert compiled.executor.info.state == "timing"
+    compiled = timing_in_runs(monkeypatch, 1, runs)
     per_call = []
     for _ in range(2 * executor.CONFIRM_ROUNDS):
         got = np.asarray(compiled(*args()))
@@ -306,17 +313,11 @@ def test_async_candidate_faster_off_the_path_is_confirmed_one_executable_per_cal
 
 def test_confirmation_in_runs_of_calls_waits_only_for_each_runs_first_and_last(monkeypatch):
     # runs of back-to-back calls of one executable (RUN_CALLS), timed from the first's outputs
-    monkeypatch.setattr(executor, "best_times", lambda xla_run, stitched, inputs: (2e-3, 1e-3))
+    runs = []
+    compiled = timing_in_runs(monkeypatch, 3, runs)
     waited = []
     real_wait = jax.block_until_ready
     monkeypatch.setattr(jax, "block_until_ready", lambda x: waited.append(1) or real_wait(x))
-    runs = []
-    compiled = recorded_async(monkeypatch, jit(layernorm, cache_dir=None, async_compile=True),
-                              args(), runs)
-    compiled.executor.run_calls = 3
-    compiled(*args())
-    assert on_call(runs) == ["xla"] and compiled.wait_built(60)
-    assert compiled.executor.info.state == "timing"
     per_call, waits = [], []
     for _ in range(2 * 3 * executor.CONFIRM_ROUNDS):
         waited.clear()
@@ -333,13 +334,7 @@ def test_confirmation_in_runs_of_calls_waits_only_for_each_runs_first_and_last(m
 
 def test_confirmation_leaves_each_runs_first_call_untimed(monkeypatch):
     # the first call after the other executable's run is slow (cold caches): not weighed
-    monkeypatch.setattr(executor, "best_times", lambda xla_run, stitched, inputs: (2e-3, 1e-3))
-    runs = []
-    compiled = recorded_async(monkeypatch, jit(layernorm, cache_dir=None, async_compile=True),
-                              args(), runs)
-    compiled.executor.run_calls = 3
-    compiled(*args())
-    assert compiled.wait_built(60) and compiled.executor.info.state == "timing"
+    compiled = timing_in_runs(monkeypatch, 3, [])
     real_execute = compiled.executor._execute
 
     def first_of_run_slow(executable, call_args, call_kwargs):
