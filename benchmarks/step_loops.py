@@ -44,16 +44,12 @@ def state_feedback(fn, args) -> dict[int, int]:
 
 
 def training_loop(fn, args, feedback: dict[int, int]):
-    """``run(n)``: n steps, each taking the state the last one returned, then a wait for the
-    last; returns the last step's outputs."""
+    """``run(n)``: n steps from ``args`` (`stepper`), then a wait for the last; returns the
+    last step's outputs."""
     def run(n: int) -> None:
-        state = list(args)
-        out = None
+        step, out = stepper(fn, args, feedback), None
         for _ in range(n):
-            out = fn(*state)
-            outs = out if isinstance(out, tuple) else (out,)
-            for j, i in feedback.items():
-                state[j] = outs[i]
+            out = step()
         return jax.block_until_ready(out)
     return run
 

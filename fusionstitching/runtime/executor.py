@@ -37,14 +37,13 @@ TIMING_ROUNDS = 5
 # samples; both missed the same three wins.
 CONFIRM_ROUNDS = 15
 # Real calls per confirmation sample: a run of back-to-back calls of one executable, timed from
-# the first call's outputs to the last one's (the first call after the other executable's run
-# pays for cold caches and sleeping pool threads, which a job running one executable never
-# does). Single calls, each waited for, misranked the two on both kinds of machine: on an H200
-# (benchmarks/README.md, fourth GPU session) they ranked XLA's executable faster on all six
-# training steps tried, where runs of 16 ranked them as the loop carrying the training state
-# did; on this 2-core CPU (thirty-fourth session) they kept a stitched flax ViT step that ran
-# 0.83x in long loops and runs of 16 timed from the first call's outputs kept XLA's, and runs
-# timed from the first call kept XLA's on a zoo Transformer step that ran 1.28x stitched.
+# the first call's outputs to the last one's. Single calls, each waited for, misranked the two:
+# on an H200 they ranked XLA's executable faster on six training steps whose loops ran the
+# stitched one faster (fourth GPU session); on the 2-core CPU they kept a stitched flax ViT
+# step that ran 0.83x in long loops (thirty-fourth session). The first call is not timed: after
+# the other executable's run it pays for cold caches and sleeping pool threads, which a job
+# running one executable never does; timed from it, runs read a zoo Transformer step that runs
+# 1.28x stitched as a tie (benchmarks/README.md).
 RUN_CALLS = 16
 # The stitched executable is kept only when its best time is at least this much below XLA's:
 # single steps on a shared CPU vary by several percent, and a swap won by noise leaves the job
