@@ -80,9 +80,12 @@ def kernel_of(ip: int, starts: list[tuple[int, str]]) -> str:
     return XLA_JIT
 
 
-def attribute(lines, starts: list[tuple[int, str]]) -> tuple[collections.Counter, collections.Counter]:
-    """(samples per category, samples per stitched kernel or XLA_JIT) of perf script lines."""
-    categories, kernels = collections.Counter(), collections.Counter()
+def attribute(lines, starts: list[tuple[int, str]]
+              ) -> tuple[collections.Counter, collections.Counter, collections.Counter]:
+    """(samples per category, per stitched kernel or XLA_JIT, per symbol outside JIT code)
+    of perf script lines."""
+    categories, kernels, symbols = (collections.Counter(), collections.Counter(),
+                                    collections.Counter())
     for line in lines:
         sample = parse_sample(line)
         if sample is None:
@@ -92,7 +95,9 @@ def attribute(lines, starts: list[tuple[int, str]]) -> tuple[collections.Counter
         categories[name] += 1
         if name == "JIT code":
             kernels[kernel_of(ip, starts)] += 1
-    return categories, kernels
+        else:
+            symbols[f"{sym[:70]} ({dso})"] += 1
+    return categories, kernels, symbols
 
 
 def child(part: str, model: str, mode: str, keep: str, seconds: float, out: str) -> None:
@@ -148,14 +153,15 @@ def profile(part: str, model: str, mode: str, keep: str, seconds: float) -> dict
         info = json.loads(Path(out).read_text())
         script = subprocess.run(["perf", "script", "-i", data, "-F", "ip,sym,dso"],
                                 capture_output=True, text=True, check=True).stdout
-    categories, kernels = attribute(script.splitlines(),
+    categories, kernels, symbols = attribute(script.splitlines(),
                                     [tuple(s) for s in info["starts"]])
     steps_sampled = seconds / (info["ms_per_step"] / 1e3)
     us = lambda n: n / SAMPLE_HZ / steps_sampled * 1e6  # noqa: E731
     return dict(step=info["step"], keep=keep, ms_per_step=info["ms_per_step"],
                 cpu_us_per_step=us(sum(categories.values())),
                 categories={k: us(v) for k, v in categories.most_common()},
-                kernels={k: us(v) for k, v in kernels.most_common()})
+                kernels={k: us(v) for k, v in kernels.most_common()},
+                symbols={k: us(v) for k, v in symbols.most_common(50)})
 
 
 def main(argv=None) -> None:
@@ -173,6 +179,8 @@ def main(argv=None) -> None:
     parser.add_argument("--keep", nargs="+", default=["xla", "stitched"],
                         help="xla (jax.jit), stitched or fastest (fusionstitching.jit)")
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--symbols", type=int, default=0,
+                        help="also print this many of the most sampled symbols outside JIT code")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     rows = [profile(args.part, args.only, args.mode, keep, args.seconds) for keep in args.keep]
@@ -183,6 +191,8 @@ def main(argv=None) -> None:
             print(f"  {name:30s} {value:7.0f} us")
         for name, value in list(row["kernels"].items())[:12]:
             print(f"    {name:40s} {value:7.0f} us")
+        for name, value in list(row["symbols"].items())[:args.symbols]:
+            print(f"      {value:6.1f} us  {name}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -22,12 +22,14 @@ STARTS = [(0x7F5D24020000, "fusionstitching_k0"), (0x7F5D24050000, "fusionstitch
 
 
 def test_samples_fall_into_the_runtime_parts_and_each_stitched_kernel():
-    categories, kernels = perf_step.attribute(LINES, STARTS)
+    categories, kernels, symbols = perf_step.attribute(LINES, STARTS)
     assert categories == {"JIT code": 3, "malloc/free/mem*": 1, "thread pool": 1,
                           "thunk executor": 1, "dots (YNNPACK)": 1,
                           perf_step.OTHER: 1, "Python": 1, "OS kernel": 1}
     # the third JIT sample lies far past every kernel's entry: XLA's own fusion code
     assert kernels == {"fusionstitching_k0": 1, "fusionstitching_k1": 1, perf_step.XLA_JIT: 1}
+    # every sample outside JIT code is counted by its symbol and library (--symbols)
+    assert sum(symbols.values()) == 7 and symbols["_int_malloc (libc.so.6)"] == 1
 
 
 def test_a_library_under_a_python_directory_is_not_python():
