@@ -28,14 +28,15 @@ _PLAIN = (Compute, Const, ConstLoad, GlobalLoad, GlobalStore, IndexValue)
 def reuse_across_loops(kernel: Kernel) -> Kernel:
     """``kernel`` with values recomputed by later top-level loops kept in arrays instead."""
     loops = [i for i, s in enumerate(kernel.body) if _takes_part(kernel, s)]
-    first: dict[tuple, tuple[int, Value]] = {}  # a value's form -> (loop, its value there)
-    arrays: dict[tuple, SharedArray] = {}
+    first: dict[int, tuple[int, Value]] = {}  # a value's form -> (loop, its value there)
+    arrays: dict[int, SharedArray] = {}
     stores: dict[int, dict[Value, SharedStore]] = {}  # loop -> value -> its store after it
     loads: dict[int, dict[Value, SharedLoad]] = {}  # loop -> value -> the load replacing it
     kept_bytes = 0
+    interned: dict[tuple, int] = {}
     for i in loops:
         loop = kernel.body[i]
-        forms = _forms(kernel, loop)
+        forms = _forms(kernel, loop, interned)
         again = {v for v, (form, costly) in forms.items() if costly and form in first
                  and _same_points(kernel.body[first[form][0]], loop)}
         for v in _outermost(loop, again):
@@ -71,28 +72,36 @@ def _same_points(a: Loop, b: Loop) -> bool:
     return a.var == b.var and a.stop == b.stop
 
 
-def _forms(kernel: Kernel, loop: Loop) -> dict[Value, tuple[tuple, bool]]:
+def _forms(kernel: Kernel, loop: Loop, interned: dict[tuple, int]
+           ) -> dict[Value, tuple[int, bool]]:
     """Each value the loop defines -> (its computation as a tree over the loop's index and
-    values from outside the loop, whether an expensive op is in it)."""
-    forms: dict[Value, tuple[tuple, bool]] = {}
+    values from outside the loop, whether an expensive op is in it). A tree is numbered by
+    ``interned`` (equal trees, equal numbers): as nested tuples, hashing threefry's rounds,
+    which read each earlier value twice, costs 2 ** rounds."""
+    forms: dict[Value, tuple[int, bool]] = {}
 
-    def form(v: Value) -> tuple[tuple, bool]:
-        return forms.get(v, (("outside", v), False))
+    def number(tree: tuple) -> int:
+        return interned.setdefault(tree, len(interned))
+
+    def form(v: Value) -> tuple[int, bool]:
+        return forms.get(v, (number(("outside", v)), False))
 
     for s in loop.body:
         match s:
             case Compute():
                 args = [form(a) for a in s.args]
-                forms[s.dst] = (("op", s.op, s.dst.dtype, s.attr, tuple(f for f, _ in args)),
+                forms[s.dst] = (number(("op", s.op, s.dst.dtype, s.attr,
+                                        tuple(f for f, _ in args))),
                                 s.op in EXPENSIVE or any(c for _, c in args))
             case Const():
-                forms[s.dst] = (("const", s.dst.dtype, repr(s.value)), False)
+                forms[s.dst] = (number(("const", s.dst.dtype, repr(s.value))), False)
             case GlobalLoad():
-                forms[s.dst] = (("load", s.buffer, s.offset, s.dst.dtype), False)
+                forms[s.dst] = (number(("load", s.buffer, s.offset, s.dst.dtype)), False)
             case ConstLoad():
-                forms[s.dst] = (("constant", s.array.name, s.offset, s.dst.dtype), False)
+                forms[s.dst] = (number(("constant", s.array.name, s.offset, s.dst.dtype)),
+                                False)
             case IndexValue():
-                forms[s.dst] = (("index", s.index), False)
+                forms[s.dst] = (number(("index", s.index)), False)
     return forms
 
 
