@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from .. import codegen, pipeline
 from ..hlo.parser import parse_module
+from ..hlo.unroll import unroll_loops
 from ..hlo.ir import print_module
 from ..hlo.xla_runner import optimized_hlo_text
 from ..report import Fallback, KernelReport, PlanSummary, Report, Times, Verify
@@ -80,6 +81,8 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     module = _stage("parse", parse_module, optimized, source="<jax>")
     parse_seconds = time.perf_counter() - started
     _check_signature(module, xla_compiled)
+    if device is None:  # XLA:CPU runs small loops rolled, a dozen thunks an iteration
+        module = _stage("unroll", unroll_loops, module)
     result = _stage("pipeline", pipeline.stitch_module, module, options,
                     parse_seconds=parse_seconds,
                     schedules=kernel_cache.ScheduleMemo(cache, stats))
