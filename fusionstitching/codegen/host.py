@@ -103,6 +103,7 @@ class HostLowering(ThreadLowering):
             function.args[0], [ir.Constant(I32, i)], source_etype=PTR), typ=PTR)
             for i in range(count)]
         self.buffers = pointers[:len(kernel.buffers)]
+        self.scopes = _buffer_scopes(module, kernel) if fast else None
         self.marks = pointers[len(kernel.buffers):-1] if instrument else None
         self.counters = pointers[-1] if instrument else None
         self.arrays: dict[Value, ir.Value] = {}  # per-thread arrays of values crossing phases
@@ -121,6 +122,12 @@ class HostLowering(ThreadLowering):
 
     def buffer_pointer(self, i: int) -> ir.Value:
         return self.buffers[i]
+
+    def buffer_access(self, instruction: ir.Instruction, buffer: int) -> None:
+        if self.scopes is not None:  # the buffers never overlap: LLVM may vectorize across
+            scope, others = self.scopes[buffer]
+            instruction.set_metadata("alias.scope", scope)
+            instruction.set_metadata("noalias", others)
 
     def shared_pointer(self, array: SharedArray) -> ir.Value:
         return self.shared[array.name]
@@ -290,6 +297,19 @@ class HostKernel:
         pointers = (ctypes.c_void_p * len(ins + outs))(*[a.ctypes.data for a in ins + outs])
         ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self.address)(pointers)
         return [from_physical(o, s) for o, (_, s) in zip(outs, spec.outputs)]
+
+
+def _buffer_scopes(module: ir.Module, kernel: Kernel) -> list[tuple]:
+    """Per buffer, (the alias scope list of its accesses, the list of every other buffer's
+    scope). The pointers come out of an array, so LLVM cannot know they never overlap (XLA
+    gives a custom call's results buffers of their own); without these, a loop storing to
+    several outputs stays scalar (the vectorizer's run-time overlap checks run out)."""
+    domain = module.add_metadata([ir.MetaDataString(module, f"{kernel.name}.buffers")])
+    scopes = [module.add_metadata([ir.MetaDataString(module, f"{kernel.name}.buffer{i}"),
+                                   domain]) for i in range(len(kernel.buffers))]
+    return [(module.add_metadata([scope]),
+             module.add_metadata([s for s in scopes if s is not scope]))
+            for scope in scopes]
 
 
 def _host_machine():

@@ -160,13 +160,22 @@ class ThreadLowering:
         return self.builder.gep(base, [self.builder.sext(self.index(offset), I64)],
                                 inbounds=True, source_etype=STORAGE_TYPES[dtype])
 
-    def load(self, pointer: ir.Value, dtype: str) -> ir.Value:
+    def load(self, pointer: ir.Value, dtype: str, buffer: int | None = None) -> ir.Value:
+        """``buffer``: the kernel buffer ``pointer`` points into, if any."""
         v = self.builder.load(pointer, typ=STORAGE_TYPES[dtype], align=self.align(dtype))
+        if buffer is not None:
+            self.buffer_access(v, buffer)
         return self.builder.trunc(v, I1) if dtype == "pred" else v
 
-    def store(self, pointer: ir.Value, value: ir.Value, dtype: str) -> None:
-        self.builder.store(self.builder.zext(value, I8) if dtype == "pred" else value, pointer,
-                           align=self.align(dtype))
+    def store(self, pointer: ir.Value, value: ir.Value, dtype: str,
+              buffer: int | None = None) -> None:
+        stored = self.builder.store(self.builder.zext(value, I8) if dtype == "pred" else value,
+                                    pointer, align=self.align(dtype))
+        if buffer is not None:
+            self.buffer_access(stored, buffer)
+
+    def buffer_access(self, instruction: ir.Instruction, buffer: int) -> None:
+        """Annotates a load or store of kernel buffer ``buffer`` (a target's hook)."""
 
     # -- statements ------------------------------------------------------------------------
     def lower(self, body: list) -> None:
@@ -197,13 +206,14 @@ class ThreadLowering:
                 dtype = s.dst.dtype
                 self.global_access(s.buffer, s.offset, dtype, False)
                 self.values[s.dst] = self.load(self.element_pointer(
-                    self.buffer_pointer(s.buffer), LANE_TYPES.get(dtype, dtype), s.offset), dtype)
+                    self.buffer_pointer(s.buffer), LANE_TYPES.get(dtype, dtype), s.offset), dtype,
+                    s.buffer)
             case GlobalStore():
                 dtype = s.value.dtype
                 self.global_access(s.buffer, s.offset, dtype, True)
                 self.store(self.element_pointer(self.buffer_pointer(s.buffer),
                                                 LANE_TYPES.get(dtype, dtype), s.offset),
-                           self.values[s.value], dtype)
+                           self.values[s.value], dtype, s.buffer)
             case VectorExtract():
                 self.values[s.dst] = b.extract_element(self.values[s.src], ir.Constant(I32, s.lane))
             case VectorPack():
