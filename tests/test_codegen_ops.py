@@ -21,6 +21,7 @@ from costmodel import load_device  # noqa: E402
 from fusionstitching.capture import jax_hlo  # noqa: E402
 from fusionstitching.codegen import Refusal, can_stitch, compile_host, generate  # noqa: E402
 from fusionstitching.codegen.flatten import flatten  # noqa: E402
+from fusionstitching.codegen.kernel_ir import If, Loop  # noqa: E402
 from fusionstitching.codegen.schedules.candidates import enumerate_schedules  # noqa: E402
 from fusionstitching.codegen.schedules.choose import build_kernel  # noqa: E402
 from fusionstitching.codegen.schedules.shared_memory import reuse_shared_memory  # noqa: E402
@@ -222,6 +223,26 @@ def test_column_reductions_stitch_mean_then_variance_into_one_kernel():
     _, _, spec = snippet("column_reduction_with_consumer")
     assert "block_composition" in spec.schemes or "thread" in spec.why
     assert spec.read_bytes == 64 * 32 * 4 and spec.write_bytes == (64 * 32 + 64) * 4
+
+
+def bias_gradient_and_update(dy, w, gw):
+    """A column sum (a bias's gradient) and an update of another size (a weight's)."""
+    return jnp.sum(dy * 2.0, axis=0), w - 0.1 * gw
+
+
+def test_a_column_sum_beside_an_output_of_another_size_reads_rows_contiguously():
+    """The host's columns schedule (rows outer, results inner) takes outputs of other sizes
+    too: the first block writes them in contiguous loops. Before, such a kernel took the
+    thread schedule, one strided column per block (keras_hub Mistral's optimizer step)."""
+    args = [np.zeros((64, 32), np.float32), np.zeros((16, 48), np.float32),
+            np.zeros((16, 48), np.float32)]
+    module = parse_module(jax_hlo(bias_gradient_and_update, *args, target="cpu"))
+    spec = generate(module, kernel_nodes(module), "bias_gradient_and_update")
+    kernel = spec.host_kernel
+    assert [a.name.startswith("acc_") for a in kernel.shared] == [True]  # the columns'
+    (guarded,) = [s for s in kernel.body if isinstance(s, If)]  # the first block's update
+    assert any(isinstance(s, Loop) for s in guarded.body)
+    check_against_xla(module, spec)
 
 
 def test_unrelated_shapes_are_packed():

@@ -12,10 +12,10 @@ from __future__ import annotations
 from ..errors import CodegenError, Refusal
 from ..flatten import Pattern
 from ..index_expr import Var, add, ix, linearize, scale
-from ..kernel_ir import IndexLet, Kernel, Loop, SharedArray, SharedLoad
+from ..kernel_ir import If, IndexLet, Kernel, Loop, SharedArray, SharedLoad
 from .candidates import Schedule
 from .emitter import Emitter
-from .loops import stores_at_group
+from .loops import packed_outputs, stores_at_group
 from .reduce import add_to_partial, finish_partials, start_partials, tag_of
 from .space import Space, reduce_operand_index, reduction_stages, reshaped, result_shape
 
@@ -33,7 +33,8 @@ def columns_schedule(space: Space) -> Schedule:
 def build_columns_kernel(pattern: Pattern, sched: Schedule, name: str
                          ) -> tuple[Kernel, set[str]]:
     """The kernel IR of `pattern` under `columns_schedule`; raises CodegenError for what it
-    does not take (outputs of other sizes, variadic reductions, too many accumulators)."""
+    does not take (variadic reductions, too many accumulators, outputs of other sizes that
+    read a reduction). Outputs of other sizes are written by the first block."""
     o, r = sched.space.groups, sched.space.reduced
     width = sched.groups_per_block
     tid, bid = Var("tid", 1), Var("bid", sched.grid_blocks)
@@ -44,8 +45,9 @@ def build_columns_kernel(pattern: Pattern, sched: Schedule, name: str
     per_point = [(i, s, v) for i, ((_, s), v) in outputs if s.num_elements == o * r]
     per_group = [(i, s, v) for i, ((_, s), v) in outputs
                  if s.num_elements == o and s.num_elements != o * r]
-    if len(per_point) + len(per_group) < len(outputs):
-        raise CodegenError(Refusal.COLUMNS_FORM, "outputs of other sizes than the reductions'")
+    packed = [(i, s, v) for i, ((_, s), v) in outputs if s.num_elements not in (o, o * r)]
+    if any(_reads_a_reduction(pattern, v) for _, _, v in packed):
+        raise CodegenError(Refusal.COLUMNS_FORM, "an output of another size reads a reduction")
     stages = reduction_stages(pattern)
     reductions = [red for stage in stages for red in stage]
     if any(red.combiner is not None for red in reductions):
@@ -106,9 +108,32 @@ def build_columns_kernel(pattern: Pattern, sched: Schedule, name: str
     if per_group:
         lanes(lambda depth: em.scopes[depth].extend(
             stores_at_group(em, result_shape(ref), group, per_group, first_output)))
+    schemes = {"thread_composition"}
+    if packed:  # the first block writes them alone, in contiguous loops (as one_space's host
+        # schedule does); values computed inside the loops above do not reach them
+        em.cache.clear()
+        em.reduced.clear()
+        before = len(em.scopes[0])
+        packed_outputs(em, pattern, packed, first_output, ix(0), 1, 1, True, schemes)
+        em.scopes[0][before:] = [If(ix(bid), ix(1), em.scopes[0][before:], "lt")]
     # one thread per block: its loops cover the block's results (not sched.block of them)
     kernel = Kernel(name, pattern.buffers(), sched.grid, (1,),
                     list(accumulators.values()), em.scopes[0], tid, bid,
                     list(em.constants.values()), prologue=em.prologue,
                     scratch=list(em.scratch.values()))
-    return kernel, {"thread_composition"}
+    return kernel, schemes
+
+
+def _reads_a_reduction(pattern: Pattern, name: str) -> bool:
+    """Whether value ``name`` of ``pattern`` is computed from a reduction's result."""
+    ops = pattern.op_map()
+    seen, stack = set(), [name]
+    while stack:
+        op = ops.get(stack.pop())
+        if op is None or op.name in seen:
+            continue  # an input
+        seen.add(op.name)
+        if op.opcode == "reduce":
+            return True
+        stack += op.operands
+    return False
