@@ -33,7 +33,9 @@ from ..codegen.host import HostKernel
 from ..codegen.schedules.space import Space
 from ..codegen.llvm_lowering import optimize
 
-FORMAT = "fusionstitching.kernel/3"  # 2: fast host kernels (vectorized); 3: with kernel_parts
+# 2: fast host kernels (vectorized); 3: with kernel_parts; 4: host plans of modules with
+# their small integer loops unrolled (a plan cached before would keep the loops rolled)
+FORMAT = "fusionstitching.kernel/4"
 log = logging.getLogger("fusionstitching")
 
 
