@@ -15,9 +15,10 @@ which executable was kept, how many patterns run stitched and how many were meas
 than XLA's, the largest difference between the two functions' outputs, and the share of
 XLA's traced thunk time in memory-intensive kernels (thunk_share.py; above half: the issue's
 "memory-bound"). Those calls use the same inputs each time, so "max output diff" is one step's.
-A training step is also run as a loop that carries its state (step_loops.py: LOOP_ROUNDS
-alternating runs of LOOP_STEPS steps from the same start, no waiting between steps): the
-median time per step of each and the loss of the last step.
+Each step is also run in LOOP_ROUNDS alternating runs of LOOP_STEPS calls of one function
+("loop" columns; step_loops.py): a training step as a loop that carries its state from the
+same start, no waiting between steps (with the loss of the last step); an inference step as
+calls each waited for, as a predict loop makes them. The median time per call of each.
 
     python benchmarks/bench_cpu_speed.py [--parts zoo flax ...] [--only MODEL ...] [--calls 20]
 """
@@ -35,7 +36,8 @@ from pathlib import Path
 import jax
 import numpy as np
 from bench_plan_time import PARTS, ZOO, markdown_table, run_parts, tier_steps
-from step_loops import loss_index, paired_ratio, state_feedback, stepper, training_loop
+from step_loops import (loss_index, paired_ratio, state_feedback, stepper, training_loop,
+                        waited_calls)
 from thunk_share import memory_share
 
 from fusionstitching.stitched_jit import jit
@@ -128,21 +130,26 @@ def measure(name: str, fn, args, calls: int, cache_dir: str) -> dict:
             times[label].append(time.perf_counter() - started)
     row.update({f"{k}_ms": statistics.median(v) * 1e3 for k, v in times.items()})
     row["ratio"], row["ratio_low"], row["ratio_high"] = paired_ratio(times["xla"], times["fs"])
-    if feedback:  # a training step: also as a loop that carries its state, as a job runs it
+    # Also in runs of one executable, as a job runs it: a training step as a loop that carries
+    # its state; an inference step as a predict loop's calls, each waited for. The single
+    # calls above alternate, so each pays for caches the other executable cooled.
+    if feedback:
         loops = {"xla": training_loop(reference, args, feedback),
                  "fs": training_loop(stitched, args, feedback)}
-        per_step, last = {"xla": [], "fs": []}, {}
-        for i in range(LOOP_ROUNDS):
-            for label, run in in_turn(i, *loops.items()):
-                started = time.perf_counter()
-                last[label] = run(LOOP_STEPS)
-                per_step[label].append((time.perf_counter() - started) / LOOP_STEPS)
-        row.update({f"loop_{k}_ms": statistics.median(v) * 1e3 for k, v in per_step.items()})
-        row["loop_ratio"], row["loop_ratio_low"], row["loop_ratio_high"] = paired_ratio(
-            per_step["xla"], per_step["fs"])
-        loss = loss_index(fn, args, feedback)
-        if loss is not None:  # the loss of step LOOP_STEPS, from the same start
-            row.update({f"loop_{k}_loss": float(out[loss]) for k, out in last.items()})
+    else:
+        loops = {"xla": waited_calls(reference, args), "fs": waited_calls(stitched, args)}
+    per_step, last = {"xla": [], "fs": []}, {}
+    for i in range(LOOP_ROUNDS):
+        for label, run in in_turn(i, *loops.items()):
+            started = time.perf_counter()
+            last[label] = run(LOOP_STEPS)
+            per_step[label].append((time.perf_counter() - started) / LOOP_STEPS)
+    row.update({f"loop_{k}_ms": statistics.median(v) * 1e3 for k, v in per_step.items()})
+    row["loop_ratio"], row["loop_ratio_low"], row["loop_ratio_high"] = paired_ratio(
+        per_step["xla"], per_step["fs"])
+    loss = loss_index(fn, args, feedback) if feedback else None
+    if loss is not None:  # the loss of step LOOP_STEPS, from the same start
+        row.update({f"loop_{k}_loss": float(out[loss]) for k, out in last.items()})
     (report,) = stitched.reports()
     row.update(kept=report.runtime.get("kept"), why=report.runtime.get("why"),
                patterns=report.fs.patterns,

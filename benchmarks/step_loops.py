@@ -1,7 +1,8 @@
 """Timed runs of a step function: n calls on the same inputs, or a training loop that carries
 its state (parameters, optimizer state) from one step to the next. Neither waits between
-steps, as a job does not; both wait for the last step's outputs. ``paired_ratio`` sums up
-alternating runs of two functions."""
+steps, as a job does not; both wait for the last step's outputs. ``waited_calls`` waits for
+each call, as a predict loop does. ``paired_ratio`` sums up alternating runs of two
+functions."""
 from __future__ import annotations
 
 import math
@@ -17,6 +18,14 @@ def repeated_calls(fn, args):
         for _ in range(n):
             out = fn(*args)
         jax.block_until_ready(out)
+    return run
+
+
+def waited_calls(fn, args):
+    """``run(n)``: n calls of ``fn(*args)``, each waited for."""
+    def run(n: int) -> None:
+        for _ in range(n):
+            jax.block_until_ready(fn(*args))
     return run
 
 

@@ -1,4 +1,5 @@
-"""benchmarks/step_loops.py: which outputs a training step hands to the next one."""
+"""benchmarks/step_loops.py: which outputs a training step hands to the next one; an inference
+step's calls, each waited for."""
 import math
 
 import jax.numpy as jnp
@@ -67,3 +68,15 @@ def test_paired_ratio_bounds_the_median_by_order_statistics():
     assert (low, high) == (6.0, 15.0)
     assert step_loops.paired_ratio([2.0] * 4, [1.0] * 4) == (2.0, 0.0, math.inf)
     assert step_loops.paired_ratio([1.0, 2.0, 3.0, 4.0, 5.0], [2.0] * 5) == (1.5, 0.5, 2.5)
+
+
+def test_waited_calls_wait_for_each_call_on_the_same_inputs(monkeypatch):
+    waited, calls = [], []
+    monkeypatch.setattr(step_loops.jax, "block_until_ready", lambda out: waited.append(out))
+
+    def step(x):
+        calls.append(x)
+        return len(calls)
+
+    step_loops.waited_calls(step, (7,))(3)
+    assert calls == [7, 7, 7] and waited == [1, 2, 3]  # each call's own outputs, in turn
