@@ -15,7 +15,8 @@ import pytest  # noqa: E402
 from fusionstitching.hlo import unroll  # noqa: E402
 from fusionstitching.hlo.ir import print_module  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
-from fusionstitching.hlo.xla_runner import run_hlo_with_xla  # noqa: E402
+from fusionstitching.hlo.xla_runner import optimized_hlo_text, run_hlo_with_xla  # noqa: E402
+from fusionstitching.pipeline import Options, stitch_module  # noqa: E402
 from fusionstitching.stitched_jit import jit  # noqa: E402
 
 # XLA:CPU's optimized form of a fori_loop of integer arithmetic: the state copied each
@@ -171,3 +172,24 @@ def test_dropouts_threefry_loops_are_stitched_with_xlas_bits(keep):
     for a, b in zip(fn(key, x), jax.jit(dropout)(key, x)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert len(got) == 3
+
+
+def folded_dropout(key, x):
+    """fold_in's loop result is read through a bitcast (u32[1] as u32[]) by the next loop."""
+    return jnp.where(jax.random.bernoulli(jax.random.fold_in(key, 3), 0.9, x.shape),
+                     x / 0.9, 0.0)
+
+
+def test_a_bitcast_between_unrolled_loops_is_a_reshape_the_kernel_computes():
+    key, x = jax.random.key(0), jnp.zeros((4, 32))
+    module = parse_module(optimized_hlo_text(jax.jit(folded_dropout).lower(key, x).compile()))
+    assert any(i.opcode == "bitcast" for i in module.entry.instructions)
+    unrolled = unroll.unroll_loops(module)
+    assert not any(i.opcode == "bitcast" for i in unrolled.entry.instructions)
+    # as a bitcast the plan looked through it, and the kernel read it from outside: a cycle
+    result = stitch_module(unrolled, Options(target="h100", ptxas=False, host=True))
+    assert result.report.fallbacks == [] and len(result.kernels) == 1
+    args = [np.asarray(jax.random.key_data(key)), np.zeros((4, 32), np.float32)]
+    for a, b in zip(run_hlo_with_xla(print_module(unrolled), args),
+                    run_hlo_with_xla(print_module(module), args)):
+        np.testing.assert_array_equal(a, b)

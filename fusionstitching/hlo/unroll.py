@@ -77,6 +77,8 @@ def unroll_loops(module: Module) -> Module:
                        if not read.is_root)
     names = {i.name for i in instructions}
     gone = {name for name in loops if name not in names} | set(renamed)
+    before = {i.name for i in entry.instructions}
+    instructions = _bitcasts_as_reshapes(instructions, before)
     instructions = [_without_predecessors(i, gone) for i in instructions]
     instructions = _without_dead(instructions)
     kept = dataclasses.replace(entry, instructions=instructions)
@@ -195,6 +197,29 @@ def _is_identity_copy(inst: Instruction, body: Computation) -> bool:
         return False
     source: Shape = body.by_name()[inst.operands[0]].shape
     return source == inst.shape and source.minor_to_major == inst.shape.minor_to_major
+
+
+def _bitcasts_as_reshapes(instructions: list[Instruction], before: set[str]
+                          ) -> list[Instruction]:
+    """Bitcasts that read an unrolled value (or are unrolled) as reshapes, where both shapes
+    are row-major (then the two say the same). The plan looks through a bitcast, as XLA gives
+    it no buffer, but a kernel reads one from outside: a bitcast between two parts of one
+    kernel (threefry's key, a u32[1] read as u32[]) made the kernel wait on its own output. A
+    reshape is an op the kernel computes."""
+    unrolled = {i.name for i in instructions} - before
+    shapes = {i.name: i.shape for i in instructions}
+    out = []
+    for inst in instructions:
+        if inst.opcode == "bitcast" and (inst.name in unrolled or inst.operands[0] in unrolled):
+            source = shapes[inst.operands[0]]
+            if _row_major(inst.shape) and _row_major(source) and source.dtype == inst.shape.dtype:
+                inst = dataclasses.replace(inst, opcode="reshape")
+        out.append(inst)
+    return out
+
+
+def _row_major(shape: Shape) -> bool:
+    return not shape.is_tuple and shape.minor_to_major == tuple(reversed(range(shape.rank)))
 
 
 def _without_dead(instructions: list[Instruction]) -> list[Instruction]:
