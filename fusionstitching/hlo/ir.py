@@ -309,6 +309,17 @@ class Module:
     def computation_map(self) -> dict[str, Computation]:
         return {c.name: c for c in self.computations}
 
+    def called_by(self, instructions: list["Instruction"]) -> set[str]:
+        """Names of the computations ``instructions`` call, transitively."""
+        found, stack = set(), [c for i in instructions for c in i.called_computations]
+        while stack:
+            name = stack.pop()
+            if name not in found:
+                found.add(name)
+                stack += [c for i in self.computation(name).instructions
+                          for c in i.called_computations]
+        return found
+
     def __str__(self) -> str:
         return print_module(self)
 

@@ -1,12 +1,12 @@
-"""Small while loops with memory-intensive bodies unrolled into the entry computation
+"""Small while loops of integer arithmetic unrolled into the entry computation
 (``unroll_loops``), so that a plan can stitch across their iterations.
 
 jax lowers its threefry generator (dropout's random bits) to a rolled loop of 5 iterations on
 CPU; XLA:CPU runs each iteration as a dozen thunks (copies of the loop state, two fusions, the
 counter), which costs more than the bits. A loop is unrolled when XLA has annotated its trip
 count, the trip count times its body's size is small, its body computes integers only (then
-the bits cannot change), and no instruction of its body (or of the computations it calls) is a
-dot, a custom call, nested control flow or has side effects. The why: docs/ARCHITECTURE.md, "Loops unrolled on the host route".
+the bits cannot change), and nothing in it is a dot, a custom call, nested control flow or has
+side effects. Why: docs/ARCHITECTURE.md, "Loops unrolled on the host route".
 """
 from __future__ import annotations
 
@@ -18,11 +18,6 @@ from .ir import Computation, Instruction, Module, Shape
 # Trip count times body instructions, at most: the unrolled code stays a few hundred
 # instructions per loop (jax's threefry: 5 x about 25).
 MAX_UNROLLED_INSTRUCTIONS = 400
-# Element types that keep a loop rolled: XLA fuses an unrolled loop's float arithmetic
-# differently (a multiply and an add contracted, say), so the numbers would change in the last
-# bit; integer arithmetic (threefry's) gives the same bits however it is fused.
-FLOATING = {"f16", "bf16", "f32", "f64", "c64", "c128", "f8e4m3fn", "f8e5m2", "f8e4m3fnuz",
-            "f8e5m2fnuz", "f8e4m3b11fnuz", "f8e3m4", "f8e4m3", "f8e8m0fnu", "f4e2m1fn"}
 # Instructions that keep a loop rolled: compute-bound or opaque work (not this compiler's
 # business), nested control flow, and anything with side effects or state of its own.
 KEEPS_ROLLED = {
@@ -82,8 +77,7 @@ def unroll_loops(module: Module) -> Module:
     instructions = [_without_predecessors(i, gone) for i in instructions]
     instructions = _without_dead(instructions)
     kept = dataclasses.replace(entry, instructions=instructions)
-    computations = [kept if c is entry else c for c in module.computations]
-    return dataclasses.replace(module, computations=_reachable(computations, kept))
+    return dataclasses.replace(module, computations=_reachable(module, kept))
 
 
 def _loop_of(module: Module, inst: Instruction) -> Instruction | None:
@@ -128,14 +122,12 @@ def unrollable_trips(module: Module, inst: Instruction, reads: list[Instruction]
     if size > MAX_UNROLLED_INSTRUCTIONS:
         return KeptRolled(RolledKind.TOO_LARGE, f"{inst.name}: {trips} x "
                           f"{len(body.instructions)} instructions")
-    for name in sorted(_called([inst], module)):
+    for name in sorted(module.called_by([inst])):
         for called in module.computation(name).instructions:
             if called.opcode in KEEPS_ROLLED:
                 return KeptRolled(RolledKind.KEPT_OPCODE, f"{inst.name}: {called.name} is a "
                                   f"{called.opcode}")
-    for name in sorted(_called([inst], module)):
-        for called in module.computation(name).instructions:
-            if any(leaf.dtype in FLOATING for leaf in called.shape.leaves()):
+            if not all(_integer(leaf.dtype) for leaf in called.shape.leaves()):
                 return KeptRolled(RolledKind.FLOATING_POINT, f"{inst.name}: {called.name} is "
                                   f"{called.shape}")
     flat = inst.shape.is_tuple and not any(s.is_tuple for s in inst.shape.tuple_shapes)
@@ -150,6 +142,13 @@ def unrollable_trips(module: Module, inst: Instruction, reads: list[Instruction]
             return KeptRolled(RolledKind.STATE_FORM, f"{inst.name}: {read.name} reads the "
                               "whole state")
     return int(trips)
+
+
+def _integer(dtype: str) -> bool:
+    """Integers and predicates: XLA fuses an unrolled loop's float arithmetic differently (a
+    multiply and an add contracted, say) and its bits change; integer arithmetic (threefry's)
+    gives the same bits however it is fused."""
+    return dtype == "pred" or dtype.startswith(("s", "u"))
 
 
 def _initial_state(name: str, shape: Shape, init: Instruction,
@@ -268,26 +267,9 @@ def _attr_name(inst: Instruction, key: str) -> str:
     return inst.attrs[key].strip().lstrip("%")
 
 
-def _called(instructions: list[Instruction], module: Module) -> set[str]:
-    """Names of the computations ``instructions`` call, transitively."""
-    found, stack = set(), [c for i in instructions for c in i.called_computations]
-    while stack:
-        name = stack.pop()
-        if name not in found:
-            found.add(name)
-            stack += [c for i in module.computation(name).instructions
-                      for c in i.called_computations]
-    return found
-
-
-def _reachable(computations: list[Computation], entry: Computation) -> list[Computation]:
-    """``computations`` less those nothing reachable from ``entry`` calls (the unrolled loops'
-    bodies and conditions), in their order."""
-    table = {c.name: c for c in computations}
-    found, stack = {entry.name}, [c for i in entry.instructions for c in i.called_computations]
-    while stack:
-        name = stack.pop()
-        if name not in found:
-            found.add(name)
-            stack += [c for i in table[name].instructions for c in i.called_computations]
-    return [c for c in computations if c.name in found]
+def _reachable(module: Module, entry: Computation) -> list[Computation]:
+    """``module``'s computations with ``entry`` in place of its entry, less those nothing
+    reachable from it calls (the unrolled loops' bodies and conditions), in their order."""
+    old, called = module.entry, module.called_by(entry.instructions)
+    return [entry if c is old else c for c in module.computations
+            if c is old or c.name in called]

@@ -67,7 +67,7 @@ def pattern_module(module: Module, spec) -> str:
     root_shape = Shape("tuple", tuple_shapes=tuple(r.shape for r in results))
     body.append(Instruction("pattern.result", root_shape, "tuple", [r.name for r in results],
                             is_root=True))
-    called = _called(module, body)
+    called = module.called_by(body)
     computations = [c for c in module.computations if c.name in called]
     # the debug-info sections too: the instructions' metadata points into them
     sub = Module(f"{module.name}.pattern", computations +
@@ -88,18 +88,6 @@ def call_module(spec, target: str) -> str:
                             is_root=True))
     return print_module(Module(f"{spec.name}.call", [Computation("call", body,
                                                                   is_entry=True)]))
-
-
-def _called(module: Module, instructions: list[Instruction]) -> set[str]:
-    """Names of the computations ``instructions`` call, transitively."""
-    found, stack = set(), [c for i in instructions for c in i.called_computations]
-    while stack:
-        name = stack.pop()
-        if name in found:
-            continue
-        found.add(name)
-        stack += [c for i in module.computation(name).instructions for c in i.called_computations]
-    return found
 
 
 def median_us(*calls) -> list[float]:
