@@ -62,9 +62,14 @@ def stitched(name: str):
 
 
 def run_both(module, spec, args):
+    """(the kernel's outputs, XLA's): the GPU schedule emulated, and the fast host kernel
+    (its own CPU schedule, vectorized), which must give the same bits."""
     want = run_hlo_with_xla(str(module), args)
     number = {p.name: p.parameter_number for p in module.entry.parameters}
-    got = compile_host(spec)(*[args[number[n]] for n, _ in spec.inputs])
+    ordered = [args[number[n]] for n, _ in spec.inputs]
+    got = compile_host(spec)(*ordered)
+    for fast, emulated in zip(compile_host(spec, fast=True)(*ordered), got, strict=True):
+        np.testing.assert_array_equal(fast, emulated)
     return got, want
 
 
@@ -74,6 +79,8 @@ def test_argmax_and_argmin_are_one_kernel_equal_to_xla_with_ties_and_nans(name):
     assert any(i.shape.is_tuple and i.opcode == "fusion" for i in module.entry.instructions)
     spec = stitched(name)
     assert "thread schedule" in spec.why
+    # the host kernel combines a block's results side by side (columns), each in XLA's order
+    assert "shared acc_" in str(spec.host_kernel)
     x = ties_and_nans(shape)
     (got,), (want,) = run_both(module, spec, [x])
     assert got.dtype == np.int32
@@ -203,6 +210,7 @@ def test_a_non_associative_variadic_reduce_combines_in_xla_cpu_order(columns):
     module = parse_module(SUM_PAIRS.replace("COLS", str(columns)))
     spec = generate(module, ["e", "r"], "k")
     assert [n for n, _ in spec.outputs] == ["r#0", "r#1"]
+    assert "shared acc_" in str(spec.host_kernel)
     assert ("next(" in str(spec.kernel)) == (columns > 32)
     rng = np.random.default_rng(1)
     shape = (6, columns)

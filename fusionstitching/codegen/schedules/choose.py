@@ -80,12 +80,18 @@ def build_kernel(pattern: Pattern, sched: Schedule, name: str, host: bool = Fals
     return build_one_space_kernel(pattern, sched, name, host)
 
 
+# A variadic reduction's results per columns block: two vectors of 8 lanes (AVX2) whose
+# combine chains overlap, and blocks left over for the thread pool's parts.
+VARIADIC_RESULTS_PER_BLOCK = 16
+
+
 def host_schedule(pattern: Pattern, chosen: Schedule | None = None) -> Schedule:
     """The schedule a CPU runs fastest: one thread per block, so every loop is a plain serial
     loop (vectorizable) and per-group or per-kernel values are computed once, not per element.
     Reductions whose points are strided in memory take the columns schedule (points outer,
     results inner). A phased kernel (``chosen``) stays phased, with one thread and its loops
-    rolled."""
+    rolled. A variadic reduction (argmax) takes the columns schedule too: its combines are a
+    serial chain per result, so a block's results side by side run as independent chains."""
     if chosen is not None and chosen.kind == "phases":
         return dataclasses.replace(chosen, groups_per_block=1, threads_per_group=1, vector=1,
                                    grid_blocks=1, unrolled=False)
@@ -94,6 +100,8 @@ def host_schedule(pattern: Pattern, chosen: Schedule | None = None) -> Schedule:
         return Schedule("loop", space, 1, 1, 1)
     if _strided_points(pattern):
         return columns_schedule(space)
+    if any(op.opcode == "reduce" and op.combiner is not None for op in pattern.ops):
+        return columns_schedule(space, VARIADIC_RESULTS_PER_BLOCK)
     return _thread_host_schedule(space)
 
 

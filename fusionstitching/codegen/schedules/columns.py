@@ -16,16 +16,17 @@ from ..kernel_ir import If, IndexLet, Kernel, Loop, SharedArray, SharedLoad
 from .candidates import Schedule
 from .emitter import Emitter
 from .loops import packed_outputs, stores_at_group
-from .reduce import add_to_partial, finish_partials, start_partials, tag_of
+from .reduce import (add_to_partial, check_variadic_order, combine_variadic, finish_partials,
+                     start_partials, start_variadic, tag_of)
 from .space import Space, reduce_operand_index, reduction_stages, reshaped, result_shape
 
 RESULTS_PER_BLOCK = 256  # at most (blocks are what runs in parts); its accumulators are on the stack
 ACCUMULATOR_BYTES = 64 * 1024  # all of a block's accumulator arrays together, at most
 
 
-def columns_schedule(space: Space) -> Schedule:
-    """Blocks of the most consecutive results up to RESULTS_PER_BLOCK that divide them."""
-    per_block = max(k for k in range(1, min(space.groups, RESULTS_PER_BLOCK) + 1)
+def columns_schedule(space: Space, most: int = RESULTS_PER_BLOCK) -> Schedule:
+    """Blocks of the most consecutive results up to ``most`` that divide them."""
+    per_block = max(k for k in range(1, min(space.groups, most) + 1)
                     if space.groups % k == 0)
     return Schedule("columns", space, per_block, 1, space.groups // per_block)
 
@@ -33,8 +34,11 @@ def columns_schedule(space: Space) -> Schedule:
 def build_columns_kernel(pattern: Pattern, sched: Schedule, name: str
                          ) -> tuple[Kernel, set[str]]:
     """The kernel IR of `pattern` under `columns_schedule`; raises CodegenError for what it
-    does not take (variadic reductions, too many accumulators, outputs of other sizes that
-    read a reduction). Outputs of other sizes are written by the first block."""
+    does not take (too many accumulators, outputs of other sizes that read a reduction).
+    Outputs of other sizes are written by the first block. A variadic reduction (argmax)
+    combines each result's points in XLA:CPU's order through its combiner, as the thread
+    schedule does, but the block's results side by side: independent chains that overlap
+    (and vectorize), where one result at a time waits on each combine."""
     o, r = sched.space.groups, sched.space.reduced
     width = sched.groups_per_block
     tid, bid = Var("tid", 1), Var("bid", sched.grid_blocks)
@@ -50,14 +54,16 @@ def build_columns_kernel(pattern: Pattern, sched: Schedule, name: str
         raise CodegenError(Refusal.COLUMNS_FORM, "an output of another size reads a reduction")
     stages = reduction_stages(pattern)
     reductions = [red for stage in stages for red in stage]
-    if any(red.combiner is not None for red in reductions):
-        raise CodegenError(Refusal.COLUMNS_FORM, "a variadic reduction")
-    dtype_bytes = {red.name: result_shape(red).byte_size // o for red in reductions}
+    for red in reductions:
+        if red.combiner is not None:
+            check_variadic_order(em, red)
+    dtype_bytes = {red.name: sum(shape.byte_size // o for shape in _result_shapes(red))
+                   for red in reductions}
     if width * sum(dtype_bytes.values()) > ACCUMULATOR_BYTES:
         raise CodegenError(Refusal.COLUMNS_FORM, f"accumulators of {width} results x "
                                                  f"{len(reductions)} reductions")
-    accumulators = {red.name: SharedArray(f"acc_{tag_of(red)}", result_shape(red).dtype, width)
-                    for red in reductions}
+    # one array per reduction result (a variadic reduction has several)
+    accumulators = {red.name: _accumulator_arrays(red, width) for red in reductions}
 
     def lanes(body) -> None:
         """``body()`` in a loop over the block's results, each at its group (with the
@@ -68,9 +74,11 @@ def build_columns_kernel(pattern: Pattern, sched: Schedule, name: str
         em.var_depth[group] = depth
         em.place(IndexLet(group, add(scale(bid, width), lane)), depth)
         for name in finished:
-            value = em.fresh(accumulators[name].dtype)
-            em.place(SharedLoad(value, accumulators[name], ix(lane)), depth)
-            em.reduced[name] = value
+            values = []
+            for array in accumulators[name]:
+                values.append(em.fresh(array.dtype))
+                em.place(SharedLoad(values[-1], array, ix(lane)), depth)
+            em.reduced[name] = values[0] if ops[name].combiner is None else values
         body(depth)
         em.place(Loop(lane, ix(0), width, 1, em.close_loop(), []), outer)
 
@@ -79,20 +87,31 @@ def build_columns_kernel(pattern: Pattern, sched: Schedule, name: str
         lanes(body)
         em.place(Loop(point, ix(0), r, 1, em.close_loop(), []), 0)
 
+    ops = pattern.op_map()
     finished: list[str] = []
     for stage in stages:
-        arrays = [accumulators[red.name] for red in stage]
+        plain = [red for red in stage if red.combiner is None]
+        arrays = [accumulators[red.name][0] for red in plain]
+
+        def start(depth: int) -> None:
+            start_partials(em, plain, arrays, ix(lane), depth)
+            for red in stage:
+                if red.combiner is not None:
+                    start_variadic(em, red, accumulators[red.name], ix(lane), depth)
 
         def accumulate(depth: int) -> None:
-            for red, array in zip(stage, arrays):
+            for red in stage:
                 shape = em.ops[red.operands[0]].shape
-                value, _ = em.value(red.operands[0], reduce_operand_index(red, shape, ix(group),
-                                                                          ix(point)))
-                add_to_partial(em, red, value, array, ix(lane), depth)
+                at = reduce_operand_index(red, shape, ix(group), ix(point))
+                if red.combiner is not None:
+                    combine_variadic(em, red, accumulators[red.name], ix(lane), at, depth)
+                    continue
+                value, _ = em.value(red.operands[0], at)
+                add_to_partial(em, red, value, accumulators[red.name][0], ix(lane), depth)
 
-        lanes(lambda depth: start_partials(em, stage, arrays, ix(lane), depth))
+        lanes(start)
         rows(accumulate)
-        lanes(lambda depth: finish_partials(em, pattern, stage, arrays, ix(lane), depth))
+        lanes(lambda depth: finish_partials(em, pattern, plain, arrays, ix(lane), depth))
         finished += [red.name for red in stage]
     ref = stages[0][0]
     ref_shape = em.ops[ref.operands[0]].shape
@@ -117,11 +136,23 @@ def build_columns_kernel(pattern: Pattern, sched: Schedule, name: str
         packed_outputs(em, pattern, packed, first_output, ix(0), 1, 1, True, schemes)
         em.scopes[0][before:] = [If(ix(bid), ix(1), em.scopes[0][before:], "lt")]
     # one thread per block: its loops cover the block's results (not sched.block of them)
-    kernel = Kernel(name, pattern.buffers(), sched.grid, (1,),
-                    list(accumulators.values()), em.scopes[0], tid, bid,
+    shared = [array for results in accumulators.values() for array in results]
+    kernel = Kernel(name, pattern.buffers(), sched.grid, (1,), shared, em.scopes[0], tid, bid,
                     list(em.constants.values()), prologue=em.prologue,
                     scratch=list(em.scratch.values()))
     return kernel, schemes
+
+
+def _result_shapes(red) -> list:
+    return list(red.shape.tuple_shapes) if red.shape.is_tuple else [red.shape]
+
+
+def _accumulator_arrays(red, width: int) -> list[SharedArray]:
+    shapes = _result_shapes(red)
+    if len(shapes) == 1:
+        return [SharedArray(f"acc_{tag_of(red)}", shapes[0].dtype, width)]
+    return [SharedArray(f"acc_{tag_of(red)}_{k}", shape.dtype, width)
+            for k, shape in enumerate(shapes)]
 
 
 def _reads_a_reduction(pattern: Pattern, name: str) -> bool:

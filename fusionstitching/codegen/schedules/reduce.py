@@ -117,14 +117,7 @@ def reduce_variadic(em: Emitter, sched: Schedule, red: FlatOp) -> list[Value]:
     r = sched.space.reduced
     n = len(red.operands) // 2
     shape = em.ops[red.operands[0]].shape
-    if [d for d in shape.minor_to_major if d in red.dimensions] != \
-            sorted(red.dimensions, reverse=True):
-        # Points are visited in the layout's order (reduce_operand_index); XLA:CPU as jaxlib
-        # runs it combines them in row-major order: the two agree only in this case.
-        raise CodegenError(Refusal.VARIADIC_ORDER,
-                           f"reduce {red.name}: reduced dimensions {list(red.dimensions)} are "
-                           f"not row-major in the operand's layout {shape.minor_to_major}; "
-                           f"the combining order would depend on the layout")
+    check_variadic_order(em, red)
     inits = [em.value(init, ()) for init in red.operands[n:]]
 
     def combine(accumulators: list[tuple[Value, int]], point: Ix) -> list[tuple[Value, int]]:
@@ -148,6 +141,44 @@ def reduce_variadic(em: Emitter, sched: Schedule, red: FlatOp) -> list[Value]:
         Accumulate(dst, "next", init, value, carried=c)
         for dst, (init, _), (value, _), c in zip(results, inits, following, carried)]), 0)
     return results
+
+
+def check_variadic_order(em: Emitter, red: FlatOp) -> None:
+    """Raises VARIADIC_ORDER unless visiting ``red``'s points in the layout's order
+    (``reduce_operand_index``) is XLA:CPU's order: row-major over the reduced dimensions."""
+    shape = em.ops[red.operands[0]].shape
+    if [d for d in shape.minor_to_major if d in red.dimensions] != \
+            sorted(red.dimensions, reverse=True):
+        raise CodegenError(Refusal.VARIADIC_ORDER,
+                           f"reduce {red.name}: reduced dimensions {list(red.dimensions)} are "
+                           f"not row-major in the operand's layout {shape.minor_to_major}; "
+                           f"the combining order would depend on the layout")
+
+
+def start_variadic(em: Emitter, red: FlatOp, arrays: list[SharedArray], at: Ix,
+                   depth: int) -> None:
+    """A variadic reduction's accumulators at ``at`` of its arrays (one per result) start at
+    its init values, as XLA:CPU's do."""
+    n = len(red.operands) // 2
+    for init, array in zip(red.operands[n:], arrays):
+        value, _ = em.value(init, ())
+        em.place(SharedStore(array, at, value), depth)
+
+
+def combine_variadic(em: Emitter, red: FlatOp, arrays: list[SharedArray], at: Ix,
+                     operand_index: Ix, depth: int) -> None:
+    """A variadic reduction's accumulators at ``at`` combined with its operands at
+    ``operand_index`` (the next point in XLA:CPU's order) through its combiner, inlined."""
+    n = len(red.operands) // 2
+    accumulators = []
+    for array in arrays:
+        value = em.fresh(array.dtype)
+        em.place(SharedLoad(value, array, at), depth)
+        accumulators.append((value, depth))
+    results = _inline_combiner(em, red, accumulators + [em.value(operand, operand_index)
+                                                        for operand in red.operands[:n]])
+    for (value, _), array in zip(results, arrays):
+        em.place(SharedStore(array, at, value), depth)
 
 
 def _inline_combiner(em: Emitter, red: FlatOp, args: list[tuple[Value, int]]
