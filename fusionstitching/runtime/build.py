@@ -94,31 +94,17 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     kernels, targets, cached_kernels = [], [], []
     left = []  # kernels given back to XLA here: one warning for all of them, below
     slower: list[Fallback] = []  # measured slower than XLA: a decision the plan remembers
+    module_of_graph = result.graph.module
     for kernel in result.kernels:
         nodes = list(kernel.pattern.nodes)
         try:
-            # the pattern scheduled for the CPU (the spec's own kernel is a GPU schedule)
-            spec = codegen.add_host_kernel(result.graph.module, kernel.spec)
-            host, key = kernel_cache.compile_host_cached(spec, cache, stats)
-        except Exception as exc:
-            left.append((kernel.spec.name, Fallback("host", nodes, reason(exc))))
-            continue
-        outcome, why = crash_check.run_in_child(host)  # before this process ever runs it
-        if outcome in (crash_check.Outcome.CRASHED, crash_check.Outcome.HUNG,
-                       crash_check.Outcome.FAILED):
-            left.append((kernel.spec.name, Fallback("trial", nodes, why)))
-            continue
-        try:  # before the measurement, which runs the kernel as the executable will: a
-            # kernel then measured slower stays registered (XLA keeps targets for good)
-            parts = ffi.kernel_parts(host)
-            target = _register(kernel.spec.name, host, len(kernel.spec.inputs),
-                               len(kernel.spec.outputs), parts)
-        except Exception as exc:
-            left.append((kernel.spec.name, Fallback("ffi", nodes, reason(exc))))
+            spec, host, key, target, parts = _host_target(module_of_graph, kernel, cache, stats)
+        except _GivenBack as exc:
+            left.append((kernel.spec.name, exc.fallback))
             continue
         if measure:
             try:
-                host_us, xla_us = cpu_speed.compare(result.graph.module, spec, target)
+                host_us, xla_us = cpu_speed.compare(module_of_graph, spec, target)
             except Exception as exc:
                 left.append((kernel.spec.name, Fallback("measure", nodes, reason(exc))))
                 continue
@@ -165,6 +151,52 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     _note_corrupt_entries(stats, fallbacks)  # this process's notes, not part of the plan
     stitched_report.times_s.total = time.perf_counter() - started
     return Built(stitched, stitched_report, xla_report, stats, text)
+
+
+class _GivenBack(Exception):
+    def __init__(self, fallback: Fallback):
+        super().__init__(fallback.reason)
+        self.fallback = fallback
+
+
+def _host_target(module, kernel, cache, stats):
+    """(host spec, host kernel, cache key, FFI target, parts) of a kernel: its
+    pattern scheduled for the CPU (the spec's own kernel is a GPU schedule), compiled
+    through the kernel cache, tried in a child process, registered. Raises _GivenBack with
+    the stage that failed."""
+    nodes = list(kernel.pattern.nodes)
+    failed = (crash_check.Outcome.CRASHED, crash_check.Outcome.HUNG, crash_check.Outcome.FAILED)
+
+    def vectorized_agrees(vectorized, reference) -> bool:
+        """Run both in a trial process: the vectorized build is kept where it computes what
+        the reference does (LLVM's vectorizer has miscompiled a kernel of ours)."""
+        outcome, why = crash_check.run_in_child(vectorized, reference=reference)
+        if outcome in failed:
+            raise _GivenBack(Fallback("trial", nodes, why))
+        if outcome is crash_check.Outcome.DIFFERS:
+            log.warning("fusionstitching: kernel %s %s; its build without the loop vectorizer "
+                        "runs instead", kernel.spec.name, why)
+        return outcome is not crash_check.Outcome.DIFFERS
+
+    try:
+        spec = codegen.add_host_kernel(module, kernel.spec)
+        host, key = kernel_cache.compile_host_cached(spec, cache, stats,
+                                                     check=vectorized_agrees)
+    except _GivenBack:
+        raise
+    except Exception as exc:
+        raise _GivenBack(Fallback("host", nodes, reason(exc))) from exc
+    outcome, why = crash_check.run_in_child(host)  # before this process ever runs it
+    if outcome in failed:
+        raise _GivenBack(Fallback("trial", nodes, why))
+    try:  # before the measurement, which runs the kernel as the executable will: a
+        # kernel then measured slower stays registered (XLA keeps targets for good)
+        parts = ffi.kernel_parts(host)
+        target = _register(kernel.spec.name, host, len(kernel.spec.inputs),
+                           len(kernel.spec.outputs), parts)
+    except Exception as exc:
+        raise _GivenBack(Fallback("ffi", nodes, reason(exc))) from exc
+    return spec, host, key, target, parts
 
 
 def gpu_device_of(xla_compiled):

@@ -34,8 +34,10 @@ from ..codegen.schedules.space import Space
 from ..codegen.llvm_lowering import optimize
 
 # 2: fast host kernels (vectorized); 3: with kernel_parts; 4: host plans of modules with
-# their small integer loops unrolled (a plan cached before would keep the loops rolled)
-FORMAT = "fusionstitching.kernel/4"
+# their small integer loops unrolled (a plan cached before would keep the loops rolled);
+# 5: object code checked against the build without the loop vectorizer (LLVM miscompiled
+# kernels that format 4 stored)
+FORMAT = "fusionstitching.kernel/5"
 log = logging.getLogger("fusionstitching")
 
 
@@ -495,10 +497,13 @@ def _why(exc: OSError) -> str:
     return f"{type(exc).__name__}: {exc.strerror or exc}"
 
 
-def compile_host_cached(spec, cache: KernelCache, stats: CacheStats) -> tuple[HostKernel, str]:
+def compile_host_cached(spec, cache: KernelCache, stats: CacheStats, check=None
+                        ) -> tuple[HostKernel, str]:
     """``codegen.compile_host(spec)`` through the cache: load the object code when an intact
     entry exists, else compile (same IR, same optimization) and store it. Returns the kernel
-    and its cache key."""
+    and its cache key. ``check(kernel, reference)``, on a miss: given also the same IR built
+    without loop unrolling and vectorization, returns True to keep the vectorized build,
+    False to keep (and store) the reference instead; it may raise, and nothing is stored."""
     text = host_ir(spec)
     symbol = spec.host_kernel.name
     key = fingerprint("kernel", text)
@@ -515,19 +520,28 @@ def compile_host_cached(spec, cache: KernelCache, stats: CacheStats) -> tuple[Ho
             return kernel, key
     t0 = time.perf_counter()
     payload = _emit_object(text)
+    kernel = load_object(spec, symbol, payload, text)
+    if check is not None:
+        reference_payload = _emit_object(text, vectorize=False)
+        reference = load_object(spec, symbol, reference_payload, text)
+        stats.compile_s += time.perf_counter() - t0
+        if not check(kernel, reference):
+            payload, kernel = reference_payload, reference
+    else:
+        stats.compile_s += time.perf_counter() - t0
     stats.misses += 1
-    stats.compile_s += time.perf_counter() - t0
     cache.store(key, payload, kind="kernel", symbol=symbol)  # no-op without a cache
     if cache.refusal is not None:  # the store found the cache unusable
         stats.refused = dataclasses.asdict(cache.refusal)
-    return load_object(spec, symbol, payload, text), key
+    return kernel, key
 
 
-def _emit_object(text: str) -> bytes:
+def _emit_object(text: str, vectorize: bool = True) -> bytes:
     machine = host_machine()
     parsed = llvm.parse_assembly(text)
     parsed.verify()
-    optimize(parsed, machine, unroll_and_vectorize=True)  # as codegen.compile_host(fast=True)
+    # vectorize: as codegen.compile_host(fast=True)
+    optimize(parsed, machine, unroll_and_vectorize=vectorize)
     return machine.emit_object(parsed)
 
 
