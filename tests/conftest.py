@@ -13,7 +13,8 @@ def kernels_measured_faster(request, monkeypatch):
     """With keep='fastest' each host kernel is timed against XLA:CPU (runtime/cpu_speed.py);
     a small test kernel wins or loses by microseconds of noise, and a loss leaves it to XLA,
     so whether a test's kernel ran would be decided by the machine's load. Here every kernel
-    is measured faster, unless the test is marked ``real_timing``."""
+    is measured a little faster, unless the test is marked ``real_timing``: a planned kernel
+    runs, an XLA kernel the plan left alone stays XLA's (not ``cpu_speed.faster_alone``)."""
     if request.node.get_closest_marker("real_timing") is None:
         monkeypatch.setattr("fusionstitching.runtime.cpu_speed.compare",
-                            lambda module, spec, target: (1.0, 2.0))
+                            lambda module, spec, target: (1.0, 1.2))

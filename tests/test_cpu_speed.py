@@ -121,3 +121,51 @@ def test_a_failed_measurement_leaves_the_kernel_to_xla(monkeypatch):
     (report,) = fn.reports()
     assert [f.stage for f in report.fallbacks] == ["measure"]
     assert "would not compile" in report.fallbacks[0].reason
+
+
+def argmax_rows(x):
+    return jnp.argmax(x, axis=-1)
+
+
+def ties_and_nans():
+    """Rows with repeated maxima and NaNs (which index wins is the combiner's business)."""
+    x = np.random.default_rng(2).integers(-3, 4, (2, 16, 256)).astype(np.float32)
+    x[0, 3, [7, 200]] = np.nan
+    return x
+
+
+@pytest.mark.real_timing
+def test_an_xla_kernel_the_plan_leaves_alone_is_replaced_where_ours_is_clearly_faster():
+    """An argmax alone is nothing to fuse, but XLA:CPU runs its variadic reduce as scalar code
+    (~40 us here) and ours side by side (~1 us): timed alone, ours is kept, with its bits."""
+    x = ties_and_nans()
+    fn = jit(argmax_rows, cache_dir=None)
+    np.testing.assert_array_equal(np.asarray(fn(x)), np.asarray(jnp.argmax(x, axis=-1)))
+    (report,) = fn.reports()
+    assert report.fallbacks == []
+    (kernel,) = report.kernels
+    assert "_alone_" in kernel.name and len(kernel.nodes) == 1
+
+
+def test_an_xla_kernel_left_alone_stays_xlas_unless_clearly_faster(monkeypatch):
+    """Timed 1.2x faster alone (conftest's default) is not enough for a swap that saves no
+    memory traffic (cpu_speed.FASTER_ALONE); 2x is."""
+    x = ties_and_nans()
+    fn = jit(argmax_rows, cache_dir=None)
+    np.testing.assert_array_equal(np.asarray(fn(x)), np.asarray(jnp.argmax(x, axis=-1)))
+    (report,) = fn.reports()
+    assert report.kernels == [] and report.fallbacks == []
+
+    monkeypatch.setattr(cpu_speed, "compare", lambda module, spec, target: (10.0, 20.0))
+    faster = jit(argmax_rows, cache_dir=None)
+    np.testing.assert_array_equal(np.asarray(faster(x)), np.asarray(jnp.argmax(x, axis=-1)))
+    (report,) = faster.reports()
+    assert [len(k.nodes) for k in report.kernels] == [1]
+
+
+def test_keep_stitched_replaces_nothing_it_has_not_measured():
+    fn = jit(argmax_rows, cache_dir=None, keep="stitched")
+    x = ties_and_nans()
+    np.testing.assert_array_equal(np.asarray(fn(x)), np.asarray(jnp.argmax(x, axis=-1)))
+    (report,) = fn.reports()
+    assert report.kernels == []

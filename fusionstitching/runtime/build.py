@@ -69,7 +69,8 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     plan_key = kernel_cache.fingerprint("plan", without_source_locations(optimized),
                                         options.target, options.explorer,
                                         # the rule is part of the decisions the plan keeps
-                                        f"measure={measure and cpu_speed.SLOWER_ALONE}")
+                                        f"measure={measure and cpu_speed.SLOWER_ALONE}",
+                                        f"alone={measure and cpu_speed.FASTER_ALONE}")
     cached = cache.lookup(plan_key, stats)
     if cached is not None:
         try:
@@ -95,7 +96,11 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     left = []  # kernels given back to XLA here: one warning for all of them, below
     slower: list[Fallback] = []  # measured slower than XLA: a decision the plan remembers
     module_of_graph = result.graph.module
-    for kernel in result.kernels:
+    # The plan's kernels, then (measured only) the XLA kernels it left alone, each kept
+    # where ours is clearly faster on this CPU.
+    lone = pipeline.lone_kernels(result, options, fallbacks) if measure else []
+    for index, kernel in enumerate(result.kernels + lone):
+        is_lone = index >= len(result.kernels)
         nodes = list(kernel.pattern.nodes)
         try:
             spec, host, key, target, parts = _host_target(module_of_graph, kernel, cache, stats)
@@ -108,7 +113,9 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
             except Exception as exc:
                 left.append((kernel.spec.name, Fallback("measure", nodes, reason(exc))))
                 continue
-            if cpu_speed.slower_alone(host_us, xla_us):
+            if is_lone and not cpu_speed.faster_alone(host_us, xla_us):
+                continue  # XLA's, as the plan has it
+            if not is_lone and cpu_speed.slower_alone(host_us, xla_us):
                 slower.append(Fallback("measured", nodes, (
                     f"host kernel measured at {host_us:.1f} us against XLA:CPU's "
                     f"{xla_us:.1f} us for the same instructions on this CPU (more than "

@@ -36,7 +36,7 @@ from ..codegen.llvm_lowering import optimize
 # 2: fast host kernels (vectorized); 3: with kernel_parts; 4: host plans of modules with
 # their small integer loops unrolled (a plan cached before would keep the loops rolled);
 # 5: object code checked against the build without the loop vectorizer (LLVM miscompiled
-# kernels that format 4 stored)
+# kernels that format 4 stored), and host plans with XLA kernels replaced alone
 FORMAT = "fusionstitching.kernel/5"
 log = logging.getLogger("fusionstitching")
 
