@@ -245,8 +245,8 @@ def lone_kernels(result: StitchResult, options: Options, fallbacks: list[Fallbac
                  ) -> list[StitchedKernel]:
     """Each memory-intensive XLA kernel that the plan leaves alone, generated as one kernel of
     ours, with its host kernel. Nothing is saved on a GPU, but XLA:CPU runs some fusions
-    several times slower than ours (an argmax, a variadic reduction: scalar code, 37 us
-    against 10 for 8,192 elements); the host route times each and keeps the clearly faster.
+    several times slower than ours (an argmax: a variadic reduction, as scalar code); the
+    host route times each and keeps the clearly faster.
     A node the code generator refuses stays XLA's, as the plan has it: no fallback (a defect
     of ours is one, in ``fallbacks``)."""
     device = costmodel.load_device(options.target)

@@ -30,8 +30,8 @@ from .rewrite import custom_call, output_name
 SLOWER_ALONE = 1.5
 # An XLA kernel the plan leaves alone is replaced by one of ours only when, timed alone, ours
 # takes at most 1/FASTER_ALONE of XLA's time: a one-for-one swap saves no memory traffic, so
-# only code XLA:CPU runs badly is worth it (an argmax: 37 us against 10, keras_hub Mistral's
-# accuracy metric), and a margin keeps the noise of short timings out.
+# only code XLA:CPU runs badly is worth it (the argmax of Keras's accuracy metric; numbers in
+# benchmarks/README.md), and a margin keeps the noise of short timings out.
 FASTER_ALONE = 1.5
 # Timed calls per side, after WARMUP: MIN_CALLS, then more up to CALLS while under BUDGET_S
 # (per side, on average).

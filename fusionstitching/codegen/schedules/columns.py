@@ -54,6 +54,7 @@ def build_columns_kernel(pattern: Pattern, sched: Schedule, name: str
         raise CodegenError(Refusal.COLUMNS_FORM, "an output of another size reads a reduction")
     stages = reduction_stages(pattern)
     reductions = [red for stage in stages for red in stage]
+    ops = pattern.op_map()
     for red in reductions:
         if red.combiner is not None:
             check_variadic_order(em, red)
@@ -87,7 +88,6 @@ def build_columns_kernel(pattern: Pattern, sched: Schedule, name: str
         lanes(body)
         em.place(Loop(point, ix(0), r, 1, em.close_loop(), []), 0)
 
-    ops = pattern.op_map()
     finished: list[str] = []
     for stage in stages:
         plain = [red for red in stage if red.combiner is None]
