@@ -173,11 +173,13 @@ def _host_target(module, kernel, cache, stats):
     the stage that failed."""
     nodes = list(kernel.pattern.nodes)
     failed = (crash_check.Outcome.CRASHED, crash_check.Outcome.HUNG, crash_check.Outcome.FAILED)
+    tried = []  # the kept build already ran in a trial process (a cache miss)
 
     def vectorized_agrees(vectorized, reference) -> bool:
         """Run both in a trial process: the vectorized build is kept where it computes what
         the reference does (LLVM's vectorizer has miscompiled a kernel of ours)."""
         outcome, why = crash_check.run_in_child(vectorized, reference=reference)
+        tried.append(outcome)
         if outcome in failed:
             raise _GivenBack(Fallback("trial", nodes, why))
         if outcome is crash_check.Outcome.DIFFERS:
@@ -193,9 +195,10 @@ def _host_target(module, kernel, cache, stats):
         raise
     except Exception as exc:
         raise _GivenBack(Fallback("host", nodes, reason(exc))) from exc
-    outcome, why = crash_check.run_in_child(host)  # before this process ever runs it
-    if outcome in failed:
-        raise _GivenBack(Fallback("trial", nodes, why))
+    if not tried:  # a cached build: tried here too, before this process ever runs it
+        outcome, why = crash_check.run_in_child(host)
+        if outcome in failed:
+            raise _GivenBack(Fallback("trial", nodes, why))
     try:  # before the measurement, which runs the kernel as the executable will: a
         # kernel then measured slower stays registered (XLA keeps targets for good)
         parts = ffi.kernel_parts(host)
