@@ -23,7 +23,7 @@ from ..hlo.parser import parse_module
 from ..hlo.unroll import unroll_loops
 from ..hlo.ir import print_module
 from ..hlo.xla_runner import optimized_hlo_text
-from ..report import Fallback, KernelReport, PlanSummary, Report, Times, Verify
+from ..report import Fallback, KernelReport, LeftToXla, PlanSummary, Report, Times, Verify
 from . import cache as kernel_cache
 from . import cpu_speed, crash_check, ffi, gpu, rewrite, xla
 
@@ -95,6 +95,7 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     kernels, targets, cached_kernels = [], [], []
     left = []  # kernels given back to XLA here: one warning for all of them, below
     slower: list[Fallback] = []  # measured slower than XLA: a decision the plan remembers
+    not_faster: list[str] = []  # XLA kernels timed alone against ours, and kept
     module_of_graph = result.graph.module
     # The plan's kernels, then (measured only) the XLA kernels it left alone, each kept
     # where ours is clearly faster on this CPU.
@@ -114,7 +115,8 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
                 left.append((kernel.spec.name, Fallback("measure", nodes, reason(exc))))
                 continue
             if is_lone and not cpu_speed.faster_alone(host_us, xla_us):
-                continue  # XLA's, as the plan has it
+                not_faster += nodes  # XLA's, as the plan has it
+                continue
             if not is_lone and cpu_speed.slower_alone(host_us, xla_us):
                 slower.append(Fallback("measured", nodes, (
                     f"host kernel measured at {host_us:.1f} us against XLA:CPU's "
@@ -139,6 +141,8 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
                     first.reason, more)
     stitched_report = _recount(result, kernels, options)
     xla_report = _recount(result, [], options)
+    for report in (stitched_report, xla_report):
+        _timed_alone(report, not_faster)
     stitched, text = None, None
     if kernels:
         try:
@@ -158,6 +162,18 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     _note_corrupt_entries(stats, fallbacks)  # this process's notes, not part of the plan
     stitched_report.times_s.total = time.perf_counter() - started
     return Built(stitched, stitched_report, xla_report, stats, text)
+
+
+def _timed_alone(report: Report, nodes: list[str]) -> None:
+    """The Report says why these XLA kernels stayed XLA's: timed alone against ours on this
+    CPU, ours was not clearly faster (not what the plan said of them and their neighbours)."""
+    if not nodes:
+        return
+    for group in report.left_to_xla:
+        group.nodes = [n for n in group.nodes if n not in nodes]
+    report.left_to_xla = [g for g in report.left_to_xla if g.nodes] + [LeftToXla(
+        f"timed alone on this CPU, a kernel of ours was not {cpu_speed.FASTER_ALONE}x faster "
+        f"than XLA's", sorted(nodes))]
 
 
 class _GivenBack(Exception):
