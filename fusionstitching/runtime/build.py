@@ -18,6 +18,8 @@ import re
 import time
 from dataclasses import dataclass
 
+import costmodel
+
 from .. import codegen, pipeline
 from ..hlo.parser import parse_module
 from ..hlo.unroll import unroll_loops
@@ -199,8 +201,8 @@ def _host_target(module, kernel, cache, stats):
         if outcome in failed:
             raise _GivenBack(Fallback("trial", nodes, why))
         if outcome is crash_check.Outcome.DIFFERS:
-            log.warning("fusionstitching: kernel %s %s; its build without the loop vectorizer "
-                        "runs instead", kernel.spec.name, why)
+            log.warning("fusionstitching: kernel %s, vectorized by LLVM, %s; its build "
+                        "without the loop vectorizer runs instead", kernel.spec.name, why)
         return outcome is not crash_check.Outcome.DIFFERS
 
     try:
@@ -402,8 +404,6 @@ def _leave_to_xla(fallbacks: list, stage: str, nodes: list[str], name: str, why:
 def _recount(result, kernels: list, options: pipeline.Options) -> Report:
     """The Report as if only ``kernels`` had been stitched (fallbacks, times and verify are
     shared with the original report)."""
-    import costmodel
-
     recounted = dataclasses.replace(result, kernels=kernels)
     return pipeline.make_report(recounted, options, costmodel.load_device(options.target),
                                  result.report.times_s)
