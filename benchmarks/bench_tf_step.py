@@ -3,12 +3,12 @@
 For each function (the custom loop's Adam train step and the BERT-like encoder from
 benchmarks/tf_scripts/), the same tf.function(jit_compile=True) is called in one process:
 first with TF's own XLA executable, then through the FUSIONSTITCHING hook with
-``keep="stitched"`` (the stitched executable forced, to time it: reading the variables,
-DLPack hand-over, our host kernels inside XLA:CPU's program, assigning the updates). The
+``keep="stitched"`` (the stitched executable forced, to time it: TF's own kind of step, our
+host kernels inside the XLA cluster TF compiles, the variables read and assigned by TF). The
 table shows the median and best of the timed calls (compile and the deciding call excluded)
 and the hook's own decision with ``keep=fastest`` (stitched vs XLA, measured on one call).
-The stitched kernels run as host code here (no GPU): the numbers say how our host kernels and
-the hand-over compare with TF's XLA:CPU, not what a GPU would do.
+The stitched kernels run as host code here (no GPU): the numbers say how our host kernels
+compare with TF's XLA:CPU, not what a GPU would do.
 
 A second table is what a training loop feels with ``--async`` and ``keep=fastest``: every
 step's time, grouped by the executor's state when the step started (building: TF runs while

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 
 import jax
+import llvmlite.binding as llvm
+import llvmlite.ir as lir
 import numpy as np
 import pytest
 
@@ -12,6 +14,7 @@ from fusionstitching import codegen
 from fusionstitching.codegen.host import to_physical
 from fusionstitching.codegen.kernel_ir import Kernel
 from fusionstitching.explorer import KernelDag
+from fusionstitching.runtime import ffi
 
 
 # --- plans and their cycles: test_graph_explorer.py, test_explorer.py, test_explain.py --------
@@ -166,3 +169,41 @@ def run_in_parts(host, spec, inputs, parts: int | None) -> list[np.ndarray]:
         for part in reversed(range(parts)):  # any order: the parts are independent
             call(pointers, part, parts)
     return outs
+
+
+# -- native test kernels (for the FFI tests) -------------------------------------------------
+
+_engines = []  # the test kernels' code must outlive every executable that calls it
+
+
+def elementwise_kernel(symbol: str, size: int, outputs: list[tuple[str, int, int]]) -> int:
+    """``out_k[e] = op_k(in_i[e], in_j[e])`` over ``size`` f32 elements, for each output
+    ``(op, i, j)`` (op: fadd/fsub/fmul); returns the native address."""
+    f32, ptr = lir.FloatType(), lir.PointerType()
+    module = lir.Module(symbol)
+    fn = lir.Function(module, lir.FunctionType(lir.VoidType(), [ptr]), symbol)
+    b = lir.IRBuilder(fn.append_basic_block("entry"))
+    num_inputs = max(max(i, j) for _, i, j in outputs) + 1
+    buffers = [b.load(b.gep(fn.args[0], [lir.Constant(lir.IntType(64), k)], source_etype=ptr), typ=ptr)
+               for k in range(num_inputs + len(outputs))]
+    entry = b.block
+    loop = fn.append_basic_block("loop")
+    b.branch(loop)
+    b.position_at_end(loop)
+    index = b.phi(lir.IntType(64))
+    index.add_incoming(lir.Constant(lir.IntType(64), 0), entry)
+    values = [b.load(b.gep(buf, [index], source_etype=f32), typ=f32) for buf in buffers[:num_inputs]]
+    for k, (op, i, j) in enumerate(outputs):
+        result = getattr(b, op)(values[i], values[j])
+        b.store(result, b.gep(buffers[num_inputs + k], [index], source_etype=f32))
+    following = b.add(index, lir.Constant(lir.IntType(64), 1))
+    index.add_incoming(following, loop)
+    done = fn.append_basic_block("done")
+    b.cbranch(b.icmp_unsigned("==", following, lir.Constant(lir.IntType(64), size)), done, loop)
+    b.position_at_end(done)
+    b.ret_void()
+    parsed = llvm.parse_assembly(str(module))
+    engine = llvm.create_mcjit_compiler(parsed, ffi._host_target_machine())
+    engine.finalize_object()
+    _engines.append(engine)
+    return engine.get_function_address(symbol)

@@ -12,8 +12,6 @@ from types import SimpleNamespace
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import llvmlite.binding as llvm
-import llvmlite.ir as lir
 import numpy as np
 import pytest
 
@@ -21,43 +19,7 @@ from fusionstitching.hlo.evaluator import evaluate
 from fusionstitching.hlo.parser import parse_module, parse_shape
 from fusionstitching.hlo.ir import print_module
 from fusionstitching.runtime import ffi, rewrite, xla
-from helpers import FUSED_SLICE
-
-_engines = []  # the test kernels' code must outlive every executable that calls it
-
-
-def elementwise_kernel(symbol: str, size: int, outputs: list[tuple[str, int, int]]) -> int:
-    """``out_k[e] = op_k(in_i[e], in_j[e])`` over ``size`` f32 elements, for each output
-    ``(op, i, j)`` (op: fadd/fsub/fmul); returns the native address."""
-    f32, ptr = lir.FloatType(), lir.PointerType()
-    module = lir.Module(symbol)
-    fn = lir.Function(module, lir.FunctionType(lir.VoidType(), [ptr]), symbol)
-    b = lir.IRBuilder(fn.append_basic_block("entry"))
-    num_inputs = max(max(i, j) for _, i, j in outputs) + 1
-    buffers = [b.load(b.gep(fn.args[0], [lir.Constant(lir.IntType(64), k)], source_etype=ptr), typ=ptr)
-               for k in range(num_inputs + len(outputs))]
-    entry = b.block
-    loop = fn.append_basic_block("loop")
-    b.branch(loop)
-    b.position_at_end(loop)
-    index = b.phi(lir.IntType(64))
-    index.add_incoming(lir.Constant(lir.IntType(64), 0), entry)
-    values = [b.load(b.gep(buf, [index], source_etype=f32), typ=f32) for buf in buffers[:num_inputs]]
-    for k, (op, i, j) in enumerate(outputs):
-        result = getattr(b, op)(values[i], values[j])
-        b.store(result, b.gep(buffers[num_inputs + k], [index], source_etype=f32))
-    following = b.add(index, lir.Constant(lir.IntType(64), 1))
-    index.add_incoming(following, loop)
-    done = fn.append_basic_block("done")
-    b.cbranch(b.icmp_unsigned("==", following, lir.Constant(lir.IntType(64), size)), done, loop)
-    b.position_at_end(done)
-    b.ret_void()
-    parsed = llvm.parse_assembly(str(module))
-    engine = llvm.create_mcjit_compiler(parsed, ffi._host_target_machine())
-    engine.finalize_object()
-    _engines.append(engine)
-    return engine.get_function_address(symbol)
-
+from helpers import FUSED_SLICE, elementwise_kernel
 
 def run_hlo(text: str, args):
     return [np.asarray(r) for r in xla.execute(xla.compile_hlo(text), args)]
@@ -134,7 +96,7 @@ def test_handler_answers_the_metadata_query():
     frame = CallFrame(extension_start=ctypes.addressof(extension), stage=3)
     assert call_handler(handler, frame) is None  # NULL error = OK
     version = metadata.api_version
-    assert (version.major_version, version.minor_version) == (0, 3)
+    assert (version.major_version, version.minor_version) == (0, 2)
     assert version.struct_size == 28
     assert metadata.traits == 0 and metadata.state_type_id == 0
 

@@ -18,7 +18,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tf_hooks import variable_packing
+from helpers import elementwise_kernel
 from tf_hooks.tf_hook import split_alias
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -266,17 +266,56 @@ def test_keras_encoder_fit_same_losses_and_weights(tmp_path, steps):
     assert_stitched_ran(report, stderr)
 
 
-def test_small_variables_are_packed_by_dtype_and_come_back_in_parameter_order():
-    f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
-    variables = [((32, 64), f32), ((), i64), ((64,), f32), ((512, 512), f32), ((3,), f32)]
-    layout = variable_packing.packing(variables)
-    (group,) = layout.groups  # the f32 ones under PACK_MAX_BYTES; a lone int64 is not packed
-    assert (group.dtype, group.variables, group.offsets) == ("float32", (0, 2, 4),
-                                                              (0, 2048, 2112, 2115))
-    assert group.shapes == ((32, 64), (64,), (3,)) and layout.whole == (1, 3)
-    flat = np.arange(2115, dtype=np.float32)
-    small = variable_packing.unpacked(layout, flat)
-    assert [a.shape for a in small] == [(32, 64), (64,), (3,)]
-    np.testing.assert_array_equal(small[2], [2112, 2113, 2114])
-    arrays = variable_packing.in_parameter_order(layout, small, ["counter", "big"])
-    assert arrays[1] == "counter" and arrays[3] == "big" and arrays[4] is small[2]
+# An Adam-like step on one variable: our kernel computes the update (v + x), XLA the output.
+STEP_HLO = """HloModule step
+ENTRY %main (x: f32[8], v: f32[8]) -> (f32[8], f32[8]) {{
+  %x = f32[8] parameter(0)
+  %v = f32[8] parameter(1)
+  %update = f32[8] custom-call(%v, %x), custom_call_target="{target}", api_version=API_VERSION_TYPED_FFI
+  %output = f32[8] multiply(%update, %x)
+  ROOT %results = (f32[8], f32[8]) tuple(%output, %update)
+}}
+"""
+
+
+def test_stitched_step_runs_our_kernel_inside_tfs_xla_and_assigns_the_update():
+    """The swapped-in TF step: TF's XLA runs the module with our FFI kernel (registered with
+    the XLA TensorFlow links), reads the variable and assigns the update; outputs and the
+    variable equal jaxlib's XLA running the same module."""
+    tf = pytest.importorskip("tensorflow")
+    import jax
+
+    from fusionstitching.hlo.parser import parse_module
+    from fusionstitching.runtime import ffi
+    from tf_hooks.hlo_function import hlo_function, module_avals
+    from tf_hooks.stitched_call import stitched_step
+    from tf_hooks.tf_hook import Signature
+
+    target = ffi.register_kernel("fusionstitching_test_tf_step",
+                                 elementwise_kernel("tf_step_add", 8, [("fadd", 0, 1)]), 2, 1)
+    text = STEP_HLO.format(target=target)
+    in_avals, out_avals = module_avals(parse_module(text))
+    x = np.linspace(-1, 1, 8, dtype=np.float32)
+    start = np.arange(8, dtype=np.float32)
+    variable = tf.Variable(start)
+    sig = Signature(num_inputs=1, variables=((variable.handle, tf.float32),), num_outputs=1,
+                    updates=(0,))
+    with jax.enable_x64(True):
+        step = stitched_step(text, in_avals, out_avals, sig)
+        expected = [np.asarray(r) for r in jax.jit(hlo_function(text, out_avals))(x, start)]
+    (output,) = step._inference_function.call_flat(tf.constant(x), variable.handle)
+    np.testing.assert_array_equal(output.numpy(), expected[0])
+    np.testing.assert_array_equal(variable.numpy(), expected[1])
+    np.testing.assert_array_equal(expected[1], start + x)  # the kernel ran, not a no-op
+
+
+def test_handlers_are_not_registered_with_an_xla_speaking_an_older_ffi():
+    """An XLA whose FFI API is older than the handlers' (0.2) is refused with the versions
+    named, before anything is registered: the TF step then stays TF's."""
+    import ctypes
+
+    from fusionstitching.runtime import ffi
+
+    api = ffi._FfiApi(ctypes.sizeof(ffi._FfiApi), None, 24, None, 0, 1)
+    with pytest.raises(RuntimeError, match=r"FFI API 0\.1.*need 0\.2"):
+        ffi.register_with(ctypes.addressof(api), ["fusionstitching_anything"])

@@ -11,8 +11,8 @@ def tf_executor():
     Defined on first use: importing this module (at start-up) must not import the runtime.
 
     ``xla`` is TF's module compiled by jaxlib (the trial times it against the stitched
-    executable) and stands for TF's own function when a call runs it; a stitched call reads
-    the variables, runs the stitched executable and assigns the updates. The trial call
+    executable) and stands for TF's own function when a call runs it; a stitched call runs
+    the TF step around the stitched module (``tf_hooks/stitched_call.py``). The trial call
     keeps host copies of the module's parameters read before TF's call (which writes the
     variables) and, as expected outputs, of TF's outputs and the variables TF wrote: on the
     custom loop's step that costs ~0.6 ms, where jax arrays through DLPack and their device
@@ -27,10 +27,10 @@ def tf_executor():
             (flat,) = args
             if executable is self.xla:
                 return self.compiled._tf(flat)
-            return self.compiled._write_back(executable(*self.compiled._params(flat)))
+            return self.compiled._step(flat)
 
         def _call_errors(self) -> tuple:
-            return (Exception,)  # our kernels, or the hand-over to TF: TF answers the call
+            return (Exception,)  # our kernels or TF's XLA call: TF's own function answers
 
         def _trial_call(self, args, kwargs):
             import numpy as np

@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass
 
 from . import flags as flag_parsing
-from . import variable_packing
+from .hlo_function import hlo_function, module_avals, numpy_dtype
+from .stitched_call import NotCallable, stitched_step
 from .tf_executor import tf_executor
 
 log = logging.getLogger("fusionstitching")
@@ -195,7 +196,7 @@ def signature(concrete, module, alias: dict[int, int]) -> Signature:
             raise Unsupported(f"captured input {tensor.name} is a {tensor.dtype.name}, not a "
                               "variable")
         shape = params[len(variables) + num_inputs].shape
-        variables.append((handle, tf.as_dtype(_numpy_dtype(shape.dtype))))
+        variables.append((handle, tf.as_dtype(numpy_dtype(shape.dtype))))
     results = module.entry.root.shape
     num_results = len(results.tuple_shapes) if results.is_tuple else 1
     num_outputs = len(concrete.outputs)
@@ -210,63 +211,6 @@ def signature(concrete, module, alias: dict[int, int]) -> Signature:
     if any(out >= num_results or out < num_outputs for out in alias):
         raise Unsupported("an output of the function aliases a parameter")
     return Signature(num_inputs, tuple(variables), num_outputs, tuple(updates))
-
-
-def _numpy_dtype(hlo_dtype: str):
-    from fusionstitching.hlo.ir import NUMPY_DTYPES
-
-    return NUMPY_DTYPES[hlo_dtype]
-
-
-@functools.cache
-def _hlo_primitive():
-    """A jax primitive that runs a StableHLO module (params ``module``: its bytecode,
-    ``out_avals``): lowered by merging the module into the caller and calling its main."""
-    from jax._src import dispatch
-    from jax._src.interpreters import mlir
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import func
-    from jax.extend.core import Primitive
-
-    primitive = Primitive("fusionstitching_tf_module")
-    primitive.multiple_results = True
-    primitive.def_impl(functools.partial(dispatch.apply_primitive, primitive))
-    primitive.def_abstract_eval(lambda *avals, module, out_avals: out_avals)
-
-    def lowering(ctx, *args, module, out_avals):
-        callee = mlir.merge_mlir_modules(ctx.module_context.module, "tf_module",
-                                         ir.Module.parse(module),
-                                         dst_symtab=ctx.module_context.symbol_table)
-        types = [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out]
-        return func.CallOp(types, ir.FlatSymbolRefAttr.get(callee), list(args)).results
-
-    mlir.register_lowering(primitive, lowering)
-    return primitive
-
-
-def hlo_function(hlo_text: str, module):
-    """(jax function of the flat parameters returning the flat results, parameter avals).
-
-    Call it, and trace, compile and run what it returns, inside ``jax.enable_x64(True)``:
-    TF's int64 values (Keras's iteration counter) must keep their type through the module."""
-    import jax
-    from jax._src.lib import xla_client as xc
-
-    from fusionstitching.capture import _route_around_copies
-
-    proto = xc.hlo.hlo_module_from_text(_route_around_copies(hlo_text))
-    stablehlo = xc._xla.mlir.hlo_to_stablehlo(proto.as_serialized_hlo_module_proto())
-    root = module.entry.root.shape
-    out_avals = tuple(jax.core.ShapedArray(s.dims, _numpy_dtype(s.dtype))
-                      for s in (root.tuple_shapes if root.is_tuple else (root,)))
-    in_avals = [jax.ShapeDtypeStruct(p.shape.dims, _numpy_dtype(p.shape.dtype))
-                for p in module.entry.parameters]
-    primitive = _hlo_primitive()
-
-    def run(*params):
-        return primitive.bind(*params, module=stablehlo, out_avals=out_avals)
-
-    return run, in_avals
 
 
 # -- one concrete function ------------------------------------------------------------------
@@ -293,9 +237,8 @@ class TfCompiled:
         self.info = self.lifecycle.info
         self.unsupported: str | None = None
         self.signature: Signature | None = None
-        self.packing: variable_packing.Packing | None = None
         self._noted: set = set()
-        self._assign = None  # the graph call assigning the updates, made on first use
+        self._step = None  # the stitched step, TF's call of (inputs, variable handles)
 
     @property
     def executor(self):
@@ -348,10 +291,8 @@ class TfCompiled:
                 text, alias = split_alias(hlo_text)
                 module = parse_module(text, source=f"<tf {self.name}>")
                 self.signature = signature(self.concrete, module, alias)
-                self.packing = variable_packing.packing([
-                    (p.shape.dims, _numpy_dtype(p.shape.dtype))
-                    for p in module.entry.parameters[self.signature.num_inputs:]])
-                run, in_avals = hlo_function(text, module)
+                in_avals, out_avals = module_avals(module)
+                run = hlo_function(text, out_avals)
                 # jax's own jit also when the jax hook has replaced jax.jit (FUSIONSTITCHING=1)
                 lowered = original_jax_jit()(run, keep_unused=True).lower(*in_avals)
                 reference = lowered.compile()  # TF's module compiled by XLA:CPU (jaxlib)
@@ -367,7 +308,33 @@ class TfCompiled:
                                     background=self.flags.async_compile, reference="tf",
                                     info=self.info, compiled=self)
             self.lifecycle.build(executor, lowered, reference, started, dump_prefix)
+            if executor.candidate is not None:
+                self._make_step(executor, in_avals, out_avals)
             self.lifecycle.executor = executor  # last: the next call may start the trial
+
+    def _make_step(self, executor, in_avals: list, out_avals: tuple) -> None:
+        """The stitched step as TF's own XLA call, compiled now by one call on variables of
+        its own (TF's compile cache then serves the real variables): a failure leaves the
+        function to TF, saying why."""
+        import tensorflow as tf
+
+        try:
+            step = stitched_step(executor.built.rewritten_hlo, in_avals, out_avals,
+                                 self.signature)
+            n = self.signature.num_inputs
+            scratch = [tf.Variable(tf.zeros(a.shape, a.dtype)) for a in in_avals[n:]]
+            step._inference_function.call_flat(
+                *[tf.zeros(a.shape, a.dtype) for a in in_avals[:n]],
+                *[v.handle for v in scratch])
+        except NotCallable as exc:
+            executor.fail("tf-call", [], str(exc))
+            return
+        except Exception as exc:  # never fail the user's job: TF's own function runs
+            executor.fail("tf-call", [], f"{type(exc).__name__}: {_first_line(exc)}")
+            return
+        handles = [handle for handle, _ in self.signature.variables]
+        inference = step._inference_function
+        self._step = lambda flat: list(inference.call_flat(*flat, *handles))
 
     def _dump(self, dump_prefix: str, tf_hlo: str, optimized: str) -> None:
         """The modules ``fusionstitching replay`` reads back: TF's module before
@@ -432,63 +399,6 @@ class TfCompiled:
         return list(self.concrete._inference_function.call_flat(
             *flat, *self.concrete.captured_inputs))
 
-    def _params(self, flat: list) -> list:
-        """Every parameter of the module as a jax array: the inputs and large variables share
-        the tensor's buffer; small variables come packed (``variable_packing``)."""
-        inputs = [_to_jax(v) for v in flat]
-        if not self.signature.variables:
-            return inputs
-        read = [_to_jax(v) for v in self._read_variables([])]
-        groups = len(self.packing.groups)
-        small = self._unpack(*read[:groups]) if groups else []
-        return inputs + variable_packing.in_parameter_order(self.packing, small, read[groups:])
-
-    @functools.cached_property
-    def _read_variables(self):
-        """The captured variables' values, read in one graph call: 328 us for 55 variables
-        where 55 eager reads took ~900 and the tf.function's own call path ~600 (this CPU)."""
-        import tensorflow as tf
-
-        variables = list(self.signature.variables)
-
-        def read(index):
-            handle, dtype = variables[index]
-            return tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)
-
-        return _graph_call(tf.function(
-            lambda: variable_packing.read_outputs(self.packing, read)).get_concrete_function())
-
-    @functools.cached_property
-    def _unpack(self):
-        """The small variables sliced from their packed tensors: one jax executable."""
-        from fusionstitching.stitched_jit import original_jax_jit
-
-        return original_jax_jit()(functools.partial(variable_packing.unpacked, self.packing))
-
-    def _assign_updates(self, values: list) -> None:
-        """Assign the updated variables in one graph call: 312 us for 55 variables where 55
-        eager assigns took 918 us and the tf.function's own call path 2,600 (this CPU)."""
-        if self._assign is None:
-            import tensorflow as tf
-
-            handles = [self.signature.variables[var][0] for var in self.signature.updates]
-
-            def assign(*values):
-                for handle, value in zip(handles, values):
-                    tf.raw_ops.AssignVariableOp(resource=handle, value=value)
-                return []
-
-            self._assign = _graph_call(tf.function(assign).get_concrete_function(*values))
-        self._assign(values)
-
-    def _write_back(self, results) -> list:
-        """Assign the updated variables; return the function's flat outputs as tensors."""
-        sig = self.signature
-        tensors = [_to_tf(r) for r in results]
-        if sig.updates:
-            self._assign_updates(tensors[sig.num_outputs:])
-        return tensors[:sig.num_outputs]
-
     # -- report -----------------------------------------------------------------------
     def report(self):
         return self.lifecycle.report()
@@ -496,52 +406,6 @@ class TfCompiled:
     def reports(self, wait_s: float = 0.0) -> list:
         self.lifecycle.wait_built(wait_s)
         return [self.report()]
-
-
-def _graph_call(concrete):
-    """``concrete``'s graph as a function of a list of tensors, called through TF's flat entry
-    (``atomic_function.call_flat``): the concrete function's own ``__call__`` binds and checks
-    its arguments structurally in Python, which cost more than the graph did."""
-    inference, captured = concrete._inference_function, list(concrete.captured_inputs)
-    return lambda values: inference.call_flat(*values, *captured)
-
-
-def _to_jax(tensor):
-    """A jax array over the tensor's buffer (DLPack; jaxlib copies only misaligned buffers).
-    jaxlib's import itself: ``jax.dlpack.from_dlpack`` passes each array through
-    ``jnp.asarray`` again to narrow 64-bit types, a no-op under x64 that cost 80 us of its
-    94 (14 us this way; 17 variables, this CPU)."""
-    import jax
-    from jax._src.lib import _jax
-
-    if not jax.config.jax_enable_x64:  # values would need narrowing: jax's own route
-        return jax.dlpack.from_dlpack(tensor)
-    kind, ordinal = tensor.__dlpack_device__()
-    return _jax.dlpack_managed_tensor_to_buffer(tensor.__dlpack__(), _jax_device(kind, ordinal),
-                                                None, None, int(kind))
-
-
-@functools.lru_cache(maxsize=None)
-def _jax_device(kind: int, ordinal: int):
-    """The jax device of a DLPack device (type, id)."""
-    from jax._src import dlpack, xla_bridge
-
-    platform = dlpack._DL_DEVICE_TO_PLATFORM[kind]
-    return xla_bridge.get_backend(platform).device_from_local_hardware_id(ordinal)
-
-
-def _to_tf(array):
-    """A TF tensor over a single-device jax array's buffer (DLPack). TF's own
-    ``from_dlpack(array.__dlpack__())`` re-derives the array's device and sharding in Python
-    on each call: 332 against 107 us this way for 61 outputs (this CPU)."""
-    from jax._src.lib import _jax
-    from tensorflow.python import pywrap_tfe
-    from tensorflow.python.eager import context
-
-    ctx = context.context()
-    ctx.ensure_initialized()  # as TF's from_dlpack does; a no-op once TF has run
-    return pywrap_tfe.TFE_FromDlpackCapsule(
-        _jax.buffer_to_dlpack_managed_tensor(array, stream=None), ctx._handle)
 
 
 def _first_line(exc: BaseException) -> str:

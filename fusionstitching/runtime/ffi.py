@@ -47,7 +47,10 @@ _ERROR_DESTROY = 2  # index of XLA_FFI_Error_Destroy in %Api's array of function
 
 _EXTENSION_METADATA = 1
 _STAGE_EXECUTE = 3
-_FFI_API_MAJOR, _FFI_API_MINOR = 0, 3
+# The API version the handlers declare: 0.2, the oldest whose layouts above they use. An XLA
+# accepts handlers of its own minor version or older: jaxlib 0.10 speaks 0.3, the XLA inside
+# TensorFlow 2.21 speaks 0.2 (`register_with`).
+_FFI_API_MAJOR, _FFI_API_MINOR = 0, 2
 _API_VERSION_STRUCT_SIZE = 28  # XLA_FFI_STRUCT_SIZE(XLA_FFI_Api_Version, minor_version)
 
 # CallFrame field numbers of `args` and `rets`; field 4 of %Args is the pointer array.
@@ -319,6 +322,8 @@ entry:
 _lock = threading.Lock()
 _engines: list = []  # llvmlite execution engines own the handlers' code: never freed
 _registered: dict[str, object] = {}  # target name -> the kernel's owner, kept alive with it
+_handlers: dict[str, int] = {}  # target name -> its handler's address
+_registered_with: set[tuple[int, str]] = set()  # (another XLA's API address, target name)
 _target_machine = None
 
 
@@ -367,7 +372,74 @@ def register_kernel(name: str, kernel_address: int, num_inputs: int, num_outputs
             jax.ffi.register_ffi_target(target, _capsule(handler), platform="cpu",
                                         api_version=1)
             _registered[target] = owner
+            _handlers[target] = handler
     return target
+
+
+def register_with(api_address: int, targets) -> None:
+    """Register targets made by `register_kernel` with another XLA in this process too, the
+    one whose ``XLA_FFI_Api`` is at ``api_address`` (TensorFlow links its own copy of XLA).
+    That XLA's registry refuses what it cannot run: a ``RuntimeError`` says why."""
+    api = _FfiApi.from_address(api_address)
+    if api.major != _FFI_API_MAJOR or api.minor < _FFI_API_MINOR:
+        raise RuntimeError(f"that XLA speaks FFI API {api.major}.{api.minor}; the handlers "
+                           f"need {_FFI_API_MAJOR}.{_FFI_API_MINOR} or a later minor version")
+    register = _HandlerRegister(api.functions[_HANDLER_REGISTER])
+    with _lock:
+        for target in targets:
+            if (api_address, target) in _registered_with:
+                continue
+            name = target.encode()
+            args = _RegisterArgs(ctypes.sizeof(_RegisterArgs), None, _ByteSpan(name, len(name)),
+                                 _ByteSpan(b"Host", 4), None, None, None, _handlers[target], 0)
+            error = register(ctypes.byref(args))
+            if error:
+                raise RuntimeError(f"registering {target}: {_error_message(api, error)}")
+            _registered_with.add((api_address, target))
+
+
+class _ByteSpan(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_char_p), ("len", ctypes.c_size_t)]
+
+
+class _FfiApi(ctypes.Structure):
+    """XLA_FFI_Api up to its first functions (Error_Create, Error_GetMessage, Error_Destroy,
+    Handler_Register)."""
+
+    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
+                ("version_struct_size", ctypes.c_size_t), ("version_extension", ctypes.c_void_p),
+                ("major", ctypes.c_int32), ("minor", ctypes.c_int32),
+                ("internal_api", ctypes.c_void_p), ("functions", ctypes.c_void_p * 4)]
+
+
+class _RegisterArgs(ctypes.Structure):
+    """XLA_FFI_Handler_Register_Args: name, platform, the handler bundle, traits."""
+
+    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
+                ("name", _ByteSpan), ("platform", _ByteSpan), ("instantiate", ctypes.c_void_p),
+                ("prepare", ctypes.c_void_p), ("initialize", ctypes.c_void_p),
+                ("execute", ctypes.c_void_p), ("traits", ctypes.c_uint32)]
+
+
+class _ErrorArgs(ctypes.Structure):
+    """XLA_FFI_Error_GetMessage_Args (and, without ``message``, Error_Destroy's)."""
+
+    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
+                ("error", ctypes.c_void_p), ("message", ctypes.c_char_p)]
+
+
+_HANDLER_REGISTER, _ERROR_GET_MESSAGE = 3, 1  # indices into _FfiApi.functions
+_HandlerRegister = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+_ErrorCall = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def _error_message(api: _FfiApi, error: int) -> str:
+    args = _ErrorArgs(ctypes.sizeof(_ErrorArgs), None, error, None)
+    _ErrorCall(api.functions[_ERROR_GET_MESSAGE])(ctypes.byref(args))
+    message = (args.message or b"").decode(errors="replace")
+    args.struct_size = 24  # XLA_FFI_Error_Destroy_Args ends before ``message``
+    _ErrorCall(api.functions[_ERROR_DESTROY])(ctypes.byref(args))
+    return message
 
 
 def register_host_kernel(name: str, host, num_inputs: int, num_outputs: int,
