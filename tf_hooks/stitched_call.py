@@ -2,7 +2,7 @@
 ``XlaCallModule`` op (StableHLO, as jax2tf emits it) inside a ``tf.function(jit_compile=True)``
 that reads the captured variables and assigns the updates, so TF's executor hands the
 variables over in C++, as for TF's own step. Our kernels are typed-FFI targets registered with
-the copy of XLA that TF links too (``XLA_FFI_GetApi`` of libtensorflow_framework).
+the copy of XLA that TF links too (`tf_ffi_apis`).
 Imported at interpreter start with tf_hooks: TF and jax only inside the functions."""
 from __future__ import annotations
 
@@ -20,24 +20,38 @@ class NotCallable(Exception):
     """TF cannot run the stitched module; the message says why."""
 
 
+# Where TensorFlow's builds export their XLA's FFI API: the C entry (the `tensorflow` wheel's
+# libtensorflow_framework) or only the C++ function behind it, ``xla::ffi::GetXlaFfiApi()``
+# (the `tensorflow-cpu` wheel's libtensorflow_cc). Both take nothing and return the pointer.
+_API_GETTERS = ("XLA_FFI_GetApi", "_ZN3xla3ffi12GetXlaFfiApiEv")
+_LIBRARIES = ("libtensorflow_framework*", "libtensorflow_cc*")
+
+
 @functools.cache
-def tf_ffi_api() -> int:
-    """Address of the ``XLA_FFI_Api`` of the XLA inside TensorFlow."""
+def tf_ffi_apis() -> tuple[int, ...]:
+    """Addresses of each ``XLA_FFI_Api`` found in the TensorFlow libraries this process has
+    loaded (a build may carry XLA in more than one: our targets go to each)."""
     import ctypes
 
     import tensorflow as tf
 
-    found = sorted(glob.glob(os.path.join(tf.sysconfig.get_lib(), "libtensorflow_framework*")))
-    if not found:
-        raise NotCallable(f"no libtensorflow_framework in {tf.sysconfig.get_lib()}")
-    library = ctypes.CDLL(found[0])  # loaded by TF already: the same copy
-    try:
-        get_api = library.XLA_FFI_GetApi
-    except AttributeError:
-        raise NotCallable(f"{os.path.basename(found[0])} exports no XLA_FFI_GetApi "
-                          f"(TensorFlow {tf.__version__} is too old)") from None
-    get_api.restype = ctypes.c_void_p
-    return get_api()
+    apis = []
+    for pattern in _LIBRARIES:
+        for path in sorted(glob.glob(os.path.join(tf.sysconfig.get_lib(), pattern))):
+            try:  # only a library TF loaded: never a second copy
+                library = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+            except OSError:
+                continue
+            for name in _API_GETTERS:
+                getter = getattr(library, name, None)
+                if getter is not None:
+                    getter.restype = ctypes.c_void_p
+                    apis.append(getter())
+                    break
+    if not apis:
+        raise NotCallable(f"TensorFlow {tf.__version__}'s libraries in "
+                          f"{tf.sysconfig.get_lib()} export no XLA FFI API")
+    return tuple(dict.fromkeys(apis))
 
 
 def stitched_step(rewritten_hlo: str, in_avals: list, out_avals: tuple, signature):
@@ -51,7 +65,8 @@ def stitched_step(rewritten_hlo: str, in_avals: list, out_avals: tuple, signatur
 
     targets = sorted(set(_TARGET.findall(rewritten_hlo)))
     try:
-        ffi.register_with(tf_ffi_api(), targets)
+        for api in tf_ffi_apis():
+            ffi.register_with(api, targets)
     except RuntimeError as exc:
         raise NotCallable(f"TF's XLA did not take our kernels: {exc}") from None
     exported = _exported(rewritten_hlo, in_avals, out_avals, targets)
