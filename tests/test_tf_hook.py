@@ -9,17 +9,25 @@ on the package being installed.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
 import sys
 import textwrap
 
+import jax
 import numpy as np
 import pytest
 
+from fusionstitching.capture import xla_gpu_available
+from fusionstitching.cli import main as cli_main
+from fusionstitching.hlo.parser import parse_module
+from fusionstitching.runtime import ffi
 from helpers import elementwise_kernel
-from tf_hooks.tf_hook import split_alias
+from tf_hooks.hlo_function import hlo_function, module_avals
+from tf_hooks.stitched_call import stitched_step
+from tf_hooks.tf_hook import Signature, signature, split_alias
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(REPO, "benchmarks", "tf_scripts")
@@ -92,8 +100,6 @@ def test_split_alias_reads_tfs_variable_updates_and_removes_them():
 
 def test_adam_step_parameters_and_updates_map_to_its_variables():
     tf = pytest.importorskip("tensorflow")
-    from fusionstitching.hlo.parser import parse_module
-    from tf_hooks.tf_hook import signature
 
     w = tf.Variable(tf.ones([8, 4]), name="w")
     b = tf.Variable(tf.zeros([4]), name="b")
@@ -153,8 +159,6 @@ def test_dump_of_a_hooked_tf_job_replays_offline(tmp_path):
     """``--dump_to`` writes what ``fusionstitching replay`` needs to redo the job's plan
     offline: XLA:CPU's module (and XLA:GPU's for the target, when the deviceless compiler is
     installed), replayed with the same plan and verified against XLA."""
-    from fusionstitching.capture import xla_gpu_available
-    from fusionstitching.cli import main as cli_main
 
     script = os.path.join(REPO, "tests", "data", "dumps", "tf_layernorm_cpu", "script.py")
     dump = tmp_path / "dump"
@@ -283,13 +287,6 @@ def test_stitched_step_runs_our_kernel_inside_tfs_xla_and_assigns_the_update():
     the XLA TensorFlow links), reads the variable and assigns the update; outputs and the
     variable equal jaxlib's XLA running the same module."""
     tf = pytest.importorskip("tensorflow")
-    import jax
-
-    from fusionstitching.hlo.parser import parse_module
-    from fusionstitching.runtime import ffi
-    from tf_hooks.hlo_function import hlo_function, module_avals
-    from tf_hooks.stitched_call import stitched_step
-    from tf_hooks.tf_hook import Signature
 
     target = ffi.register_kernel("fusionstitching_test_tf_step",
                                  elementwise_kernel("tf_step_add", 8, [("fadd", 0, 1)]), 2, 1)
@@ -312,9 +309,6 @@ def test_stitched_step_runs_our_kernel_inside_tfs_xla_and_assigns_the_update():
 def test_handlers_are_not_registered_with_an_xla_speaking_an_older_ffi():
     """An XLA whose FFI API is older than the handlers' (0.2) is refused with the versions
     named, before anything is registered: the TF step then stays TF's."""
-    import ctypes
-
-    from fusionstitching.runtime import ffi
 
     api = ffi._FfiApi(ctypes.sizeof(ffi._FfiApi), None, 24, None, 0, 1)
     with pytest.raises(RuntimeError, match=r"FFI API 0\.1.*need 0\.2"):
