@@ -55,6 +55,27 @@ def test_fusionstitching_jit_same_losses_fewer_kernels(cache_dir, reference):
     assert kernels(ours) < kernels(xla)
 
 
+def test_a_donating_step_writes_its_updates_over_the_parameters(cache_dir):
+    """jax.jit(step, donate_argnums=0), as Keras 3's and flax's training loops call it: the
+    kernels write the new parameters into the donated buffers, so no copy of a kernel's
+    output follows them (before, one per parameter), and the losses are those of the step
+    without donation, bit for bit."""
+    kept = loop.train(loop.stitched_step(keep="stitched", cache_dir=cache_dir), SIZES, STEPS)
+    step = loop.stitched_step(keep="stitched", cache_dir=cache_dir, donate_argnums=0)
+    donated = loop.train(step, SIZES, STEPS)
+    assert donated["losses"] == kept["losses"]
+    (report,) = step.reports()
+    assert report.runtime["kept"] == "stitched" and not report.fallbacks
+    params = jax.tree_util.tree_map(np.asarray, loop.init_params(SIZES))
+    x, onehot = loop.batches(SIZES, 1)[0]
+    text = step.lower(params, x, onehot, SIZES.lr).compile().as_text()
+    calls = parse_module(text).entry.by_name()
+    copied = [i for i in calls.values() if i.opcode == "copy"
+              and calls[i.operands[0]].opcode == "get-tuple-element"
+              and calls[calls[i.operands[0]].operands[0]].opcode == "custom-call"]
+    assert 'output_to_operand_aliasing' in text and not copied
+
+
 @pytest.mark.slow
 def test_fusionstitching_env_var_same_losses(cache_dir, reference):
     result = loop.run_with_hook(SIZES, STEPS, f"--keep=stitched --cache_dir={cache_dir}")

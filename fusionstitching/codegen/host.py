@@ -103,6 +103,7 @@ class HostLowering(ThreadLowering):
             function.args[0], [ir.Constant(I32, i)], source_etype=PTR), typ=PTR)
             for i in range(count)]
         self.buffers = pointers[:len(kernel.buffers)]
+        self.storage = {output: source for source, output in kernel.in_place}
         self.scopes = _buffer_scopes(module, kernel) if fast else None
         self.marks = pointers[len(kernel.buffers):-1] if instrument else None
         self.counters = pointers[-1] if instrument else None
@@ -121,11 +122,11 @@ class HostLowering(ThreadLowering):
                                                              add(offset, lane)))
 
     def buffer_pointer(self, i: int) -> ir.Value:
-        return self.buffers[i]
+        return self.buffers[self.storage.get(i, i)]
 
     def buffer_access(self, instruction: ir.Instruction, buffer: int) -> None:
         if self.scopes is not None:  # the buffers never overlap: LLVM may vectorize across
-            scope, others = self.scopes[buffer]
+            scope, others = self.scopes[self.storage.get(buffer, buffer)]
             instruction.set_metadata("alias.scope", scope)
             instruction.set_metadata("noalias", others)
 
@@ -278,7 +279,8 @@ def from_physical(buf: np.ndarray, shape: Shape) -> np.ndarray:
 class HostKernel:
     """A kernel compiled for the CPU. `address` is ``void kernel(void** buffers)``; a fast
     build's `parts_address` is ``kernel_parts(buffers, part, parts)``, which shares out
-    `split_extent` iterations (0: none to share; 0 as the address: no such function)."""
+    `split_extent` iterations (0: none to share; 0 as the address: no such function).
+    `in_place`: its kernel's (input, output) pairs, each output stored over its input."""
 
     spec: object
     llvm_ir: str
@@ -286,6 +288,7 @@ class HostKernel:
     _engine: object = field(repr=False)
     parts_address: int = 0
     split_extent: int = 0
+    in_place: tuple[tuple[int, int], ...] = ()
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
         spec = self.spec
@@ -294,7 +297,10 @@ class HostKernel:
         ins = [to_physical(x, s) for x, (_, s) in zip(inputs, spec.inputs)]
         outs = [np.empty([s.dims[d] for d in s.minor_to_major[::-1]], s.numpy_dtype)
                 for _, s in spec.outputs]
-        pointers = (ctypes.c_void_p * len(ins + outs))(*[a.ctypes.data for a in ins + outs])
+        arrays = ins + outs
+        for source, output in self.in_place:  # a copy: the caller's input stays as it was
+            outs[output - len(ins)] = arrays[source] = arrays[output] = ins[source].copy()
+        pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
         ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self.address)(pointers)
         return [from_physical(o, s) for o, (_, s) in zip(outs, spec.outputs)]
 
@@ -348,8 +354,9 @@ def _compile(spec, kernel: Kernel, fast: bool, instrument: bool = False) -> Host
     optimize(parsed, machine, unroll_and_vectorize=fast)
     engine = llvm.create_mcjit_compiler(parsed, machine)
     engine.finalize_object()
-    return HostKernel(spec, text, engine.get_function_address(kernel.name), engine,
-                      *parts_of(engine, kernel) if fast else ())
+    parts = parts_of(engine, kernel) if fast else (0, 0)
+    return HostKernel(spec, text, engine.get_function_address(kernel.name), engine, *parts,
+                      in_place=kernel.in_place)
 
 
 def parts_of(engine, kernel: Kernel) -> tuple[int, int]:

@@ -260,6 +260,10 @@ class Kernel:
     # (tables of small inputs' expensive ops, `tabulate_small_inputs`, into scratch arrays):
     # cheap enough to run again per part, so the kernel keeps its parts.
     part_prologue: list = field(default_factory=list)
+    # Host kernels only: (input, output) buffer pairs whose output XLA places in the input's
+    # buffer (output_to_operand_aliasing; in_place.py proves it safe): the output is stored
+    # through the input's pointer, so LLVM sees one array and vectorizes without overlap checks.
+    in_place: tuple[tuple[int, int], ...] = ()
 
     @property
     def smem_bytes(self) -> int:

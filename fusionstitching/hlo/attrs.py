@@ -190,6 +190,21 @@ def parse_literal(text: str, shape: Shape):
 _BOOL_WORDS = {"true": "1", "false": "0"}
 
 
+# -- module header -----------------------------------------------------------------------------
+
+_WHOLE_ALIAS = re.compile(r"\{(\d+)\}:\s*\((\d+),\s*\{\},\s*(?:may|must)-alias\)")
+
+
+def input_output_alias(header_attrs: str) -> dict[int, int]:
+    """{result index: parameter number} of the header's ``input_output_alias`` (the donated
+    parameters), for whole results of a tuple root aliasing whole parameters."""
+    for attr in _split_top_level(header_attrs):
+        name, _, value = attr.partition("=")
+        if name.strip() == "input_output_alias":
+            return {int(out): int(param) for out, param in _WHOLE_ALIAS.findall(value)}
+    return {}
+
+
 def _split_top_level(text: str) -> list[str]:
     """Splits at commas outside any braces/parentheses."""
     parts, depth, start = [], 0, 0

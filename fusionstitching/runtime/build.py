@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import costmodel
 
 from .. import codegen, pipeline
+from ..codegen import in_place
 from ..hlo.parser import parse_module
 from ..hlo.unroll import unroll_loops
 from ..hlo.ir import print_module
@@ -99,6 +100,7 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     slower: list[Fallback] = []  # measured slower than XLA: a decision the plan remembers
     not_faster: list[str] = []  # XLA kernels timed alone against ours, and kept
     module_of_graph = result.graph.module
+    donated = rewrite.donated_parameters(module)
     # The plan's kernels, then (measured only) the XLA kernels it left alone, each kept
     # where ours is clearly faster on this CPU.
     lone = pipeline.lone_kernels(result, options, fallbacks) if measure else []
@@ -106,7 +108,8 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
         is_lone = index >= len(result.kernels)
         nodes = list(kernel.pattern.nodes)
         try:
-            spec, host, key, target, parts = _host_target(module_of_graph, kernel, cache, stats)
+            spec, host, key, target, parts = _host_target(module_of_graph, kernel, cache, stats,
+                                                          donated)
         except _GivenBack as exc:
             left.append((kernel.spec.name, exc.fallback))
             continue
@@ -126,7 +129,7 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
                     f"{cpu_speed.SLOWER_ALONE}x)")))
                 continue
         targets.append(target)
-        kernels.append(kernel)
+        kernels.append(dataclasses.replace(kernel, spec=spec))  # with its host kernel
         cached_kernels.append({"name": kernel.spec.name, "symbol": spec.host_kernel.name,
                                "key": key, "inputs": len(kernel.spec.inputs),
                                "outputs": len(kernel.spec.outputs), "parts": parts})
@@ -148,7 +151,8 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     stitched, text = None, None
     if kernels:
         try:
-            rewritten = _stage("rewrite", rewrite.rewrite_module, module, kernels, targets)
+            rewritten = _stage("rewrite", rewrite.rewrite_module, module, kernels, targets,
+                               donated=donated)
             text = print_module(dataclasses.replace(
                 rewritten, header_attrs=donation_attrs(module.header_attrs)))
             stitched = _compile(text, jax_lowered, xla_compiled, dump_prefix)
@@ -184,9 +188,10 @@ class _GivenBack(Exception):
         self.fallback = fallback
 
 
-def _host_target(module, kernel, cache, stats):
+def _host_target(module, kernel, cache, stats, donated: dict):
     """(host spec, host kernel, cache key, FFI target, parts) of a kernel: its
-    pattern scheduled for the CPU (the spec's own kernel is a GPU schedule), compiled
+    pattern scheduled for the CPU (the spec's own kernel is a GPU schedule), writing over
+    the donated parameters it updates where that is safe (`with_in_place`), compiled
     through the kernel cache, tried in a child process, registered. Raises _GivenBack with
     the stage that failed."""
     nodes = list(kernel.pattern.nodes)
@@ -206,7 +211,7 @@ def _host_target(module, kernel, cache, stats):
         return outcome is not crash_check.Outcome.DIFFERS
 
     try:
-        spec = codegen.add_host_kernel(module, kernel.spec)
+        spec = with_in_place(codegen.add_host_kernel(module, kernel.spec), donated)
         host, key = kernel_cache.compile_host_cached(spec, cache, stats,
                                                      check=vectorized_agrees)
     except _GivenBack:
@@ -225,6 +230,25 @@ def _host_target(module, kernel, cache, stats):
     except Exception as exc:
         raise _GivenBack(Fallback("ffi", nodes, reason(exc))) from exc
     return spec, host, key, target, parts
+
+
+def with_in_place(spec, donated: dict):
+    """``spec`` whose host kernel writes each output that becomes a donated parameter it
+    reads over that input, where codegen/in_place.py proves it safe (XLA's own fusions
+    update parameters in place; without this, each such output is copied into its
+    parameter after the kernel)."""
+    read = {name: j for j, (name, _) in enumerate(spec.inputs)}
+    pairs = []
+    for i, (name, _) in enumerate(spec.outputs):
+        param = donated.get(name)
+        source = read.get(param.name) if param is not None else None
+        if source is not None and in_place.refusal(
+                spec.host_kernel, source, len(spec.inputs) + i) is None:
+            pairs.append((source, len(spec.inputs) + i))
+    if not pairs:
+        return spec
+    return dataclasses.replace(spec, host_kernel=in_place.written_over(spec.host_kernel,
+                                                                       tuple(pairs)))
 
 
 def gpu_device_of(xla_compiled):

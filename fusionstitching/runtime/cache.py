@@ -554,5 +554,7 @@ def load_object(spec, symbol: str, payload: bytes, text: str = "") -> HostKernel
     parts_address = engine.get_function_address(symbol + host.PARTS_SUFFIX)
     if not address or not parts_address:
         raise CorruptEntry(f"object code has no symbol {symbol} or {symbol}{host.PARTS_SUFFIX}")
-    extent = host.split_extent(spec.host_kernel) if spec is not None else 0
-    return HostKernel(spec, text, address, engine, parts_address, extent)
+    if spec is None:  # a cached plan's kernel: only XLA calls it
+        return HostKernel(None, text, address, engine, parts_address)
+    return HostKernel(spec, text, address, engine, parts_address,
+                      host.split_extent(spec.host_kernel), spec.host_kernel.in_place)

@@ -9,8 +9,9 @@ caller keeps XLA's executable). The route and why: docs/ARCHITECTURE.md, "runtim
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from ..hlo.attrs import input_output_alias
 from ..hlo.ir import Instruction, Module, Shape, format_shape
 from ..hlo.eval_values import UnsupportedOp
 from ..hlo.normalize import RewriteError, normalize_for_xla
@@ -19,21 +20,35 @@ from .ffi import TARGET_PREFIX
 
 
 def rewrite_module(module: Module, kernels: Sequence, targets: Sequence[str],
-                   backend_configs: Sequence[str] | None = None) -> Module:
+                   backend_configs: Sequence[str] | None = None,
+                   donated: Mapping[str, Instruction] | None = None) -> Module:
     """XLA's optimized module with ``kernels`` (pipeline.StitchedKernel: ``.pattern.nodes``,
     ``.spec.inputs/.outputs``) as calls to the FFI targets ``targets`` (one per kernel), in a
     form XLA compiles again. ``backend_configs`` (one per kernel, HLO attribute text) carry
     what the target needs at run time: the GPU launch path (runtime/gpu.py) puts each
     kernel's PTX and launch dimensions there; the CPU targets need none. An XLA:GPU cuDNN
     convolution is written as the HLO convolution it stands for, whose cuDNN call XLA:GPU
-    derives again."""
+    derives again. ``donated`` (`donated_parameters`; host kernels only): a kernel output
+    that becomes a donated parameter is written into that parameter's buffer."""
     try:
         plain = cudnn_calls_as_convolutions(module)
     except UnsupportedOp as exc:
         raise RewriteError(str(exc)) from exc
     refuse_configured_custom_calls(plain)
-    return normalize_for_xla(replace_patterns(plain, kernels, targets, backend_configs),
-                             pinned_prefix=TARGET_PREFIX)
+    return normalize_for_xla(replace_patterns(plain, kernels, targets, backend_configs,
+                                              donated), pinned_prefix=TARGET_PREFIX)
+
+
+def donated_parameters(module: Module) -> dict[str, Instruction]:
+    """{instruction: the parameter whose buffer it ends in}: each result of the entry's
+    tuple root that ``input_output_alias`` places in a donated parameter's buffer."""
+    entry = module.entry
+    if entry.root.opcode != "tuple":
+        return {}
+    params = {i.parameter_number: i for i in entry.instructions if i.opcode == "parameter"}
+    return {entry.root.operands[out]: params[param]
+            for out, param in input_output_alias(module.header_attrs).items()
+            if out < len(entry.root.operands) and param in params}
 
 
 def refuse_configured_custom_calls(module: Module) -> None:
@@ -55,7 +70,8 @@ def refuse_configured_custom_calls(module: Module) -> None:
 # -- 1. stitched patterns -> custom calls ---------------------------------------------------
 
 def replace_patterns(module: Module, kernels: Sequence, targets: Sequence[str],
-                     backend_configs: Sequence[str] | None = None) -> Module:
+                     backend_configs: Sequence[str] | None = None,
+                     donated: Mapping[str, Instruction] | None = None) -> Module:
     entry = module.entry
     replaced = {node for k in kernels for node in k.pattern.nodes}
     replaced |= {name.partition("#")[0] for k in kernels for name, _ in k.spec.outputs}
@@ -63,7 +79,7 @@ def replace_patterns(module: Module, kernels: Sequence, targets: Sequence[str],
             if i.name not in replaced]
     configs = [None] * len(kernels) if backend_configs is None else backend_configs
     for kernel, target, config in zip(kernels, targets, configs, strict=True):
-        kept.extend(custom_call(kernel.spec, target, config))
+        kept.extend(custom_call(kernel.spec, target, config, donated))
 
     root = entry.root.name
     instructions = _topological(_live(kept, root))
@@ -74,15 +90,32 @@ def replace_patterns(module: Module, kernels: Sequence, targets: Sequence[str],
     return dataclasses.replace(module, computations=computations)
 
 
-def custom_call(spec, target: str, backend_config: str | None = None) -> list[Instruction]:
+def custom_call(spec, target: str, backend_config: str | None = None,
+                donated: Mapping[str, Instruction] | None = None) -> list[Instruction]:
     """The instructions that call kernel ``spec`` (registered as FFI target ``target``): one
     custom call named after its output, or a tuple-shaped call plus one get-tuple-element per
     output (named after the outputs). ``backend_config``: the attribute's HLO text, if any.
 
     An output ``X#i`` is element i of a multi-output fusion X whose tuple is used outside the
-    pattern (codegen/flatten.py); the tuple ``X`` is rebuilt from those elements."""
-    operands = [name for name, _ in spec.inputs]
-    constraints = ", ".join(format_shape(_with_layout(s)) for _, s in spec.inputs)
+    pattern (codegen/flatten.py); the tuple ``X`` is rebuilt from those elements.
+
+    Outputs written over an input (the host kernel's ``in_place``) alias that operand. An
+    output that becomes a donated parameter the kernel does not read (``donated``) aliases
+    that parameter, passed as one more operand: the kernel ignores it, XLA hands it the
+    parameter's buffer as the output's, and no copy into the parameter follows."""
+    inputs = list(spec.inputs)
+    host = getattr(spec, "host_kernel", None)  # GPU kernels have none
+    aliases = [(output - len(inputs), source) for source, output in
+               (host.in_place if host is not None else ())]
+    read = {name for name, _ in inputs}
+    for index, (name, shape) in enumerate(spec.outputs):
+        param = (donated or {}).get(name)
+        if param is not None and param.name not in read and _same_array(param.shape, shape) \
+                and index not in {out for out, _ in aliases}:
+            aliases.append((index, len(inputs)))
+            inputs.append((param.name, param.shape))
+    operands = [name for name, _ in inputs]
+    constraints = ", ".join(format_shape(_with_layout(s)) for _, s in inputs)
     attrs = {
         "custom_call_target": f'"{target}"',
         "api_version": "API_VERSION_TYPED_FFI",
@@ -91,6 +124,10 @@ def custom_call(spec, target: str, backend_config: str | None = None) -> list[In
     if backend_config is not None:
         attrs["backend_config"] = backend_config
     outputs = [(output_name(name), _with_layout(shape)) for name, shape in spec.outputs]
+    if aliases:
+        index = (lambda out: "{}") if len(outputs) == 1 else (lambda out: f"{{{out}}}")
+        attrs["output_to_operand_aliasing"] = "{" + ", ".join(
+            f"{index(out)}: ({source}, {{}})" for out, source in sorted(aliases)) + "}"
     if len(outputs) == 1:
         name, shape = outputs[0]
         calls = [Instruction(name, shape, "custom-call", operands, attrs)]
@@ -101,6 +138,11 @@ def custom_call(spec, target: str, backend_config: str | None = None) -> list[In
                                       {"index": str(i)})
                           for i, (name, shape) in enumerate(outputs)]
     return calls + _rebuilt_tuples(spec.outputs)
+
+
+def _same_array(a: Shape, b: Shape) -> bool:
+    return (a.dtype, tuple(a.dims), tuple(a.minor_to_major)) == \
+        (b.dtype, tuple(b.dims), tuple(b.minor_to_major))
 
 
 def output_name(name: str) -> str:
