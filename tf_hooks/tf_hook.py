@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import sys
 import threading
 import time
@@ -148,14 +147,13 @@ class Signature:
     updates: tuple  # per update result: index into ``variables`` of the variable it writes
 
 
-_ALIAS = re.compile(r"\{(\d+)\}:\s*\((\d+),\s*\{\},\s*(?:may|must)-alias\)")
-
-
 def split_alias(hlo_text: str) -> tuple[str, dict[int, int]]:
     """(module text without ``input_output_alias``, {result index: parameter index}).
 
     The alias is TF's contract with its own executor (it donates the variables' buffers);
     the modules compiled here never donate: the buffers are TF's tensors."""
+    from fusionstitching.hlo.attrs import input_output_alias
+
     head, newline, rest = hlo_text.partition("\n")
     start = head.find("input_output_alias={")
     if start < 0:
@@ -165,7 +163,7 @@ def split_alias(hlo_text: str) -> tuple[str, dict[int, int]]:
         depth += {"{": 1, "}": -1}.get(head[end], 0)
         if depth == 0:
             break
-    alias = {int(out): int(param) for out, param in _ALIAS.findall(head[start:end + 1])}
+    alias = input_output_alias(head[start:end + 1])
     before, after = head[:start], head[end + 1:]
     head = before + after[2:] if after.startswith(", ") else before.rstrip(", ") + after
     return head + newline + rest, alias
@@ -293,8 +291,11 @@ class TfCompiled:
                 self.signature = signature(self.concrete, module, alias)
                 in_avals, out_avals = module_avals(module)
                 run = hlo_function(text, out_avals)
-                # jax's own jit also when the jax hook has replaced jax.jit (FUSIONSTITCHING=1)
-                lowered = original_jax_jit()(run, keep_unused=True).lower(*in_avals)
+                # jax's own jit also when the jax hook has replaced jax.jit (FUSIONSTITCHING=1).
+                # The variables TF updates are donated as TF's cluster donates them: the
+                # stitched kernels then write the updates over them (no copy after each).
+                lowered = original_jax_jit()(run, keep_unused=True, donate_argnums=sorted(
+                    set(alias.values()))).lower(*in_avals)
                 reference = lowered.compile()  # TF's module compiled by XLA:CPU (jaxlib)
                 if dump_prefix:
                     self._dump(dump_prefix, hlo_text, optimized_hlo_text(reference))
