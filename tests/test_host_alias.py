@@ -18,8 +18,8 @@ from fusionstitching.capture import jax_hlo  # noqa: E402
 from fusionstitching.codegen import compile_host  # noqa: E402
 from fusionstitching.codegen import host, in_place  # noqa: E402
 from fusionstitching.codegen.index_expr import Var, add, div, ix, scale  # noqa: E402
-from fusionstitching.codegen.kernel_ir import Buffer, GlobalLoad, GlobalStore, Kernel, Loop, \
-    Value  # noqa: E402
+from fusionstitching.codegen.kernel_ir import Buffer, Compute, Const, GlobalLoad, GlobalStore, \
+    Kernel, Loop, Value  # noqa: E402
 from fusionstitching.codegen.llvm_lowering import optimize  # noqa: E402
 from fusionstitching.hlo.ir import Shape  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
@@ -127,6 +127,23 @@ def test_an_output_stored_where_its_input_is_read_is_written_over_it():
     over = dataclasses.replace(spec, host_kernel=in_place.written_over(kernel, ((0, 1),)))
     np.testing.assert_array_equal(compile_host(over, fast=True)(a)[0],
                                   compile_host(spec, fast=True)(a)[0])
+
+
+def test_a_scalar_counter_is_written_over_itself():
+    """Keras's iteration counter: an s64[] input whose update is an output."""
+    x, one, y = Value("x", "s64"), Value("one", "s64"), Value("y", "s64")
+    scalar = Shape("s64", (), ())
+    kernel = Kernel("k", [Buffer("count", scalar, False), Buffer("next", scalar, True)],
+                    grid=(1,), block=(1,), shared=[],
+                    body=[GlobalLoad(x, 0, ix(0)), Const(one, 1), Compute(y, "add", [x, one]),
+                          GlobalStore(1, ix(0), y)],
+                    tid=Var("tid", 1), bid=Var("bid", 1))
+    assert in_place.refusal(kernel, 0, 1) is None
+    spec = dataclasses.replace(kernel_spec(kernel),
+                               host_kernel=in_place.written_over(kernel, ((0, 1),)))
+    count = np.array(41, np.int64)
+    (got,) = compile_host(spec, fast=True)(count)
+    assert got.shape == () and got == 42 and count == 41
 
 
 def test_in_place_refusals_say_why():

@@ -299,7 +299,8 @@ class HostKernel:
                 for _, s in spec.outputs]
         arrays = ins + outs
         for source, output in self.in_place:  # a copy: the caller's input stays as it was
-            outs[output - len(ins)] = arrays[source] = arrays[output] = ins[source].copy()
+            own = ins[source].copy().reshape(outs[output - len(ins)].shape)  # a scalar: 0-d
+            outs[output - len(ins)] = arrays[source] = arrays[output] = own
         pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
         ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self.address)(pointers)
         return [from_physical(o, s) for o, (_, s) in zip(outs, spec.outputs)]
