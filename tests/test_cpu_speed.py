@@ -4,6 +4,7 @@ pattern as a module of its own computes what the kernel computes, and with the d
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -172,3 +173,26 @@ def test_keep_stitched_replaces_nothing_it_has_not_measured():
     np.testing.assert_array_equal(np.asarray(fn(x)), np.asarray(jnp.argmax(x, axis=-1)))
     (report,) = fn.reports()
     assert report.kernels == []
+
+
+def test_the_pattern_alone_leaves_the_modules_order_behind():
+    """XLA orders the copy of a donated parameter after its readers (control
+    predecessors); the pattern's module has no such readers, and no such order."""
+    text = """HloModule ordered, input_output_alias={ {0}: (0, {}, may-alias) }
+ENTRY %main (a: f32[8], b: f32[8]) -> (f32[8], f32[8]) {
+  %a = f32[8]{0} parameter(0)
+  %b = f32[8]{0} parameter(1)
+  %copy.1 = f32[8]{0} copy(%a)
+  %read = f32[8]{0} multiply(%copy.1, %b)
+  %new = f32[8]{0} add(%a, %b), control-predecessors={%read}
+  ROOT %out = (f32[8]{0}, f32[8]{0}) tuple(%new, %read)
+}
+"""
+    module = parse_module(text)
+    f8 = module.entry.by_name()["a"].shape
+    spec = SimpleNamespace(nodes=["new"], inputs=[("a", f8), ("b", f8)], outputs=[("new", f8)])
+    pattern = cpu_speed.pattern_module(module, spec)
+    assert "control-predecessors" not in pattern
+    a, b = np.arange(8, dtype=np.float32), np.ones(8, np.float32)
+    (got,) = run_hlo_with_xla(pattern, [a, b])
+    np.testing.assert_array_equal(np.asarray(got), a + b)

@@ -25,6 +25,7 @@ from fusionstitching.hlo.ir import Shape  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
 from fusionstitching.hlo.xla_runner import optimized_hlo_text  # noqa: E402
 from fusionstitching.pipeline import Options, stitch_module  # noqa: E402
+from fusionstitching.runtime import cpu_speed, ffi  # noqa: E402
 from fusionstitching.runtime.build import with_in_place  # noqa: E402
 from fusionstitching.runtime.rewrite import donated_parameters  # noqa: E402
 from helpers import kernel_spec  # noqa: E402
@@ -100,6 +101,15 @@ def test_donated_updates_are_written_over_their_parameters_vectorized_with_the_s
     # every update over its parameter where the kernel reads it (XLA's copies of
     # parameters are kernel outputs too: the kernel reads the parameter, writes the copy)
     assert pairs == candidates >= 8
+    # timed alone, both sides donate what the kernel writes over (each call its own copies)
+    over = next(s for s in (with_in_place(k.spec, donated) for k in kernels)
+                if s.host_kernel.in_place)
+    for text in (cpu_speed.call_module(over, "t"), cpu_speed.pattern_module(module, over)):
+        assert "input_output_alias" in parse_module(text).header_attrs
+    host = compile_host(over, fast=True)
+    target = ffi.register_kernel(over.name + "_timed", host.address, len(over.inputs),
+                                 len(over.outputs), owner=host)
+    assert all(us > 0 for us in cpu_speed.compare(module, over, target))
     for a, b in zip(args, [np.asarray(x) for x in args]):  # the callers' arrays untouched
         np.testing.assert_array_equal(a, b)
 

@@ -237,6 +237,40 @@ def test_rewrite_single_output_pattern():
     check_against_evaluator(OPTIMIZED, text, small_args())
 
 
+def test_an_output_for_a_donated_parameter_it_does_not_read_gets_that_buffer():
+    """``prod`` ends in parameter ``a``'s donated buffer; its kernel reads ``sum`` and
+    ``diff``, not ``a``: the call takes ``a`` as one more operand that its output aliases
+    (the handler ignores it), and the numbers stay XLA's."""
+    donating = OPTIMIZED.replace("is_scheduled=true,",
+                                 "is_scheduled=true, input_output_alias={ {0}: (0, {}, "
+                                 "may-alias) },")
+    module = parse_module(donating)
+    kernel = stitched(["prod"], "fusionstitching_small_donated", ["sum", "diff"], ["prod"])
+    address = elementwise_kernel("rw_mul", 32, [("fmul", 0, 1)])
+    target = ffi.register_kernel(kernel.spec.name, address, 2, 1)
+    donated = rewrite.donated_parameters(module)
+    assert {name: p.name for name, p in donated.items()} == {"prod": "a"}
+    text = print_module(rewrite.rewrite_module(module, [kernel], [target], donated=donated))
+    call = parse_module(text).entry.by_name()["prod"]
+    assert call.operands == ["sum", "diff", "a"]
+    assert call.attrs["output_to_operand_aliasing"] == "{{}: (2, {})}"
+    check_against_evaluator(OPTIMIZED, text, small_args())
+
+
+def test_control_predecessors_a_kernel_replaced_are_dropped():
+    """XLA orders copies of donated buffers after their readers; a reader inside a kernel
+    is gone from the rewritten module, and so is the order (XLA makes its own again)."""
+    ordered = OPTIMIZED.replace("tuple(%prod, %flat)",
+                                "tuple(%prod, %flat), control-predecessors={%diff, %b}")
+    kernel = stitched(["diff", "prod"], "fusionstitching_small_ordered", ["a", "b", "sum"],
+                      ["prod"])
+    address = elementwise_kernel("rw_ordered", 32, [("fadd", 0, 1)])
+    target = ffi.register_kernel(kernel.spec.name, address, 3, 1)
+    module = rewrite.rewrite_module(parse_module(ordered), [kernel], [target])
+    assert module.entry.root.attrs.get("control-predecessors") == "{%b}"
+    xla.compile_hlo(print_module(module))  # no name left undefined
+
+
 def test_rewrite_multi_output_pattern():
     kernel = stitched(["sum", "diff"], "fusionstitching_small_1", ["a", "b"], ["sum", "diff"])
     address = elementwise_kernel("rw_addsub", 32, [("fadd", 0, 1), ("fsub", 0, 1)])

@@ -1,12 +1,11 @@
 """Whether a host kernel may write an output over one of its inputs (XLA's
 ``output_to_operand_aliasing``), proved on its kernel IR.
 
-It may when every element of the input is read only by the iteration that writes the same
-element of the output: every load of the input sits in the one statement list that stores
-the output, at the store's offset and width, and the store's offsets over all iterations
-(blocks, threads, loops, guards) never repeat (enumerated, not reasoned about). Where one
-thread runs the kernel, loads in top-level statements before the store's need no more.
-`written_over` moves loads that follow the store before it. Why: docs/ARCHITECTURE.md, "In-place updates".
+It may when each element of the input is read only by the iteration that writes that element
+of the output: every load of the input sits in the store's statement list, at its offset and
+width, and the store's offsets over all blocks, threads, loops and guards never repeat
+(enumerated, not reasoned about). One thread may also read it all in statements before the
+store's. `written_over` moves loads that follow the store before it. Why: ARCHITECTURE.md.
 """
 from __future__ import annotations
 

@@ -58,7 +58,10 @@ def pattern_module(module: Module, spec) -> str:
     for name in list(wanted):
         wanted.update(o for o in by_name[name].operands
                       if by_name[o].opcode == "constant" and o not in inputs)
-    body += [Instruction(i.name, i.shape, i.opcode, list(i.operands), dict(i.attrs),
+    # without control predecessors: they order the whole module's buffers (copies of
+    # donated parameters) and may name instructions outside the pattern
+    body += [Instruction(i.name, i.shape, i.opcode, list(i.operands),
+                         {k: v for k, v in i.attrs.items() if k != "control-predecessors"},
                          literal=i.literal, operand_shapes=i.operand_shapes)
              for i in entry.instructions if i.name in wanted and i.name not in inputs]
     results = []

@@ -82,7 +82,7 @@ def replace_patterns(module: Module, kernels: Sequence, targets: Sequence[str],
         kept.extend(custom_call(kernel.spec, target, config, donated))
 
     root = entry.root.name
-    instructions = _topological(_live(kept, root))
+    instructions = _without_gone_predecessors(_topological(_live(kept, root)))
     for inst in instructions:
         inst.is_root = inst.name == root
     computations = [dataclasses.replace(entry, instructions=instructions) if c is entry else c
@@ -189,6 +189,25 @@ def _live(instructions: list[Instruction], root: str) -> list[Instruction]:
         live.add(name)
         stack.extend(by_name[name].operands)
     return [i for i in instructions if i.name in live or i.opcode == "parameter"]
+
+
+def _without_gone_predecessors(instructions: list[Instruction]) -> list[Instruction]:
+    """Control predecessors that a kernel replaced are dropped: they ordered reads before a
+    write in XLA's buffer assignment (copies of donated buffers), which XLA makes again for
+    the rewritten module; a name no longer defined would fail its parse."""
+    defined = {i.name for i in instructions}
+    out = []
+    for inst in instructions:
+        text = inst.attrs.get("control-predecessors")
+        if text is not None:
+            names = [n.strip().lstrip("%") for n in text.strip("{}").split(",") if n.strip()]
+            attrs = {k: v for k, v in inst.attrs.items() if k != "control-predecessors"}
+            kept = [n for n in names if n in defined]
+            if kept:
+                attrs["control-predecessors"] = "{" + ", ".join(f"%{n}" for n in kept) + "}"
+            inst = dataclasses.replace(inst, attrs=attrs)
+        out.append(inst)
+    return out
 
 
 def _topological(instructions: list[Instruction]) -> list[Instruction]:
