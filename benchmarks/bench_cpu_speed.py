@@ -19,6 +19,7 @@ Each step is also run in LOOP_ROUNDS alternating runs of LOOP_STEPS calls of one
 ("loop" columns; step_loops.py): a training step as a loop that carries its state from the
 same start, no waiting between steps (with the loss of the last step); an inference step as
 calls each waited for, as a predict loop makes them. The median time per call of each.
+``--donate``: training steps donate their state, as most training loops call them.
 
     python benchmarks/bench_cpu_speed.py [--parts zoo flax ...] [--only MODEL ...] [--calls 20]
 """
@@ -96,27 +97,39 @@ def in_turn(i: int, *sides):
     return sides if i % 2 == 0 else sides[::-1]
 
 
-def measure(name: str, fn, args, calls: int, cache_dir: str) -> dict:
+def measure(name: str, fn, args, calls: int, cache_dir: str, donate: bool = False) -> dict:
+    """``donate``: a training step donates its state, as Keras 3's JAX trainer and flax's
+    loops call theirs (``jax.jit(step, donate_argnums=...)``); each call then gets fresh
+    copies of the state, made before its timer starts."""
     row = dict(step=name)
     args = jax.device_put(args)  # as a training loop's state is: arrays already on the device
-    reference, stitched = jax.jit(fn), jit(fn, cache_dir=cache_dir)
-    started = time.perf_counter()
-    want = jax.block_until_ready(reference(*args))
-    row["xla_first_s"] = time.perf_counter() - started
-    row["memory_share"] = memory_share(reference, args)
-    started = time.perf_counter()
-    jax.block_until_ready(stitched(*args))  # builds and decides (it runs XLA's executable)
-    row["fs_first_s"] = time.perf_counter() - started
-    row["max_diff"] = max_difference(jax.block_until_ready(stitched(*args)), want)
-    (compiled,) = stitched._compiled.values()
     feedback = state_feedback(fn, args)
+    donated = tuple(sorted(feedback)) if donate else ()
+    row["donated"] = len(donated)
+    reference = jax.jit(fn, donate_argnums=donated)
+    stitched = jit(fn, cache_dir=cache_dir, donate_argnums=donated)
+
+    def fresh():
+        return [jax.tree.map(lambda x: x.copy(), a) if j in donated else a
+                for j, a in enumerate(args)]
+
+    started = time.perf_counter()
+    want = jax.block_until_ready(reference(*fresh()))
+    row["xla_first_s"] = time.perf_counter() - started
+    # it calls on the same arguments again and again
+    row["memory_share"] = memory_share(jax.jit(fn) if donated else reference, args)
+    started = time.perf_counter()
+    jax.block_until_ready(stitched(*fresh()))  # builds and decides (it runs XLA's executable)
+    row["fs_first_s"] = time.perf_counter() - started
+    row["max_diff"] = max_difference(jax.block_until_ready(stitched(*fresh())), want)
+    (compiled,) = stitched._compiled.values()
     # Real calls confirming a faster candidate, made as a job makes them (the executor times
     # runs of them, with whatever the job does between calls): a training step as a loop that
     # carries its state and waits for no step; an inference step as calls each waited for,
     # as Keras' predict converts each batch's outputs, and as the calls below time it (not
     # waited for, keras_hub RoBERTa inference was kept at 41 against 63 us per call in runs
     # and then read 0.80x in waited calls).
-    deciding, out = stepper(stitched, args, feedback), None
+    deciding, out = stepper(stitched, fresh(), feedback), None
     row["deciding_calls"] = 2  # the trial's and the one above
     while compiled.executor.decided() is None and row["deciding_calls"] < MAX_DECIDING_CALLS:
         out = deciding() if feedback else jax.block_until_ready(deciding())
@@ -125,8 +138,9 @@ def measure(name: str, fn, args, calls: int, cache_dir: str) -> dict:
     times = {"xla": [], "fs": []}
     for i in range(calls):
         for label, function in in_turn(i, ("xla", reference), ("fs", stitched)):
+            inputs = fresh()
             started = time.perf_counter()
-            jax.block_until_ready(function(*args))
+            jax.block_until_ready(function(*inputs))
             times[label].append(time.perf_counter() - started)
     row.update({f"{k}_ms": statistics.median(v) * 1e3 for k, v in times.items()})
     row["ratio"], row["ratio_low"], row["ratio_high"] = paired_ratio(times["xla"], times["fs"])
@@ -134,8 +148,8 @@ def measure(name: str, fn, args, calls: int, cache_dir: str) -> dict:
     # its state; an inference step as a predict loop's calls, each waited for. The single
     # calls above alternate, so each pays for caches the other executable cooled.
     if feedback:
-        loops = {"xla": training_loop(reference, args, feedback),
-                 "fs": training_loop(stitched, args, feedback)}
+        loops = {"xla": training_loop(reference, args, feedback, fresh),
+                 "fs": training_loop(stitched, args, feedback, fresh)}
     else:
         loops = {"xla": waited_calls(reference, args), "fs": waited_calls(stitched, args)}
     per_step, last = {"xla": [], "fs": []}, {}
@@ -158,7 +172,7 @@ def measure(name: str, fn, args, calls: int, cache_dir: str) -> dict:
     return row
 
 
-def run_part(part: str, only, calls: int) -> list[dict]:
+def run_part(part: str, only, calls: int, donate: bool = False) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as cache_dir:
         for name, kind, fn, args in steps(part, only):
@@ -166,7 +180,7 @@ def run_part(part: str, only, calls: int) -> list[dict]:
                 rows.append(dict(step=name, error="a TF step (bench_tf_step.py times those)"))
                 continue
             try:
-                rows.append(measure(name, fn, args, calls, cache_dir))
+                rows.append(measure(name, fn, args, calls, cache_dir, donate))
             except Exception as err:  # reported in the table, never stops the run
                 traceback.print_exc()
                 rows.append(dict(step=name, error=f"{type(err).__name__}: {err}"[:200]))
@@ -220,11 +234,14 @@ def main(argv=None) -> None:
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS)
     parser.add_argument("--only", nargs="+")
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--donate", action="store_true",
+                        help="training steps donate their state, as Keras 3's JAX trainer "
+                        "and flax's loops call theirs")
     parser.add_argument("--json")
     opts = parser.parse_args(argv)
     only = set(opts.only) if opts.only else None
-    run_parts(opts, __file__, lambda part: run_part(part, only, opts.calls),
-              ["--calls", str(opts.calls)], table)
+    run_parts(opts, __file__, lambda part: run_part(part, only, opts.calls, opts.donate),
+              ["--calls", str(opts.calls)] + (["--donate"] if opts.donate else []), table)
 
 
 if __name__ == "__main__":

@@ -52,11 +52,12 @@ def state_feedback(fn, args) -> dict[int, int]:
     return feedback
 
 
-def training_loop(fn, args, feedback: dict[int, int]):
+def training_loop(fn, args, feedback: dict[int, int], start=None):
     """``run(n)``: n steps from ``args`` (`stepper`), then a wait for the last; returns the
-    last step's outputs."""
+    last step's outputs. ``start()``, if given, makes each run's first arguments (copies,
+    for a step that donates them)."""
     def run(n: int) -> None:
-        step, out = stepper(fn, args, feedback), None
+        step, out = stepper(fn, start() if start else args, feedback), None
         for _ in range(n):
             out = step()
         return jax.block_until_ready(out)
