@@ -27,9 +27,21 @@ def _classifier_steps(apply_train, apply_infer, tx, params, inputs, labels, extr
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss, aux
 
-    opt_state = jax.eval_shape(tx.init, params)
+    opt_state = _initial_state(tx, params)
     return {"train": ("jax", train_step, (params, opt_state, inputs, labels, *extra)),
             "infer": ("jax", apply_infer, (params, inputs))}
+
+
+def _initial_state(tx, params):
+    """The optimizer's state at step 0, as arrays: ``tx.init`` of zeros shaped as the
+    parameters (optax's moments and counts start at zero whatever the parameters are).
+    Left as shapes, the benchmarks filled it with seeded normal floats: Adam's second moment
+    started negative, and every loss was NaN from the first step."""
+    import jax
+    import numpy as np
+
+    zeros = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), params)
+    return jax.tree.map(np.asarray, tx.init(zeros))
 
 
 def _key_spec():
@@ -276,7 +288,7 @@ def flax_nnx_gpt():
 
     params = sds(params)
     tokens = jax.ShapeDtypeStruct((B, S + 1), jnp.int32)
-    return {"train": ("jax", train_step, (params, jax.eval_shape(tx.init, params), tokens)),
+    return {"train": ("jax", train_step, (params, _initial_state(tx, params), tokens)),
             "infer": ("jax", forward, (params, jax.ShapeDtypeStruct((B, S), jnp.int32)))}
 
 
@@ -325,7 +337,7 @@ def _hf_steps(loss_fn, forward, tx, params, batch):
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    return {"train": ("jax", train_step, (params, jax.eval_shape(tx.init, params), *batch)),
+    return {"train": ("jax", train_step, (params, _initial_state(tx, params), *batch)),
             "infer": ("jax", forward, (params, *batch))}
 
 

@@ -21,6 +21,13 @@ def sds(tree):
     return jax.tree.map(leaf, tree)
 
 
+def values(variables) -> list:
+    """Keras variables -> their values as numpy arrays: the state a job starts from."""
+    import numpy as np
+
+    return [np.asarray(getattr(v, "value", v)) for v in variables]
+
+
 # =========================================================================== model registry
 
 MODELS: dict[str, dict] = {}  # model key -> {part, library, model, framework, build, ...}
@@ -67,8 +74,10 @@ def _keras_hub_task(task_cls, backbone_cls, backbone_kwargs, optimizer, task_kwa
         y, sw = np.zeros((B,), np.int32), np.ones((B,), np.float32)
     task.optimizer.build(task.trainable_variables)
     task._symbolic_build(data_batch=(x, y, sw))  # what fit() does first: metrics, loss state
-    state = (sds(task.trainable_variables), sds(task.non_trainable_variables),
-             sds(task.optimizer.variables), sds(task.metrics_variables))
+    # random weights (filled by the caller); the rest as fit() starts: optimizer moments,
+    # counters and metrics at zero (random values made Adam's second moment negative)
+    state = (sds(task.trainable_variables), values(task.non_trainable_variables),
+             values(task.optimizer.variables), values(task.metrics_variables))
     data = (sds(x), sds(y), sds(sw))
     return {"train": ("jax", task.train_step, (state, data)),
             "infer": ("jax", task.predict_step, (state[:2], (sds(x),)))}
