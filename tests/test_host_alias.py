@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 from fusionstitching.capture import jax_hlo  # noqa: E402
 from fusionstitching.codegen import compile_host  # noqa: E402
 from fusionstitching.codegen import host, in_place  # noqa: E402
-from fusionstitching.codegen.index_expr import Var, add, div, ix, scale  # noqa: E402
+from fusionstitching.codegen.index_expr import Var, add, div, ix, mod, scale  # noqa: E402
 from fusionstitching.codegen.kernel_ir import Buffer, Compute, Const, GlobalLoad, GlobalStore, \
     Kernel, Loop, Value  # noqa: E402
 from fusionstitching.codegen.llvm_lowering import optimize  # noqa: E402
@@ -189,3 +189,20 @@ def test_one_thread_may_read_the_whole_input_before_writing_over_it():
     # the same statements in every block of several: another block may write first
     blocks = dataclasses.replace(kernel, grid=(2,))
     assert in_place.refusal(blocks, 0, 1).kind is in_place.RefusalKind.READ_ELSEWHERE
+
+
+def test_a_large_update_is_proved_without_enumerating_its_iterations():
+    rows, cols = Var("r", 1 << 12), Var("c", 1 << 12)  # more than MAX_ITERATIONS
+    x = Value("x", "f32")
+    offset = add(cols, scale(rows, 1 << 12))
+    inner = Loop(cols, ix(0), 1 << 12, 1, [GlobalLoad(x, 0, offset), GlobalStore(1, offset, x)])
+    shape = Shape("f32", (1 << 12, 1 << 12), (1, 0))
+    kernel = Kernel("k", [Buffer("a", shape, False), Buffer("o", shape, True)], grid=(1,),
+                    block=(1,), shared=[], body=[Loop(rows, ix(0), 1 << 12, 1, [inner])],
+                    tid=Var("tid", 1), bid=Var("bid", 1))
+    assert in_place.refusal(kernel, 0, 1) is None
+    # the same rows read at a remainder: not mixed radix, and too many to enumerate
+    folded = add(mod(cols, 1 << 11), scale(rows, 1 << 12))
+    inner = Loop(cols, ix(0), 1 << 12, 1, [GlobalLoad(x, 0, folded), GlobalStore(1, folded, x)])
+    kernel = dataclasses.replace(kernel, body=[Loop(rows, ix(0), 1 << 12, 1, [inner])])
+    assert in_place.refusal(kernel, 0, 1).kind is in_place.RefusalKind.TOO_MANY

@@ -3,9 +3,9 @@
 
 It may when each element of the input is read only by the iteration that writes that element
 of the output: every load of the input sits in the store's statement list, at its offset and
-width, and the store's offsets over all blocks, threads, loops and guards never repeat
-(enumerated, not reasoned about). One thread may also read it all in statements before the
-store's. `written_over` moves loads that follow the store before it. Why: ARCHITECTURE.md.
+width, and the store's offsets over all blocks, threads, loops and guards never repeat (seen
+in a mixed-radix offset, else enumerated). One thread may also read it all in statements
+before the store's. `written_over` moves loads that follow the store before it.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .host import split_loop
+from .index_expr import Var, ix
 from .kernel_ir import LANE_TYPES, VECTOR_LANES, DynamicIndex, GlobalLoad, GlobalStore, If, \
     IndexLet, Kernel, Loop
 
@@ -68,6 +69,8 @@ def refusal(kernel: Kernel, source: int, output: int) -> Refusal | None:
                 or _lanes(load.dst.dtype) != lanes:
             return Refusal(RefusalKind.READ_ELSEWHERE, f"input read at [{load.offset}] against "
                            f"the store at [{store.offset}]")
+    if _mixed_radix(kernel, path, store.offset, lanes):
+        return None
     offsets = _offsets(kernel, path, statements[:at], store)
     if isinstance(offsets, Refusal):
         return offsets
@@ -106,6 +109,31 @@ def _loads_first(statements: list, source: int, output: int) -> list:
                 return statements[:at] + [dataclasses.replace(s, body=body)] + \
                     statements[at + 1:]
     return statements
+
+
+def _mixed_radix(kernel: Kernel, path: list, offset, lanes: int) -> bool:
+    """True when the offset is ``sum(c_i * v_i) + k`` over loop variables (from 0, step 1),
+    threads and blocks, whose coefficients, in increasing order, each clear the span of the
+    terms below (the first clears the store's width): distinct iterations then store
+    distinct elements, however many there are (an embedding's update has more iterations
+    than are worth enumerating)."""
+    extents = {kernel.bid: kernel.grid[0], kernel.tid: kernel.block[0]}
+    for s in path:
+        if isinstance(s, Loop):
+            if s.start != ix(0) or s.step != 1:
+                return False
+            extents[s.var] = s.stop
+    terms = []
+    for atom, c in offset.terms:
+        if not isinstance(atom, Var) or atom not in extents or c <= 0:
+            return False
+        terms.append((c, extents[atom]))
+    span = lanes
+    for c, n in sorted(terms):
+        if c < span:
+            return False
+        span = c * n
+    return True
 
 
 def _sequential(kernel: Kernel) -> bool:
