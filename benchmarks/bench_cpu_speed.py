@@ -37,7 +37,7 @@ from pathlib import Path
 import jax
 import numpy as np
 from bench_plan_time import PARTS, ZOO, markdown_table, run_parts, tier_steps
-from step_loops import (loss_index, paired_ratio, state_feedback, stepper, training_loop,
+from step_loops import (loss_at, loss_path, paired_ratio, state_feedback, stepper, training_loop,
                         waited_calls)
 from thunk_share import memory_share
 
@@ -161,9 +161,9 @@ def measure(name: str, fn, args, calls: int, cache_dir: str, donate: bool = Fals
     row.update({f"loop_{k}_ms": statistics.median(v) * 1e3 for k, v in per_step.items()})
     row["loop_ratio"], row["loop_ratio_low"], row["loop_ratio_high"] = paired_ratio(
         per_step["xla"], per_step["fs"])
-    loss = loss_index(fn, args, feedback) if feedback else None
+    loss = loss_path(fn, args, feedback) if feedback else None
     if loss is not None:  # the loss of step LOOP_STEPS, from the same start
-        row.update({f"loop_{k}_loss": float(out[loss]) for k, out in last.items()})
+        row.update({f"loop_{k}_loss": float(loss_at(out, loss)) for k, out in last.items()})
     (report,) = stitched.reports()
     row.update(kept=report.runtime.get("kept"), why=report.runtime.get("why"),
                patterns=report.fs.patterns,

@@ -78,15 +78,32 @@ def stepper(fn, args, feedback: dict[int, int]):
     return step
 
 
-def loss_index(fn, args, feedback: dict[int, int]) -> int | None:
-    """The output that is a training step's loss: a float scalar that is not state."""
+def loss_path(fn, args, feedback: dict[int, int]) -> tuple | None:
+    """Where a training step's loss is among its outputs: ``(i,)`` for a float scalar output
+    that is not state, ``(i, "loss")`` for a dict of logs with a float scalar "loss" (Keras's
+    train_step returns its logs and its state); read it with `loss_at`."""
     out = jax.eval_shape(fn, *args)
     outs = out if isinstance(out, tuple) else (out,)
     for i, o in enumerate(outs):
-        if i not in feedback.values() and getattr(o, "shape", None) == () \
-                and jax.numpy.issubdtype(o.dtype, jax.numpy.floating):
-            return i
+        if i in feedback.values():
+            continue
+        if isinstance(o, dict) and _float_scalar(o.get("loss")):
+            return (i, "loss")
+        if _float_scalar(o):
+            return (i,)
     return None
+
+
+def loss_at(out, path: tuple):
+    """The loss in a step's outputs ``out``, at `loss_path`'s ``path``."""
+    value = out if isinstance(out, tuple) else (out,)
+    for key in path:
+        value = value[key]
+    return value
+
+
+def _float_scalar(x) -> bool:
+    return getattr(x, "shape", None) == () and jax.numpy.issubdtype(x.dtype, jax.numpy.floating)
 
 
 def paired_ratio(first: list[float], second: list[float]) -> tuple[float, float, float]:

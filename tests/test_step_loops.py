@@ -55,9 +55,22 @@ def test_the_loss_is_the_float_scalar_that_is_not_state():
 
     args = ({"w": jnp.ones(3), "b": jnp.zeros(3)}, jnp.ones(3))
     feedback = step_loops.state_feedback(step, args)
-    assert feedback == {0: 0} and step_loops.loss_index(step, args, feedback) == 2
+    assert feedback == {0: 0} and step_loops.loss_path(step, args, feedback) == (2,)
     last = step_loops.training_loop(step, args, feedback)(3)
     assert last[2] == step(step(step(*args)[0], args[1])[0], args[1])[2]  # the third step's
+    assert step_loops.loss_at(last, (2,)) == last[2]
+
+
+def test_a_keras_steps_loss_is_in_its_logs():
+    """Keras's train_step returns (logs, state); the loss is logs["loss"]."""
+    def step(state, x):
+        (w,) = state
+        return {"loss": jnp.sum(w * x), "accuracy": jnp.float32(1)}, (w * 2,)
+
+    args = ((jnp.ones(3),), jnp.ones(3))
+    feedback = step_loops.state_feedback(step, args)
+    assert step_loops.loss_path(step, args, feedback) == (0, "loss")
+    assert step_loops.loss_at(step(*args), (0, "loss")) == 3
 
 
 def test_paired_ratio_bounds_the_median_by_order_statistics():
