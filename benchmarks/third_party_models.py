@@ -78,7 +78,8 @@ def _keras_hub_task(task_cls, backbone_cls, backbone_kwargs, optimizer, task_kwa
     # counters and metrics at zero (random values made Adam's second moment negative)
     state = (sds(task.trainable_variables), values(task.non_trainable_variables),
              values(task.optimizer.variables), values(task.metrics_variables))
-    data = (sds(x), sds(y), sds(sw))
+    data = (sds(x), sds(y), sw)  # weights of 1, as fit() passes none: seeded normal
+    # weights made the loss negative, and its minimization run away
     return {"train": ("jax", task.train_step, (state, data)),
             "infer": ("jax", task.predict_step, (state[:2], (sds(x),)))}
 
