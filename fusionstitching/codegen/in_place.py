@@ -43,8 +43,7 @@ class Refusal:
 def refusal(kernel: Kernel, source: int, output: int) -> Refusal | None:
     """None when buffer ``output`` may be written over buffer ``source`` (an input)."""
     a, o = kernel.buffers[source].shape, kernel.buffers[output].shape
-    if (a.dtype, tuple(a.dims), tuple(a.minor_to_major)) != \
-            (o.dtype, tuple(o.dims), tuple(o.minor_to_major)):
+    if not a.same_array(o):
         return Refusal(RefusalKind.SHAPE, f"{a} against {o}")
     stores, loads = [], []
     for statements, path in _lists(kernel):

@@ -108,6 +108,12 @@ class Shape:
             out.extend(s.leaves())
         return out
 
+    def same_array(self, other: "Shape") -> bool:
+        """The same array in memory: element type, dimensions and physical layout (a shape
+        printed without one is row-major)."""
+        return (self.dtype, tuple(self.dims), self.minor_to_major) == \
+            (other.dtype, tuple(other.dims), other.minor_to_major)
+
     def without_layout(self) -> "Shape":
         if self.is_tuple:
             return dataclasses.replace(
@@ -172,6 +178,24 @@ class Instruction:
                 names.extend(n.strip().lstrip("%") for n in text.strip("{}").split(",")
                              if n.strip())
         return names
+
+    @property
+    def control_predecessors(self) -> list[str]:
+        """``control-predecessors={%a, %b}`` -> ["a", "b"]."""
+        text = self.attrs.get("control-predecessors", "")
+        return [n.strip().lstrip("%") for n in text.strip("{}").split(",") if n.strip()]
+
+    def without_control_predecessors(self, gone) -> "Instruction":
+        """This instruction without the control predecessors named in ``gone`` (itself when
+        none of them is)."""
+        names = self.control_predecessors
+        kept = [n for n in names if n not in gone]
+        if kept == names:
+            return self
+        attrs = {k: v for k, v in self.attrs.items() if k != "control-predecessors"}
+        if kept:
+            attrs["control-predecessors"] = "{" + ", ".join(f"%{n}" for n in kept) + "}"
+        return dataclasses.replace(self, attrs=attrs)
 
     @property
     def literal_elided(self) -> bool:

@@ -74,7 +74,9 @@ def unroll_loops(module: Module) -> Module:
     gone = {name for name in loops if name not in names} | set(renamed)
     before = {i.name for i in entry.instructions}
     instructions = _bitcasts_as_reshapes(instructions, before)
-    instructions = [_without_predecessors(i, gone) for i in instructions]
+    # an unrolled loop and its reads: the values they stood for are computed before
+    # anything reads them
+    instructions = [i.without_control_predecessors(gone) for i in instructions]
     instructions = _without_dead(instructions)
     kept = dataclasses.replace(entry, instructions=instructions)
     return dataclasses.replace(module, computations=_reachable(module, kept))
@@ -229,32 +231,12 @@ def _without_dead(instructions: list[Instruction]) -> list[Instruction]:
     for inst in reversed(instructions):
         if _kept(inst) or inst.name in read:
             read.update(inst.operands)
-            read.update(_predecessors(inst))
+            read.update(inst.control_predecessors)
     return [i for i in instructions if _kept(i) or i.name in read]
 
 
 def _kept(inst: Instruction) -> bool:
     return inst.is_root or inst.opcode == "parameter" or inst.opcode in KEEPS_ROLLED
-
-
-def _predecessors(inst: Instruction) -> list[str]:
-    text = inst.attrs.get("control-predecessors", "")
-    return [n.strip().lstrip("%") for n in text.strip("{}").split(",") if n.strip()]
-
-
-def _without_predecessors(inst: Instruction, gone: set[str]) -> Instruction:
-    """``inst`` without control predecessors named in ``gone`` (an unrolled loop and its
-    reads: the values they stood for are computed before anything reads them)."""
-    names = _predecessors(inst)
-    if not names:
-        return inst
-    kept = [n for n in names if n not in gone]
-    if kept == names:
-        return inst
-    attrs = {k: v for k, v in inst.attrs.items() if k != "control-predecessors"}
-    if kept:
-        attrs["control-predecessors"] = "{" + ", ".join(f"%{n}" for n in kept) + "}"
-    return dataclasses.replace(inst, attrs=attrs)
 
 
 def _with_operands(inst: Instruction, operands: list[str]) -> Instruction:

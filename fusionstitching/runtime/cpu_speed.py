@@ -60,9 +60,9 @@ def pattern_module(module: Module, spec) -> str:
                       if by_name[o].opcode == "constant" and o not in inputs)
     # without control predecessors: they order the whole module's buffers (copies of
     # donated parameters) and may name instructions outside the pattern
-    body += [Instruction(i.name, i.shape, i.opcode, list(i.operands),
-                         {k: v for k, v in i.attrs.items() if k != "control-predecessors"},
-                         literal=i.literal, operand_shapes=i.operand_shapes)
+    body += [Instruction(i.name, i.shape, i.opcode, list(i.operands), dict(i.attrs),
+                         literal=i.literal, operand_shapes=i.operand_shapes
+                         ).without_control_predecessors(i.control_predecessors)
              for i in entry.instructions if i.name in wanted and i.name not in inputs]
     results = []
     for name, shape in spec.outputs:

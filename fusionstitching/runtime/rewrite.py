@@ -110,7 +110,7 @@ def custom_call(spec, target: str, backend_config: str | None = None,
     read = {name for name, _ in inputs}
     for index, (name, shape) in enumerate(spec.outputs):
         param = (donated or {}).get(name)
-        if param is not None and param.name not in read and _same_array(param.shape, shape) \
+        if param is not None and param.name not in read and param.shape.same_array(shape) \
                 and index not in {out for out, _ in aliases}:
             aliases.append((index, len(inputs)))
             inputs.append((param.name, param.shape))
@@ -138,11 +138,6 @@ def custom_call(spec, target: str, backend_config: str | None = None,
                                       {"index": str(i)})
                           for i, (name, shape) in enumerate(outputs)]
     return calls + _rebuilt_tuples(spec.outputs)
-
-
-def _same_array(a: Shape, b: Shape) -> bool:
-    return (a.dtype, tuple(a.dims), tuple(a.minor_to_major)) == \
-        (b.dtype, tuple(b.dims), tuple(b.minor_to_major))
 
 
 def output_name(name: str) -> str:
@@ -196,18 +191,8 @@ def _without_gone_predecessors(instructions: list[Instruction]) -> list[Instruct
     write in XLA's buffer assignment (copies of donated buffers), which XLA makes again for
     the rewritten module; a name no longer defined would fail its parse."""
     defined = {i.name for i in instructions}
-    out = []
-    for inst in instructions:
-        text = inst.attrs.get("control-predecessors")
-        if text is not None:
-            names = [n.strip().lstrip("%") for n in text.strip("{}").split(",") if n.strip()]
-            attrs = {k: v for k, v in inst.attrs.items() if k != "control-predecessors"}
-            kept = [n for n in names if n in defined]
-            if kept:
-                attrs["control-predecessors"] = "{" + ", ".join(f"%{n}" for n in kept) + "}"
-            inst = dataclasses.replace(inst, attrs=attrs)
-        out.append(inst)
-    return out
+    return [i.without_control_predecessors(set(i.control_predecessors) - defined)
+            for i in instructions]
 
 
 def _topological(instructions: list[Instruction]) -> list[Instruction]:
