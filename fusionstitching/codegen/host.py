@@ -121,6 +121,14 @@ class HostLowering(ThreadLowering):
             b.store(ir.Constant(I8, 1), self.element_pointer(self.marks[buffer], "pred",
                                                              add(offset, lane)))
 
+    def element_pointer(self, base: ir.Value, dtype: str, offset: Ix) -> ir.Value:
+        # Offsets in i64: LLVM 22's loop vectorizer loaded
+        # `sext(i32 (i % 8) + 8 + 16 * o)` as 16 consecutive floats (keras_hub Mistral's and
+        # transformers Llama's rotary embeddings, tests/test_vectorizer_check.py); from i64
+        # arithmetic it gathers what the index says.
+        return self.builder.gep(base, [self.index(offset, I64)], inbounds=True,
+                                source_etype=STORAGE_TYPES[dtype])
+
     def buffer_pointer(self, i: int) -> ir.Value:
         return self.buffers[self.storage.get(i, i)]
 

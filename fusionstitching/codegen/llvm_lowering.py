@@ -143,17 +143,19 @@ class ThreadLowering:
         b.branch(head)
         b.position_at_end(done)
 
-    def index(self, e: Ix) -> ir.Value:
+    def index(self, e: Ix, typ: ir.IntType = I32) -> ir.Value:
+        """``e`` as a ``typ`` integer (the loop variables are i32; indices are never
+        negative, so an i64 index zero-extends them)."""
         b = self.builder
-        total = ir.Constant(I32, e.const)
+        total = ir.Constant(typ, e.const)
         for atom, c in e.terms:
             if isinstance(atom, Var):
-                v = self.vars[atom]
+                v = self.vars[atom] if typ == I32 else b.zext(self.vars[atom], typ)
             elif isinstance(atom, FloorDiv):  # indices are never negative: unsigned is floor
-                v = b.udiv(self.index(atom.arg), ir.Constant(I32, atom.k))
+                v = b.udiv(self.index(atom.arg, typ), ir.Constant(typ, atom.k))
             else:
-                v = b.urem(self.index(atom.arg), ir.Constant(I32, atom.k))
-            total = b.add(total, v if c == 1 else b.mul(v, ir.Constant(I32, c)))
+                v = b.urem(self.index(atom.arg, typ), ir.Constant(typ, atom.k))
+            total = b.add(total, v if c == 1 else b.mul(v, ir.Constant(typ, c)))
         return total
 
     def element_pointer(self, base: ir.Value, dtype: str, offset: Ix) -> ir.Value:
