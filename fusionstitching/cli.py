@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 import time
-import traceback
+import json
 from pathlib import Path
 
 import costmodel
@@ -18,8 +18,10 @@ from .explorer import STRATEGIES
 from .graph import build_graph
 from .hlo.ir import HloParseError
 from .hlo.parser import parse_file
-from .pipeline import Options, plan_module, planning_workers, stitch_module
-from .report import format_summary, write_json
+from .pipeline import Options, plan_module, planning_workers
+from .replay_pool import MODULE_TIMEOUT_S, ModuleOutcome, OutcomeKind, outcome_json, \
+    outcome_table, replay_all
+from .report import write_json
 
 
 def collect_hlo_files(paths: list[str]) -> list[Path]:
@@ -42,34 +44,67 @@ def replay(args: argparse.Namespace) -> int:
         return 1
     options = Options(target=args.target, explorer=args.explorer, verify=args.verify,
                       emit_dir=args.emit, ptxas=not args.no_ptxas)
-    reports, failed = [], False
-    for path in files:
-        t0 = time.perf_counter()
-        try:
-            module = parse_file(path)
-            result = stitch_module(module, options, parse_seconds=time.perf_counter() - t0)
-            summary = format_summary(result.report)
-        except (HloParseError, OSError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            failed = True
-            continue
-        except Exception as exc:  # a defect of ours: this file fails, the others still replay
-            print(f"error: {path}: internal error ({type(exc).__name__}: {exc}); please "
-                  f"report it with the file\n{_innermost_frame(exc)}", file=sys.stderr)
-            failed = True
-            continue
-        print(f"{path}:")
-        print(summary)
-        reports.append(result.report)
-        failed |= not result.report.ok
+    paths = [str(f) for f in files]
+    progress = Progress(len(paths))
+
+    def on_outcome(outcome: ModuleOutcome) -> None:
+        if outcome.kind is OutcomeKind.PLANNED:
+            print(f"{outcome.path}:\n{outcome.text}", flush=True)
+        else:
+            progress.clear()
+            print(f"error: {outcome.text}", file=sys.stderr)
+        if args.json_dir:
+            _write_module_json(outcome, args.json_dir, paths)
+        progress.step(outcome)
+
+    started = time.perf_counter()
+    outcomes = replay_all(paths, options, args.workers, args.timeout, on_outcome)
+    progress.clear()
+    print(outcome_table(outcomes, time.perf_counter() - started))
     if args.json:
+        reports = [o.report for o in outcomes if o.report is not None]
         try:
             write_json(reports, args.json)
         except OSError as exc:  # checked up front; the folder may have gone since
             print(f"error: --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
             return 1
         print(f"wrote {len(reports)} reports to {args.json}")
-    return 1 if failed else 0
+    return 1 if any(o.failed for o in outcomes) else 0
+
+
+class Progress:
+    """A progress bar on a terminal's stderr (redrawn in place); nothing elsewhere, where
+    each module's summary or error already says it is done."""
+
+    def __init__(self, total: int, stream=sys.stderr):
+        self.total, self.done, self.failed = total, 0, 0
+        self.stream = stream
+        self.live = stream.isatty()
+        self.started = time.perf_counter()
+
+    def step(self, outcome: ModuleOutcome) -> None:
+        self.done += 1
+        self.failed += outcome.failed
+        if self.live:
+            filled = 30 * self.done // self.total
+            self.stream.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/"
+                              f"{self.total}, {self.failed} failed, "
+                              f"{time.perf_counter() - self.started:.0f} s")
+            self.stream.flush()
+
+    def clear(self) -> None:
+        if self.live:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def _write_module_json(outcome: ModuleOutcome, folder: str, paths: list[str]) -> None:
+    """``folder``/<the file's path below the files' common folder, / as __>.json."""
+    root = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in paths])
+    name = os.path.relpath(os.path.abspath(outcome.path), root).replace(os.sep, "__")
+    with open(os.path.join(folder, name + ".json"), "w") as f:
+        json.dump(outcome_json(outcome), f, indent=1)
+        f.write("\n")
 
 
 def _output_file_problem(path: str) -> str | None:
@@ -98,9 +133,11 @@ def _output_folder_problem(path: str) -> str | None:
     return None
 
 
-def _innermost_frame(exc: BaseException) -> str:
-    frame = traceback.extract_tb(exc.__traceback__)[-1]
-    return f"  raised at {frame.filename}:{frame.lineno} in {frame.name}"
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -153,6 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--json", metavar="OUT", help="write the list of Reports as JSON")
     rp.add_argument("--emit", metavar="DIR", help="write kernel IR, LLVM IR, PTX and cubins")
     rp.add_argument("--no-ptxas", action="store_true", help="skip assembling with ptxas")
+    rp.add_argument("--workers", type=_positive_int, default=1,
+                    help="plan this many modules side by side, each in a worker process "
+                         "(default 1: one at a time in this process)")
+    rp.add_argument("--timeout", type=float, default=MODULE_TIMEOUT_S, metavar="SECONDS",
+                    help="with --workers 2 or more: a module still planning after this long "
+                         "is stopped and reported (default %(default)g)")
+    rp.add_argument("--json-dir", metavar="DIR",
+                    help="write one JSON file per module: its Report, or why it failed")
     rp.set_defaults(run=replay)
 
     dp = sub.add_parser("demo", help="LayerNorm from JAX: XLA's plan, the stitched plan, "
@@ -177,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "replay":
         # Output paths are checked before minutes of planning, as argparse checks choices.
         for option, value, problem in (("--json", args.json, _output_file_problem),
-                                       ("--emit", args.emit, _output_folder_problem)):
+                                       ("--emit", args.emit, _output_folder_problem),
+                                       ("--json-dir", args.json_dir, _output_folder_problem)):
             why = value and problem(value)
             if why:
                 rp.error(f"{option} {value}: {why}")

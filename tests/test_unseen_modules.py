@@ -248,7 +248,7 @@ def test_one_files_internal_error_does_not_lose_the_others_reports(tmp_path, mon
             raise RuntimeError("a defect")
         return real(module, *args, **kwargs)
 
-    monkeypatch.setattr(fusionstitching.cli, "stitch_module", crashes_on_cycle)  # replay's
+    monkeypatch.setattr(fusionstitching.replay_pool, "stitch_module", crashes_on_cycle)
     out_json = tmp_path / "reports.json"
     status = cli_main(["replay", str(good), str(bad), "--no-ptxas", "--json", str(out_json)])
     assert status == 1

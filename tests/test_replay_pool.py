@@ -1,0 +1,120 @@
+"""``fusionstitching replay --workers N``: modules planned side by side in worker processes
+give the reports one process gives, in the files' order; a module that fails, hangs past its
+time limit or loses its worker is reported and the others still replay."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fusionstitching import child_processes
+from fusionstitching.cli import main as cli_main
+from fusionstitching.pipeline import Options
+from fusionstitching.replay_pool import OutcomeKind, replay_all
+
+DATA = Path(__file__).parent / "data" / "hlo"
+FILES = [str(DATA / name) for name in ("layernorm_64x256_jax_cpu.hlo",
+                                       "softmax_64x256_jax_h100.hlo",
+                                       "adam_64x256_tf_cpu.hlo")]
+OPTIONS = Options(ptxas=False)
+
+
+def plan_of(report) -> dict:
+    """A report's JSON without its times (which differ from run to run)."""
+    data = report.to_json()
+    del data["times_s"]
+    return data
+
+
+def test_two_workers_give_one_processs_reports_in_the_files_order():
+    alone = replay_all(FILES, OPTIONS, workers=1)
+    heard = []
+    side_by_side = replay_all(FILES, OPTIONS, workers=2, on_outcome=heard.append)
+    assert [o.path for o in side_by_side] == FILES
+    assert sorted(o.path for o in heard) == sorted(FILES)
+    assert all(o.kind is OutcomeKind.PLANNED for o in side_by_side)
+    assert [plan_of(o.report) for o in side_by_side] == [plan_of(o.report) for o in alone]
+
+
+def test_a_bad_file_is_reported_with_its_location_and_the_others_replay(tmp_path):
+    bad = tmp_path / "bad.hlo"
+    bad.write_text("HloModule m\n\nENTRY %e () -> f32[] {\n  ROOT %c = f32[ constant(0)\n}\n")
+    outcomes = replay_all([str(bad), *FILES[:2]], OPTIONS, workers=2)
+    assert [o.kind for o in outcomes] == [OutcomeKind.BAD_INPUT, OutcomeKind.PLANNED,
+                                          OutcomeKind.PLANNED]
+    assert outcomes[0].text.startswith(f"{bad}:4:") and outcomes[0].failed
+
+
+def never_written_fifo(tmp_path) -> str:
+    """A file whose reading waits for a writer that never comes: a module that never ends."""
+    path = tmp_path / "hangs.hlo"
+    os.mkfifo(path)
+    return str(path)
+
+
+def test_a_module_past_its_time_limit_is_stopped_and_the_others_replay(tmp_path):
+    hangs = never_written_fifo(tmp_path)
+    started = time.perf_counter()
+    outcomes = replay_all([hangs, *FILES], OPTIONS, workers=2, timeout_s=3.0)
+    assert time.perf_counter() - started < 60
+    assert [o.kind for o in outcomes] == [OutcomeKind.TIMED_OUT] + [OutcomeKind.PLANNED] * 3
+    assert outcomes[0].seconds >= 3.0 and "still planning after 3 s" in outcomes[0].text
+
+
+def test_a_worker_that_dies_is_reported_and_replaced(tmp_path, monkeypatch):
+    hangs = never_written_fifo(tmp_path)
+    pids = []
+    real_start = child_processes.start
+
+    def remembered(cmd, **kwargs):
+        proc = real_start(cmd, **kwargs)
+        pids.append(proc.pid)
+        return proc
+
+    monkeypatch.setattr(child_processes, "start", remembered)
+
+    def kill_the_first_worker():
+        time.sleep(2.0)  # it has opened the FIFO and waits there
+        os.kill(pids[0], 9)
+
+    killer = threading.Thread(target=kill_the_first_worker)
+    killer.start()
+    # the FIFO first: the first worker started gets it
+    outcomes = replay_all([hangs, *FILES], OPTIONS, workers=2, timeout_s=120.0)
+    killer.join()
+    assert [o.kind for o in outcomes] == [OutcomeKind.WORKER_DIED] + [OutcomeKind.PLANNED] * 3
+    assert "exit status -9" in outcomes[0].text
+    assert len(pids) == 3  # two, and the one that replaced the killed one
+
+
+def test_cli_writes_one_json_per_module_and_a_summary_table(tmp_path, capsys):
+    bad = tmp_path / "bad.hlo"
+    bad.write_text("not HLO\n")
+    folder = tmp_path / "per_module"
+    status = cli_main(["replay", *FILES[:2], str(bad), "--no-ptxas", "--workers", "2",
+                       "--json-dir", str(folder), "--json", str(tmp_path / "all.json")])
+    assert status == 1  # one file failed
+    written = {p.name: json.loads(p.read_text()) for p in folder.iterdir()}
+    assert len(written) == 3
+    planned = [d for d in written.values() if d["outcome"] == "planned"]
+    assert sorted(d["file"] for d in planned) == sorted(FILES[:2])
+    assert all(d["schema"] == "fusionstitching.report/1" for d in planned)
+    (failed,) = [d for d in written.values() if d["outcome"] != "planned"]
+    assert failed["outcome"] == "bad input" and failed["error"].startswith(f"{bad}:1:")
+    assert [r["module"] for r in json.loads((tmp_path / "all.json").read_text())] == [
+        d["module"] for d in sorted(planned, key=lambda d: FILES.index(d["file"]))]
+    out = capsys.readouterr().out
+    assert "3 modules in" in out and "2 planned, 1 bad input" in out
+    table = out[out.index("module  "):]
+    assert [line.split()[0] for line in table.splitlines()[1:4]] == [*FILES[:2], str(bad)]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_cli_refuses_a_worker_count_that_is_not_positive(value, capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["replay", FILES[0], "--workers", value])
+    assert "--workers" in capsys.readouterr().err
