@@ -21,6 +21,7 @@ from .hlo.parser import parse_file
 from .pipeline import Options, plan_module, planning_workers
 from .replay_pool import MODULE_TIMEOUT_S, ModuleOutcome, OutcomeKind, outcome_json, \
     outcome_table, replay_all
+from .replay_ray import replay_on_ray
 from .report import write_json
 
 
@@ -48,17 +49,25 @@ def replay(args: argparse.Namespace) -> int:
     progress = Progress(len(paths))
 
     def on_outcome(outcome: ModuleOutcome) -> None:
+        progress.clear()
         if outcome.kind is OutcomeKind.PLANNED:
             print(f"{outcome.path}:\n{outcome.text}", flush=True)
         else:
-            progress.clear()
             print(f"error: {outcome.text}", file=sys.stderr)
         if args.json_dir:
             _write_module_json(outcome, args.json_dir, paths)
         progress.step(outcome)
 
     started = time.perf_counter()
-    outcomes = replay_all(paths, options, args.workers, args.timeout, on_outcome)
+    if args.ray:
+        try:
+            outcomes = replay_on_ray(paths, options, args.ray, args.timeout, on_outcome)
+        except RuntimeError as exc:
+            progress.clear()
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    else:
+        outcomes = replay_all(paths, options, args.workers, args.timeout, on_outcome)
     progress.clear()
     print(outcome_table(outcomes, time.perf_counter() - started))
     if args.json:
@@ -76,9 +85,9 @@ class Progress:
     """A progress bar on a terminal's stderr (redrawn in place); nothing elsewhere, where
     each module's summary or error already says it is done."""
 
-    def __init__(self, total: int, stream=sys.stderr):
+    def __init__(self, total: int, stream=None):
         self.total, self.done, self.failed = total, 0, 0
-        self.stream = stream
+        self.stream = sys.stderr if stream is None else stream
         self.live = stream.isatty()
         self.started = time.perf_counter()
 
@@ -194,8 +203,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="plan this many modules side by side, each in a worker process "
                          "(default 1: one at a time in this process)")
     rp.add_argument("--timeout", type=float, default=MODULE_TIMEOUT_S, metavar="SECONDS",
-                    help="with --workers 2 or more: a module still planning after this long "
-                         "is stopped and reported (default %(default)g)")
+                    help="with --workers 2 or more or --ray: a module still planning after "
+                         "this long is stopped and reported (default %(default)g)")
+    rp.add_argument("--ray", metavar="ADDRESS",
+                    help="plan each module as a task on the Ray cluster at ADDRESS (\"local\": "
+                         "one started on this machine for the run); needs Ray")
     rp.add_argument("--json-dir", metavar="DIR",
                     help="write one JSON file per module: its Report, or why it failed")
     rp.set_defaults(run=replay)
@@ -220,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "replay":
+        if args.ray and args.workers > 1:
+            rp.error("--workers and --ray: the Ray cluster's CPUs are the workers")
         # Output paths are checked before minutes of planning, as argparse checks choices.
         for option, value, problem in (("--json", args.json, _output_file_problem),
                                        ("--emit", args.emit, _output_folder_problem),

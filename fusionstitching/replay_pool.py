@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import child_processes
 from .hlo.ir import HloParseError
-from .hlo.parser import parse_file
+from .hlo.parser import parse_file, parse_module
 from .pipeline import Options, stitch_module
 from .report import Report, format_summary
 
@@ -54,12 +54,12 @@ class ModuleOutcome:
         return self.kind is not OutcomeKind.PLANNED or not self.report.ok
 
 
-def replay_one(path: str, options: Options) -> ModuleOutcome:
-    """Parse and plan one file."""
+def replay_one(path: str, options: Options, text: str | None = None) -> ModuleOutcome:
+    """Parse and plan one file (``text``: its text, read elsewhere)."""
     started = time.perf_counter()
     seconds = lambda: time.perf_counter() - started  # noqa: E731
     try:
-        module = parse_file(path)
+        module = parse_file(path) if text is None else parse_module(text, source=path)
         result = stitch_module(module, options, parse_seconds=seconds())
         summary = format_summary(result.report)
     except (HloParseError, OSError) as exc:

@@ -24,7 +24,7 @@ LAYERS = (
      "fusionstitching.capture"),
     ("fusionstitching.capability", "fusionstitching.query_workers"),
     ("fusionstitching.pipeline",),
-    ("fusionstitching.runtime", "fusionstitching.replay_pool"),
+    ("fusionstitching.runtime", "fusionstitching.replay_pool", "fusionstitching.replay_ray"),
     ("fusionstitching.stitched_jit", "fusionstitching.demo"),
     ("fusionstitching.cli", "tf_hooks", "fusionstitching"),
 )

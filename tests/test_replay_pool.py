@@ -1,10 +1,15 @@
 """``fusionstitching replay --workers N``: modules planned side by side in worker processes
 give the reports one process gives, in the files' order; a module that fails, hangs past its
-time limit or loses its worker is reported and the others still replay."""
+time limit or loses its worker is reported and the others still replay. The same on a Ray
+cluster the tests start (`--ray ADDRESS`)."""
 from __future__ import annotations
 
+import io
 import json
 import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -12,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from fusionstitching import child_processes
-from fusionstitching.cli import main as cli_main
+from fusionstitching.cli import Progress, main as cli_main
 from fusionstitching.pipeline import Options
 from fusionstitching.replay_pool import OutcomeKind, replay_all
+from fusionstitching.replay_ray import replay_on_ray
 
 DATA = Path(__file__).parent / "data" / "hlo"
 FILES = [str(DATA / name) for name in ("layernorm_64x256_jax_cpu.hlo",
@@ -118,3 +124,74 @@ def test_cli_refuses_a_worker_count_that_is_not_positive(value, capsys):
     with pytest.raises(SystemExit):
         cli_main(["replay", FILES[0], "--workers", value])
     assert "--workers" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A Ray cluster of two CPUs on this machine, as `ray start --head` starts one; its
+    address."""
+    ray = Path(sys.executable).parent / "ray"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # Ray's token authentication, which `ray start` turns on: the drivers must ask for it
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "token"
+    subprocess.run([str(ray), "start", "--head", "--node-ip-address=127.0.0.1",
+                    f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+                    "--disable-usage-stats"], check=True, capture_output=True, timeout=120)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([str(ray), "stop", "--force"], capture_output=True, timeout=120)
+        if saved is None:
+            del os.environ["RAY_AUTH_MODE"]
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved
+
+
+def test_a_ray_cluster_gives_one_processs_reports_in_the_files_order(ray_cluster, tmp_path,
+                                                                    capsys):
+    bad = tmp_path / "bad.hlo"
+    bad.write_text("HloModule m\n\nENTRY %e () -> f32[] {\n  ROOT %c = f32[ constant(0)\n}\n")
+    out = tmp_path / "all.json"
+    status = cli_main(["replay", *FILES, str(bad), "--no-ptxas", "--ray", ray_cluster,
+                       "--json", str(out)])
+    assert status == 1
+    captured = capsys.readouterr()
+    assert f"{bad}:4:" in captured.err
+    assert "4 modules in" in captured.out and "3 planned, 1 bad input" in captured.out
+    got = json.loads(out.read_text())
+    for report in got:
+        del report["times_s"]
+    assert got == [plan_of(o.report) for o in replay_all(FILES, OPTIONS)]
+
+
+def test_a_ray_task_past_its_time_limit_is_cancelled_and_reported(ray_cluster):
+    outcomes = replay_on_ray(FILES, OPTIONS, ray_cluster, timeout_s=1e-3)
+    assert [o.kind for o in outcomes] == [OutcomeKind.TIMED_OUT] * 3
+    assert "its Ray task was cancelled" in outcomes[0].text
+
+
+def test_an_unreachable_ray_cluster_is_an_error_not_a_traceback(capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there
+    assert cli_main(["replay", FILES[0], "--ray", f"127.0.0.1:{port}"]) == 1
+    assert "cannot reach the Ray cluster" in capsys.readouterr().err
+
+
+def test_the_progress_bar_is_drawn_on_a_terminal_only():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    outcomes = replay_all(FILES[:2], OPTIONS)
+    for stream, drawn in ((Terminal(), True), (io.StringIO(), False)):
+        progress = Progress(2, stream)
+        for outcome in outcomes:
+            progress.step(outcome)
+        progress.clear()
+        text = stream.getvalue()
+        assert ("[" + "#" * 30 + "] 2/2, 0 failed" in text) is drawn
+        assert text.endswith("\r\033[K") is drawn
