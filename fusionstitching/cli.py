@@ -88,7 +88,7 @@ class Progress:
     def __init__(self, total: int, stream=None):
         self.total, self.done, self.failed = total, 0, 0
         self.stream = sys.stderr if stream is None else stream
-        self.live = stream.isatty()
+        self.live = self.stream.isatty()
         self.started = time.perf_counter()
 
     def step(self, outcome: ModuleOutcome) -> None:
