@@ -7,7 +7,10 @@ built with llvmlite that have the code generator's calling convention:
 from __future__ import annotations
 
 import ctypes
+import json
 import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -536,3 +539,42 @@ def test_an_async_fusion_state_read_by_another_op_is_refused():
   %peek = u32[] get-tuple-element(%start), index=2""")
     with pytest.raises(rewrite.RewriteError, match="async fusion"):
         rewrite.normalize_for_xla(parse_module(text))
+
+
+SHARDED_STEP = """
+import json, os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from fusionstitching.stitched_jit import jit
+
+def layernorm(x):
+    m = x.mean(-1, keepdims=True)
+    return (x - m) * jax.lax.rsqrt(((x - m) ** 2).mean(-1, keepdims=True) + 1e-5)
+
+mesh = Mesh(np.array(jax.devices()), ("data",))
+x = jax.device_put(np.random.default_rng(0).standard_normal((64, 256), np.float32),
+                   NamedSharding(mesh, P("data")))
+stitched = jit(layernorm, cache_dir=None, keep="stitched")
+got, want = stitched(x), jax.jit(layernorm)(x)
+(report,) = stitched.reports()
+print(json.dumps(dict(equal=bool((np.asarray(got) == np.asarray(want)).all()),
+                      stages=[f.stage for f in report.fallbacks],
+                      reasons=[f.reason for f in report.fallbacks],
+                      kept=report.runtime["kept"], build_s=report.runtime["build_s"])))
+"""
+
+
+def test_a_step_sharded_over_several_devices_keeps_xla_and_says_why_before_planning():
+    """Stitched executables are compiled for one device; a sharded step built them for 22 s
+    (zoo BERT) and then failed at its first call."""
+    run = subprocess.run([sys.executable, "-c", SHARDED_STEP], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["equal"] and result["kept"] == "xla"
+    assert result["stages"] == ["devices"]
+    assert "runs on 8 devices" in result["reasons"][0]
+    assert result["build_s"] < 1.0  # refused before any planning
+    assert "runs on XLA's own kernels (devices)" in run.stderr

@@ -59,6 +59,7 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     ``keep="fastest"`` asks for it)."""
 
     started = time.perf_counter()
+    _check_one_device(xla_compiled)
     device = gpu_device_of(xla_compiled)
     if device is not None:  # plan for the card the function runs on
         options = dataclasses.replace(options, target=gpu.target_for(device))
@@ -441,6 +442,17 @@ def _check_signature(module, xla_compiled) -> None:
     if num_params != num_inputs:
         raise BuildError("signature", f"the module has {num_params} parameters for "
                                       f"{num_inputs} inputs")
+
+
+def _check_one_device(xla_compiled) -> None:
+    """The rewritten module is compiled for one device: a step jax runs on several (sharded
+    or replicated over a mesh) keeps XLA's executable, said before any planning (it failed
+    at its first call, after the whole build)."""
+    devices = len(xla_compiled.runtime_executable().local_devices())
+    if devices > 1:
+        raise BuildError("devices", f"the step runs on {devices} devices (a sharded or "
+                                    "replicated jit); stitched executables run on one device "
+                                    "so far")
 
 
 def _write(path: str, text: str) -> None:
