@@ -78,9 +78,9 @@ def replay_all(paths: list[str], options: Options, workers: int = 1,
                on_outcome: Callable[[ModuleOutcome], None] = lambda outcome: None
                ) -> list[ModuleOutcome]:
     """Every file's outcome, in the order of ``paths``; ``on_outcome`` hears each as it
-    comes. ``workers`` <= 1: in this process, one after another (no time limit: nothing
-    could stop a module planning here). Otherwise ``workers`` processes, each module limited
-    to ``timeout_s``."""
+    comes. ``workers`` <= 1, or one file: in this process, one after another (no time limit:
+    nothing could stop a module planning here). Otherwise ``workers`` processes, each module
+    limited to ``timeout_s``."""
     if workers <= 1 or len(paths) <= 1:
         outcomes = []
         for path in paths:
