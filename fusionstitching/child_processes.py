@@ -7,8 +7,12 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import socket
 import subprocess
+import sys
 import threading
+from multiprocessing.connection import Connection
+from pathlib import Path
 
 # Seconds. ptxas takes well under 10 s on the corpus's largest kernels; an XLA:GPU compile of
 # a training step under a minute (deviceless, 2 cores).
@@ -55,6 +59,26 @@ def start(cmd: list[str], **popen_options) -> subprocess.Popen:
     with _live_lock:
         _live.add(proc)
     return proc
+
+
+def start_worker(module: str) -> tuple[subprocess.Popen, Connection]:
+    """``python -m module FD`` (a fresh interpreter, never a fork of a process with threads)
+    and our end of the socket whose other end is FD; its stdout discarded, its stderr ours.
+    Raises OSError (or ValueError where pass_fds is missing) when it cannot start."""
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+    ours, theirs = socket.socketpair()
+    try:
+        proc = start([sys.executable, "-m", module, str(theirs.fileno())],
+                     pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL)
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return proc, Connection(ours.detach())
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 2.0) -> None:

@@ -47,6 +47,8 @@ def replay(args: argparse.Namespace) -> int:
                       emit_dir=args.emit, ptxas=not args.no_ptxas)
     paths = [str(f) for f in files]
     progress = Progress(len(paths))
+    # --json-dir names each file by its path below the files' common folder
+    root = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in paths])
 
     def on_outcome(outcome: ModuleOutcome) -> None:
         progress.clear()
@@ -55,7 +57,7 @@ def replay(args: argparse.Namespace) -> int:
         else:
             print(f"error: {outcome.text}", file=sys.stderr)
         if args.json_dir:
-            _write_module_json(outcome, args.json_dir, paths)
+            _write_module_json(outcome, args.json_dir, root)
         progress.step(outcome)
 
     started = time.perf_counter()
@@ -107,9 +109,8 @@ class Progress:
             self.stream.flush()
 
 
-def _write_module_json(outcome: ModuleOutcome, folder: str, paths: list[str]) -> None:
-    """``folder``/<the file's path below the files' common folder, / as __>.json."""
-    root = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in paths])
+def _write_module_json(outcome: ModuleOutcome, folder: str, root: str) -> None:
+    """``folder``/<the file's path below ``root``, / as __>.json."""
     name = os.path.relpath(os.path.abspath(outcome.path), root).replace(os.sep, "__")
     with open(os.path.join(folder, name + ".json"), "w") as f:
         json.dump(outcome_json(outcome), f, indent=1)

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 import subprocess
 import sys
 import threading
 from collections.abc import MutableMapping
 from multiprocessing.connection import Connection, wait
-from pathlib import Path
 
 import costmodel
 
@@ -57,19 +55,10 @@ class QueryWorkers:
         self._procs: list[subprocess.Popen] = []
         self._senders: list[threading.Thread] = []
         self._requests: dict[tuple, tuple] = {}  # messages other than a query, by key
-        package_root = str(Path(__file__).resolve().parent.parent)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
         init = ("init", module, target, ptxas)
         try:
             for _ in range(count):
-                ours, theirs = socket.socketpair()
-                proc = child_processes.start(
-                    [sys.executable, "-m", "fusionstitching.query_workers",
-                     str(theirs.fileno())], pass_fds=(theirs.fileno(),), env=env,
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-                theirs.close()
-                conn = Connection(ours.detach())
+                proc, conn = child_processes.start_worker("fusionstitching.query_workers")
                 self._procs.append(proc)
                 self._idle.append(conn)
                 # The module is sent while the worker imports (a blocking send of a large

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -134,21 +132,12 @@ class _Pool:
 
     def __init__(self, count: int, options: Options):
         self.options = options
-        package_root = str(Path(__file__).resolve().parent.parent)
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
         self.procs: dict[Connection, subprocess.Popen] = {}
         for _ in range(count):
             self._start()
 
     def _start(self) -> Connection:
-        ours, theirs = socket.socketpair()
-        proc = child_processes.start(
-            [sys.executable, "-m", "fusionstitching.replay_pool", str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),), env=self.env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL)  # its warnings reach stderr
-        theirs.close()
-        conn = Connection(ours.detach())
+        proc, conn = child_processes.start_worker("fusionstitching.replay_pool")
         conn.send(self.options)
         self.procs[conn] = proc
         return conn
@@ -185,7 +174,7 @@ class _Pool:
                     try:
                         outcome = conn.recv()
                     except (EOFError, OSError):
-                        code = _exit_status(self.procs[conn])
+                        code = _exit_code_once_ended(self.procs[conn])
                         outcome = ModuleOutcome(path, OutcomeKind.WORKER_DIED, now - start,
                                                 f"{path}: the worker planning it ended "
                                                 f"(exit status {code})")
@@ -213,7 +202,7 @@ class _Pool:
         self.procs = {}
 
 
-def _exit_status(proc: subprocess.Popen) -> int | None:
+def _exit_code_once_ended(proc: subprocess.Popen) -> int | None:
     """The worker's exit status, once it has ended (its socket closes just before)."""
     try:
         return proc.wait(2.0)
