@@ -54,12 +54,13 @@ setup(
         # XLA:GPU deviceless compilation (capture of XLA:GPU's optimized HLO without a GPU).
         "xla-gpu": ["jax-cuda12-plugin>=0.10,<0.11", "jax-cuda12-pjrt>=0.10,<0.11",
                     "nvidia-cuda-nvcc-cu12>=12.4"],
-        # replay --ray: modules planned as tasks on a Ray cluster.
-        "cluster": ["ray>=2.50"],
-        # The tests exercise TF capture, XLA:GPU's deviceless compiler (plans and PTX) and
-        # replay on a Ray cluster they start.
+        # replay --ray: modules planned as tasks on a Ray cluster; --remote_cache=redis://...
+        "cluster": ["ray>=2.50", "redis>=5"],
+        # The tests exercise TF capture, XLA:GPU's deviceless compiler (plans and PTX),
+        # replay on a Ray cluster they start and the remote cache on a redis-server they start.
         "test": ["pytest>=8", "tensorflow-cpu>=2.21,<2.22", "jax-cuda12-plugin>=0.10,<0.11",
-                 "jax-cuda12-pjrt>=0.10,<0.11", "nvidia-cuda-nvcc-cu12>=12.4", "ray>=2.50"],
+                 "jax-cuda12-pjrt>=0.10,<0.11", "nvidia-cuda-nvcc-cu12>=12.4", "ray>=2.50",
+                 "redis>=5"],
     },
     entry_points={"console_scripts": ["fusionstitching=fusionstitching.cli:main"]},
     cmdclass={"build_py": BuildPyWithHook, "develop": DevelopWithHook},

@@ -40,19 +40,23 @@ class RuntimeOptions:
     keep: str = "fastest"  # "fastest": time both on a real call; "stitched": always stitched
     cache_dir: str | None = None  # kernel cache directory (None: no cache)
     dump_to: str | None = None  # write optimized HLO, rewritten HLO, kernels and Report here
+    remote_cache: str | None = None  # redis:// URL: the cache tier shared by a job's hosts
 
 
 def jit(fn=None, *, static_argnums=None, static_argnames=None, donate_argnums=None,
         donate_argnames=None, inline: bool = False, async_compile: bool = False,
         verify: bool = False, keep: str = "fastest", cache_dir=_DEFAULT,
-        dump_to: str | None = None, cache_group=None, **opts):
+        dump_to: str | None = None, cache_group=None, remote_cache: str | None = None,
+        **opts):
     """Like ``jax.jit(fn, static_argnums=..., static_argnames=...)``, with stitching.
 
     ``opts`` are ``pipeline.Options`` fields (target, explorer, ptxas). PTX is not assembled
     unless ``ptxas=True``: on the CPU it is not executed, only reported. ``cache_dir``
     defaults to ``$XDG_CACHE_HOME/fusionstitching`` (``None``: no kernel cache); it is private
     to this user unless ``cache_group`` (a group name or gid) is given, whose members then share
-    it (runtime/cache.py, "write access is trust").
+    it (runtime/cache.py, "write access is trust"). ``remote_cache``, a
+    ``redis://[:password@]host:port/db`` URL, adds a tier shared by the job's hosts: entries
+    there are signed with ``$FUSIONSTITCHING_CACHE_SECRET`` (runtime/cache_redis.py).
 
     ``donate_argnums`` / ``donate_argnames`` donate as with ``jax.jit``: XLA's executable and
     the stitched one (whose module keeps XLA's input/output aliasing) reuse the donated
@@ -66,10 +70,11 @@ def jit(fn=None, *, static_argnums=None, static_argnames=None, donate_argnums=No
                                  donate_argnames=donate_argnames, inline=inline,
                                  async_compile=async_compile,
                                  verify=verify, keep=keep, cache_dir=cache_dir, dump_to=dump_to,
-                                 cache_group=cache_group, **opts)
+                                 cache_group=cache_group, remote_cache=remote_cache, **opts)
     opts.setdefault("ptxas", False)
     runtime = RuntimeOptions(async_compile, verify, keep,
-                             default_dir() if cache_dir is _DEFAULT else cache_dir, dump_to)
+                             default_dir() if cache_dir is _DEFAULT else cache_dir, dump_to,
+                             remote_cache)
     if cache_group is not None and runtime.cache_dir is not None:
         share_cache(runtime.cache_dir, cache_group)
     return StitchedFunction(fn, pipeline.Options(**opts), runtime, static_argnums,
@@ -270,7 +275,7 @@ class Compiled:
                  runtime: RuntimeOptions):
         self.xla_compiled = xla_compiled  # jax.stages.Compiled: XLA's own plan, the fallback
         self.lifecycle = Lifecycle(name, options, runtime.cache_dir, runtime.async_compile,
-                                   runtime.dump_to)
+                                   runtime.dump_to, remote_cache=runtime.remote_cache)
         self.executor = self.lifecycle.executor = Executor(
             xla_compiled, name, verify=runtime.verify, keep=runtime.keep,
             background=runtime.async_compile, info=self.lifecycle.info)

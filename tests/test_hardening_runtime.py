@@ -195,7 +195,7 @@ def test_unwritable_cache_runs_without_cache_one_warning(tmp_path, caplog, monke
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(cache, "_create_entry_file", denied)
+    monkeypatch.setattr(cache, "create_entry_file", denied)
     report = run_stitched(caplog, cache_dir=str(tmp_path / "cache"))
     assert report.runtime["kept"] == "stitched" and not report.fallbacks
     assert report.cache["refused"]["kind"] == cache.RefusalKind.UNWRITABLE

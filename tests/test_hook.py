@@ -49,14 +49,16 @@ def run_script(tmp_path, env: dict) -> subprocess.CompletedProcess:
 def test_parse_flags():
     parsed, problems = flags.parse("--async --verify=false --target=a100 --explorer=greedy "
                                    "--cache_dir=/c --dump_to='/d d' --report=/r.json "
-                                   "--keep=stitched")
+                                   "--keep=stitched --remote_cache=redis://h:6379/2")
     assert parsed == flags.Flags(async_compile=True, verify=False, target="a100",
                                  explorer="greedy", cache_dir="/c", dump_to="/d d",
-                                 report="/r.json", keep="stitched")
+                                 report="/r.json", keep="stitched",
+                                 remote_cache="redis://h:6379/2")
     assert not problems
     assert parsed.jit_options() == {"async_compile": True, "verify": False, "target": "a100",
                                     "explorer": "greedy", "dump_to": "/d d",
-                                    "keep": "stitched", "cache_dir": "/c"}
+                                    "keep": "stitched", "cache_dir": "/c",
+                                    "remote_cache": "redis://h:6379/2"}
 
 
 def test_bad_flags_are_named_and_ignored():

@@ -2,8 +2,8 @@
 
     FUSIONSTITCHING=1 FUSIONSTITCHING_FLAGS="--async --verify --report=/tmp/fs.json" python train.py
 
-The flags (--async, --verify, --target, --explorer, --cache_dir, --cache_group, --dump_to,
---report, --keep; README.md says what each does) are shared by every framework hook. An
+The flags (--async, --verify, --target, --explorer, --cache_dir, --cache_group,
+--remote_cache, --dump_to, --report, --keep; README.md says what each does) are shared by every framework hook. An
 unknown or malformed flag gives one warning naming it and is otherwise ignored: a typo in an
 environment variable must not stop a training job.
 """
@@ -36,6 +36,7 @@ class Flags:
     explorer: str = "beam"
     cache_dir: str | None = None  # None: fusionstitching's default directory
     cache_group: str | None = None  # None: the cache is private to this user
+    remote_cache: str | None = None  # redis:// URL of the tier shared by the job's hosts
     dump_to: str | None = None
     report: str | None = None
     keep: str = "fastest"
@@ -49,6 +50,8 @@ class Flags:
             options["cache_dir"] = self.cache_dir
         if self.cache_group is not None:
             options["cache_group"] = self.cache_group
+        if self.remote_cache is not None:
+            options["remote_cache"] = self.remote_cache
         return options
 
 
@@ -56,6 +59,7 @@ class Flags:
 _FLAGS = {"async": ("async_compile", False), "verify": ("verify", False),
           "target": ("target", True), "explorer": ("explorer", True),
           "cache_dir": ("cache_dir", True), "cache_group": ("cache_group", True),
+          "remote_cache": ("remote_cache", True),
           "dump_to": ("dump_to", True), "report": ("report", True), "keep": ("keep", True)}
 _CHOICES = {"target": ("h100", "a100", "v100"), "explorer": ("beam", "greedy"),
             "keep": ("fastest", "stitched")}

@@ -231,7 +231,8 @@ class TfCompiled:
             share_cache(cache_dir, flags.cache_group)
         options = pipeline.Options(target=flags.target, explorer=flags.explorer, ptxas=False)
         self.lifecycle = Lifecycle(self.name, options, cache_dir, flags.async_compile,
-                                   flags.dump_to, module_name=self.name)
+                                   flags.dump_to, module_name=self.name,
+                                   remote_cache=flags.remote_cache)
         self.info = self.lifecycle.info
         self.unsupported: str | None = None
         self.signature: Signature | None = None

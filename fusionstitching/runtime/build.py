@@ -53,8 +53,10 @@ def reason(exc: BaseException) -> str:
 
 
 def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_dir: str | None,
-                   dump_prefix: str | None = None, measure: bool = False) -> Built:
-    """``measure``: on the host route, each kernel is timed against XLA:CPU running its
+                   dump_prefix: str | None = None, measure: bool = False,
+                   remote_cache: str | None = None) -> Built:
+    """``remote_cache``: a ``redis://`` URL, the cache's tier shared by the job's hosts
+    (runtime/cache_redis.py). ``measure``: on the host route, each kernel is timed against XLA:CPU running its
     instructions alone and left to XLA when clearly slower (`cpu_speed`; the default
     ``keep="fastest"`` asks for it)."""
 
@@ -68,8 +70,9 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     optimized = optimized_hlo_text(xla_compiled)
     if dump_prefix:
         _write(dump_prefix + ".xla.hlo.txt", optimized)
-    stats = kernel_cache.CacheStats(cache_dir)
-    cache = kernel_cache.KernelCache(cache_dir)
+    stats = kernel_cache.CacheStats(cache_dir, kernel_cache.redacted(remote_cache)
+                                    if remote_cache else None)
+    cache = kernel_cache.KernelCache(cache_dir, remote=remote_cache)
     plan_key = kernel_cache.fingerprint("plan", without_source_locations(optimized),
                                         options.target, options.explorer,
                                         # the rule is part of the decisions the plan keeps
@@ -161,7 +164,7 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
             nodes = [n for k in kernels for n in k.pattern.nodes]
             _leave_to_xla(fallbacks, exc.stage, nodes, f"module {module.name}", exc.reason)
             stitched_report = xla_report
-    if cache_dir and len(fallbacks) == before_host:  # nothing failed: remember the plan
+    if cache.enabled and len(fallbacks) == before_host:  # nothing failed: remember the plan
         plan = {"kernels": cached_kernels, "xla_report": xla_report.to_json(),
                 "stitched_report": stitched_report.to_json(),
                 "hlo": _placeholders(text, targets) if text else None}
@@ -282,7 +285,7 @@ def _build_for_gpu(module, result, options, device, cache, plan_key, stats, jax_
             nodes = [n for k in kernels for n in k.pattern.nodes]
             _leave_to_xla(fallbacks, exc.stage, nodes, f"module {module.name}", exc.reason)
             stitched_report = xla_report
-    if cache.directory and len(fallbacks) == before:
+    if cache.enabled and len(fallbacks) == before:
         plan = {"route": "gpu", "kernels": [], "xla_report": xla_report.to_json(),
                 "stitched_report": stitched_report.to_json(), "hlo": text}
         cache.store(plan_key, json.dumps(plan).encode(), kind="plan")

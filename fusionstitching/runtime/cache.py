@@ -16,9 +16,7 @@ import hashlib
 import json
 import logging
 import os
-import pwd
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import MutableMapping
@@ -32,6 +30,9 @@ from ..codegen import host
 from ..codegen.host import HostKernel
 from ..codegen.schedules.space import Space
 from ..codegen.llvm_lowering import optimize
+from .cache_files import (MAX_BYTES, clean, create_entry_file, private_group, touch,
+                          why)
+from .cache_redis import BadSignature, RedisTier, Unavailable, redacted
 
 # 2: fast host kernels (vectorized); 3: with kernel_parts; 4: host plans of modules with
 # their small integer loops unrolled (a plan cached before would keep the loops rolled);
@@ -56,6 +57,7 @@ class CacheStats:
     """What the cache did for one compiled function (goes into the Report)."""
 
     dir: str | None
+    remote: str | None = None  # the remote tier's URL, without its password
     hits: int = 0
     misses: int = 0
     corrupt: list[str] = field(default_factory=list)  # keys rebuilt, with the reason
@@ -63,6 +65,8 @@ class CacheStats:
     compile_s: float = 0.0  # LLVM time spent on misses
     load_s: float = 0.0  # time spent loading hits
     refused: dict | None = None  # the cache was not used: Refusal (kind, path, detail)
+    remote_hits: int = 0  # entries (plans, kernels, schedules) read from the remote tier
+    remote_refused: dict | None = None  # the remote tier was not used: Refusal
 
 
 def _package_version() -> str:
@@ -117,6 +121,10 @@ class RefusalKind(str, enum.Enum):
     UNREADABLE = "unreadable"  # an entry we may not read (0600 of another user)
     WRITABLE_BY_OTHERS = "writable-by-others"  # a directory or entry others could have written
     FOREIGN_OWNER = "foreign-owner"  # owned by another uid, outside the group opted into
+    # the remote tier (cache_redis.Unavailable's kinds)
+    UNREACHABLE = "unreachable"  # no connection, a timeout, refused credentials, no client
+    NO_SECRET = "no-secret"  # FUSIONSTITCHING_CACHE_SECRET unset: nothing to check entries by
+    REMOTE_FAILED = "remote-failed"  # the server answered a command with an error
 
 
 @dataclass(frozen=True)
@@ -139,8 +147,6 @@ _groups: dict = {}
 _maintained: dict = {}
 _state_lock = threading.Lock()
 
-MAX_BYTES = 2 << 30  # the cache's size cap: least recently used entries are evicted past it
-TMP_MAX_AGE_S = 3600.0  # a temporary file this old was left by a killed store
 
 
 def share_with_group(directory: str, group) -> None:
@@ -163,14 +169,23 @@ class KernelCache:
     this user or root (or, in the cache, by the group opted into with ``share_with_group``)
     and writable by nobody else (ancestors may be sticky, like /tmp); so must the entry. A
     cache that fails this, or cannot be created or written, is switched off for the process
-    with one warning (``refusal`` says why); functions are then built in memory."""
+    with one warning (``refusal`` says why); functions are then built in memory.
 
-    def __init__(self, directory: str | None, max_bytes: int | None = None):
+    ``remote`` (a ``redis://`` URL) adds a tier shared by a job's hosts, behind the directory:
+    an entry missing here is read from it (its signature checked, cache_redis.py) and kept
+    here; a stored entry goes to both. It is switched off the same way (``remote_refusal``)."""
+
+    def __init__(self, directory: str | None, max_bytes: int | None = None,
+                 remote: str | None = None):
         self.directory = None
         self.refusal: Refusal | None = None
+        self.remote: RedisTier | None = None
+        self.remote_refusal: Refusal | None = None
         self.max_bytes = MAX_BYTES if max_bytes is None else max_bytes
         self._noted: set = set()  # keys already noted corrupt (rebuilt once)
         self._validated: dict = {}  # kernel key -> entry read while validating a plan
+        if remote is not None:
+            self._open_remote(remote)
         if directory is None:
             return
         self.root = os.path.realpath(directory)
@@ -184,8 +199,40 @@ class KernelCache:
                 return
             self.directory = self.root
 
+    @property
+    def enabled(self) -> bool:
+        """Entries are read and stored somewhere (a tier not refused)."""
+        return self.directory is not None or self.remote is not None
+
     def path(self, key: str) -> str:
         return os.path.join(self.root, key[:2], key + ".kernel")
+
+    def _open_remote(self, url: str) -> None:
+        with _state_lock:
+            self.remote_refusal = _refused.get(url)
+        if self.remote_refusal is None:
+            try:
+                self.remote = RedisTier(url)
+            except Unavailable as exc:
+                self._refuse_remote(url, exc)
+
+    def _refuse_remote(self, url: str, exc: Unavailable) -> None:
+        """No remote tier at ``url`` for the rest of the process: one warning."""
+        refusal = Refusal(RefusalKind(exc.kind), redacted(url), exc.detail)
+        with _state_lock:
+            first = url not in _refused
+            _refused.setdefault(url, refusal)
+        self.remote, self.remote_refusal = None, refusal
+        if first:
+            log.warning("fusionstitching: running without the remote kernel cache %s (%s: %s)",
+                        refusal.path, refusal.kind.value, refusal.detail)
+
+    def note_refusals(self, stats: CacheStats) -> None:
+        """Put why a tier is off into ``stats`` (the Report's ``cache`` field)."""
+        if self.refusal is not None:
+            stats.refused = dataclasses.asdict(self.refusal)
+        if self.remote_refusal is not None:
+            stats.remote_refused = dataclasses.asdict(self.remote_refusal)
 
     # -- trust ---------------------------------------------------------------------------
     def _open_root(self) -> None:
@@ -212,13 +259,13 @@ class KernelCache:
         except FileExistsError:
             pass  # another process made it first: checked like any other
         except OSError as exc:
-            raise CacheRefused(RefusalKind.UNWRITABLE, path, _why(exc)) from None
+            raise CacheRefused(RefusalKind.UNWRITABLE, path, why(exc)) from None
 
     def _check_directory(self, path: str, inside: bool) -> None:
         try:
             st = os.lstat(path)
         except OSError as exc:
-            raise CacheRefused(RefusalKind.UNWRITABLE, path, _why(exc)) from None
+            raise CacheRefused(RefusalKind.UNWRITABLE, path, why(exc)) from None
         if not stat.S_ISDIR(st.st_mode):
             raise CacheRefused(RefusalKind.OCCUPIED, path,
                                "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory")
@@ -235,12 +282,14 @@ class KernelCache:
             return
         if st.st_mode & stat.S_IWOTH:
             raise CacheRefused(RefusalKind.WRITABLE_BY_OTHERS, path, "writable by everyone")
-        if st.st_mode & stat.S_IWGRP and not group_ok and not _private_group(st.st_gid):
+        if st.st_mode & stat.S_IWGRP and not group_ok and not private_group(st.st_gid):
             raise CacheRefused(RefusalKind.WRITABLE_BY_OTHERS, path,
                                f"writable by group {st.st_gid} (not opted into)")
 
     def _read_entry(self, key: str) -> bytes | None:
         """The entry's bytes after the trust checks of its shard and itself; None: absent."""
+        if self.directory is None:
+            return None
         shard = os.path.dirname(self.path(key))
         if not os.path.lexists(shard):
             return None
@@ -250,16 +299,16 @@ class KernelCache:
         except FileNotFoundError:
             return None
         except PermissionError as exc:
-            raise CacheRefused(RefusalKind.UNREADABLE, self.path(key), _why(exc)) from None
+            raise CacheRefused(RefusalKind.UNREADABLE, self.path(key), why(exc)) from None
         except OSError as exc:  # ELOOP: a symlink
-            raise CacheRefused(RefusalKind.OCCUPIED, self.path(key), _why(exc)) from None
+            raise CacheRefused(RefusalKind.OCCUPIED, self.path(key), why(exc)) from None
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise CacheRefused(RefusalKind.OCCUPIED, self.path(key), "not a regular file")
             self._check_owner_and_mode(self.path(key), st)
             data = f.read()
-            _touch(fd)  # recently used: eviction takes the oldest first
+            touch(fd)  # recently used: eviction takes the oldest first
         return data
 
     def _refuse(self, refusal: Refusal, stats: CacheStats | None = None) -> None:
@@ -276,39 +325,45 @@ class KernelCache:
                         "README.md", self.root, refusal.kind.value, refusal.detail)
 
     # -- entries -------------------------------------------------------------------------
-    def load(self, key: str) -> tuple[dict, bytes] | None:
-        """(header, object bytes), None when absent; raises CorruptEntry when unreadable,
-        CacheRefused when the entry or its directory is not to be trusted."""
+    def load(self, key: str, stats: CacheStats | None = None) -> tuple[dict, bytes] | None:
+        """(header, object bytes), None when absent; raises CorruptEntry when unreadable or
+        badly signed, CacheRefused when the entry or its directory is not to be trusted. An
+        entry read from the remote tier is kept in the directory (counted in ``stats``)."""
         if key in self._validated:
             return self._validated.pop(key)
-        data = self._read_entry(key)
+        data, remote = self._read_entry(key), False
+        if data is None and self.remote is not None:
+            data, remote = self._read_remote(key), True
         if data is None:
             return None
-        line, newline, payload = data.partition(b"\n")
+        entry = _parse_entry(key, data)
+        if remote:
+            if stats is not None:
+                stats.remote_hits += 1
+            if self.directory is not None:
+                self._write_local(key, data)
+        return entry
+
+    def _read_remote(self, key: str) -> bytes | None:
         try:
-            header = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CorruptEntry(f"header is not JSON ({exc})") from None
-        if not newline or not isinstance(header, dict) or header.get("format") != FORMAT:
-            raise CorruptEntry(f"not a {FORMAT} entry")
-        if header.get("key") != key:
-            raise CorruptEntry("entry was written under another key")
-        if len(payload) != header.get("size") or \
-                hashlib.sha256(payload).hexdigest() != header.get("sha256"):
-            raise CorruptEntry("payload does not match its size/checksum")
-        return header, payload
+            return self.remote.get(key)
+        except BadSignature as exc:
+            raise CorruptEntry(str(exc)) from None
+        except Unavailable as exc:
+            self._refuse_remote(self.remote.url, exc)
+            return None
+
+
 
     def lookup(self, key: str, stats: CacheStats) -> tuple[dict, bytes] | None:
         """``load`` for callers that rebuild on any problem: a corrupt entry is noted in
         ``stats`` once and reads as absent (it is overwritten by the rebuild); an untrusted
         one switches the cache off. A plan is returned only when all its kernels are intact
         (a plan whose kernel was evicted is a quiet miss)."""
-        if self.directory is None:
-            if self.refusal is not None:
-                stats.refused = dataclasses.asdict(self.refusal)
-            return None
         try:
-            entry = self.load(key)
+            if not self.enabled:
+                return None
+            entry = self.load(key, stats)
             if entry is not None and entry[0].get("kind") == "plan":
                 entry = self._plan_with_kernels(key, entry, stats)
             return entry
@@ -316,6 +371,8 @@ class KernelCache:
             self._refuse(exc.refusal, stats)
         except (CorruptEntry, OSError) as exc:
             self._note(key, exc, stats)
+        finally:
+            self.note_refusals(stats)
         return None
 
     def _plan_with_kernels(self, key, entry, stats):
@@ -326,7 +383,7 @@ class KernelCache:
             raise CorruptEntry(f"plan is not readable ({exc})") from None
         for kernel_key in keys:
             try:
-                kernel = self.load(kernel_key)
+                kernel = self.load(kernel_key, stats)
             except CorruptEntry as exc:
                 self._note(kernel_key, exc, stats)
                 return None
@@ -341,23 +398,33 @@ class KernelCache:
             stats.corrupt.append(f"{key[:16]}: {exc}")
 
     def store(self, key: str, payload: bytes, **about) -> None:
-        """Publish ``payload`` under ``key``; ``about`` goes into the header (JSON values).
-        A failure switches the cache off (one warning), it never fails the build."""
-        if self.directory is None:
+        """Publish ``payload`` under ``key`` in each tier; ``about`` goes into the header (JSON
+        values). A failure switches that tier off (one warning), it never fails the build."""
+        if not self.enabled:
             return
         header = {"format": FORMAT, "key": key, "size": len(payload),
                   "sha256": hashlib.sha256(payload).hexdigest(), **about,
                   "llvmlite": llvmlite.__version__, "package": _package_version(),
                   "triple": llvm.get_process_triple(), "created": time.time()}
+        data = json.dumps(header).encode() + b"\n" + payload
+        if self.directory is not None:
+            self._write_local(key, data)
+        if self.remote is not None:
+            try:
+                self.remote.put(key, data)
+            except Unavailable as exc:
+                self._refuse_remote(self.remote.url, exc)
+
+    def _write_local(self, key: str, data: bytes) -> None:
         directory = os.path.dirname(self.path(key))
         try:
             if not os.path.lexists(directory):
                 self._make_directory(directory, private=True)
             self._check_directory(directory, inside=True)
-            temp = _create_entry_file(directory, key, self.gid)
+            temp = create_entry_file(directory, key, self.gid)
             try:
                 with open(temp, "wb") as f:
-                    f.write(json.dumps(header).encode() + b"\n" + payload)
+                    f.write(data)
                 os.replace(temp, self.path(key))
             except BaseException:
                 os.unlink(temp)
@@ -366,9 +433,9 @@ class KernelCache:
             self._refuse(exc.refusal)
             return
         except OSError as exc:
-            self._refuse(Refusal(RefusalKind.UNWRITABLE, directory, _why(exc)))
+            self._refuse(Refusal(RefusalKind.UNWRITABLE, directory, why(exc)))
             return
-        self._maintain(len(payload))
+        self._maintain(len(data))
 
     # -- leftovers and size ----------------------------------------------------------------
     def _maintain(self, stored: int) -> None:
@@ -380,6 +447,23 @@ class KernelCache:
             _maintained[self.root] = 0 if due else since + stored
         if due:
             clean(self.root, self.max_bytes)
+
+
+def _parse_entry(key: str, data: bytes) -> tuple[dict, bytes]:
+    """(header, payload) of an entry's bytes; raises CorruptEntry."""
+    line, newline, payload = data.partition(b"\n")
+    try:
+        header = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptEntry(f"header is not JSON ({exc})") from None
+    if not newline or not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise CorruptEntry(f"not a {FORMAT} entry")
+    if header.get("key") != key:
+        raise CorruptEntry("entry was written under another key")
+    if len(payload) != header.get("size") or \
+            hashlib.sha256(payload).hexdigest() != header.get("sha256"):
+        raise CorruptEntry("payload does not match its size/checksum")
+    return header, payload
 
 
 class ScheduleMemo(MutableMapping):
@@ -417,86 +501,6 @@ class ScheduleMemo(MutableMapping):
         return len(self._known)
 
 
-def clean(directory: str, max_bytes: int = MAX_BYTES) -> None:
-    """Old ``.tmp`` files out, then least recently used entries until the cache holds at
-    most 90% of ``max_bytes``. Best effort: what cannot be removed stays."""
-    now, kept, total = time.time(), [], 0
-    for shard in _scandir(directory):
-        if not shard.is_dir(follow_symlinks=False):
-            continue
-        for entry in _scandir(shard.path):
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if entry.name.endswith(".tmp"):
-                if now - st.st_mtime > TMP_MAX_AGE_S:
-                    _unlink_quietly(entry.path)
-            elif entry.name.endswith(".kernel"):
-                kept.append((st.st_mtime, st.st_size, entry.path))
-                total += st.st_size
-    if total <= max_bytes:
-        return
-    for _, size, path in sorted(kept):  # oldest use first
-        if total <= max_bytes * 0.9:
-            break
-        if _unlink_quietly(path):
-            total -= size
-
-
-def _create_entry_file(directory: str, key: str, gid: int | None) -> str:
-    """A new temporary file for an entry: private, or group-readable in a shared cache."""
-    fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{key[:16]}.", suffix=".tmp")
-    try:
-        if gid is not None:
-            os.fchown(fd, -1, gid)
-            os.fchmod(fd, 0o640)  # others of the group read it; replace needs only the dir
-    except BaseException:
-        os.close(fd)
-        os.unlink(temp)
-        raise
-    os.close(fd)
-    return temp
-
-
-def _private_group(gid: int) -> bool:
-    """A user-private group (this user's primary group with no other members): group write
-    then means this user (Debian's default umask 002 makes ~/.cache group-writable)."""
-    try:
-        user = pwd.getpwuid(os.geteuid())
-        members = grp.getgrgid(gid).gr_mem
-    except KeyError:
-        return False
-    return user.pw_gid == gid and set(members) <= {user.pw_name}
-
-
-def _touch(fd: int) -> None:
-    try:
-        os.utime(fd)
-    except OSError:  # another member's entry in a shared cache: its age stays
-        pass
-
-
-def _scandir(path: str) -> list:
-    try:
-        with os.scandir(path) as it:
-            return list(it)
-    except OSError:
-        return []
-
-
-def _unlink_quietly(path: str) -> bool:
-    try:
-        os.unlink(path)
-        return True
-    except OSError:
-        return False
-
-
-def _why(exc: OSError) -> str:
-    return f"{type(exc).__name__}: {exc.strerror or exc}"
-
-
 def compile_host_cached(spec, cache: KernelCache, stats: CacheStats, check=None
                         ) -> tuple[HostKernel, str]:
     """``codegen.compile_host(spec)`` through the cache: load the object code when an intact
@@ -531,8 +535,7 @@ def compile_host_cached(spec, cache: KernelCache, stats: CacheStats, check=None
         stats.compile_s += time.perf_counter() - t0
     stats.misses += 1
     cache.store(key, payload, kind="kernel", symbol=symbol)  # no-op without a cache
-    if cache.refusal is not None:  # the store found the cache unusable
-        stats.refused = dataclasses.asdict(cache.refusal)
+    cache.note_refusals(stats)  # the store may have found a tier unusable
     return kernel, key
 
 

@@ -65,8 +65,10 @@ class Lifecycle:
     once built, ``name`` before)."""
 
     def __init__(self, name: str, options: pipeline.Options, cache_dir: str | None,
-                 async_compile: bool, dump_to: str | None, module_name: str | None = None):
+                 async_compile: bool, dump_to: str | None, module_name: str | None = None,
+                 remote_cache: str | None = None):
         self.name, self.options, self.cache_dir = name, options, cache_dir
+        self.remote_cache = remote_cache
         self.async_compile, self.dump_to, self.module_name = async_compile, dump_to, module_name
         self.info = RuntimeInfo(mode="async" if async_compile else "sync")
         self.fallbacks: list[Fallback] = []  # the front end's own (TF: calls it leaves to TF)
@@ -93,7 +95,8 @@ class Lifecycle:
             options.emit_dir = dump_prefix + ".kernels"
         try:
             built = build_stitched(jax_lowered, reference, options, self.cache_dir,
-                                   dump_prefix, measure=executor.keep == "fastest")
+                                   dump_prefix, measure=executor.keep == "fastest",
+                                   remote_cache=self.remote_cache)
         except Exception as exc:  # never fail the user's job: the reference runs
             executor.build_failed(exc)
             self.info.build_s = round(time.perf_counter() - started, 3)
