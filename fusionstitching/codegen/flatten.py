@@ -160,6 +160,12 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
     value: dict[str, str] = {}  # entry array value -> FlatOp name
     elements: dict[str, list[str]] = {}  # tuple-valued pattern node -> FlatOp name per element
     inputs: list[tuple[str, Shape]] = []
+    read_through: set[str] = set()  # entry bitcasts of pattern values, computed in the kernel
+
+    def made_here(name: str) -> bool:
+        while name not in in_pattern and by_name[name].opcode == "bitcast":
+            name = by_name[name].operands[0]
+        return name in in_pattern
 
     def entry_operand(name: str) -> str:
         if name in value:
@@ -167,6 +173,12 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
         if name in elements:
             raise CodegenError(Refusal.TUPLE, f"tuple {name} used other than by get-tuple-element")
         inst = by_name[name]
+        if inst.opcode == "bitcast" and made_here(name):
+            # XLA:GPU bitcasts between kernels at entry level (a collective combiner's
+            # concatenate and slices): read as an input, the kernel would wait for itself.
+            read_through.add(name)
+            value[name] = add_op(inst, name, [entry_operand(inst.operands[0])])
+            return value[name]
         if inst.opcode == "get-tuple-element" and by_name[inst.operands[0]].opcode == "tuple":
             # Read the tuple's element itself: through the tuple the kernel would wait for
             # the tuple's other elements, which may be its own outputs (a cycle).
@@ -281,11 +293,16 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
             else:
                 value[inst.name] = name
 
+    def used_outside(name: str) -> bool:
+        """A user outside the pattern, or a bitcast read through that one has (or is ROOT)."""
+        return any(u not in in_pattern and (u not in read_through or by_name[u].is_root
+                                            or used_outside(u)) for u in users[name])
+
     outputs: list[tuple[str, Shape]] = []
     output_values: list[str] = []
     for inst in in_order:
         name = inst.name
-        outside = [u for u in users[name] if u not in in_pattern]
+        outside = used_outside(name)
         if inst.shape.is_tuple:
             if inst.is_root or outside:
                 for i, leaf in enumerate(inst.shape.tuple_shapes):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import eval_control, eval_elementwise, eval_movement, eval_reduce
+from . import eval_collective, eval_control, eval_elementwise, eval_movement, eval_reduce
 from .attrs import parse_literal
 from .eval_values import UnsupportedOp
 from .inline import inline_calls, nesting_depth
@@ -32,18 +32,28 @@ def register_custom_call(target: str, evaluate_call: CustomCall) -> None:
 
 
 def evaluate(module: Module, args: list, computation: str | None = None,
-             rounding_noise: np.random.Generator | None = None):
+             rounding_noise: np.random.Generator | None = None,
+             replica: eval_collective.Replica | None = None):
     """Runs ``computation`` (the entry by default) on ``args``; tuple results are tuples.
+    ``replica``: the simulated device this is (``evaluate_replicas``), for collectives.
 
     With ``rounding_noise``, every float result of an op that rounds is scaled by a random
     1 + u * eps (u uniform in [-1, 1], eps of its type): one of the f32 executions XLA could
     have been, to tell which output elements f32 rounding decides (stochastic arithmetic)."""
     comp = module.entry if computation is None else module.computation(computation)
-    return evaluate_computation(module, comp, args, rounding_noise)
+    return evaluate_computation(module, comp, args, rounding_noise, replica)
+
+
+def evaluate_replicas(module: Module, args: list[list]) -> list:
+    """The entry run by each device of a partitioned module (``args[i]``: device ``i``'s
+    arguments), collectives between them (eval_collective.py); results in device order."""
+    return eval_collective.run_replicas(
+        len(args), lambda replica: evaluate(module, args[replica.index], replica=replica))
 
 
 def evaluate_computation(module: Module, comp: Computation | str, args: list,
-                         rounding_noise: np.random.Generator | None = None):
+                         rounding_noise: np.random.Generator | None = None,
+                         replica: eval_collective.Replica | None = None):
     """Runs one computation of ``module``; arguments are checked against its parameter shapes."""
     if isinstance(comp, str):
         comp = module.computation(comp)
@@ -55,7 +65,7 @@ def evaluate_computation(module: Module, comp: Computation | str, args: list,
     checked = [_as_value(a, p.shape, f"argument {p.parameter_number} ({p.name})")
                for a, p in zip(args, params)]
     with np.errstate(all="ignore"):  # overflow, NaN and wrap-around are XLA semantics here
-        result = _Evaluator(module, rounding_noise).call(comp, checked)
+        result = _Evaluator(module, rounding_noise, replica).call(comp, checked)
     return _materialize(result)
 
 
@@ -82,9 +92,11 @@ class _Evaluator:
     """One evaluation: computations by name, operand shapes, parsed constants (the object
     every op receives as ``ev``)."""
 
-    def __init__(self, module: Module, rounding_noise: np.random.Generator | None = None):
+    def __init__(self, module: Module, rounding_noise: np.random.Generator | None = None,
+                 replica: eval_collective.Replica | None = None):
         self.module = module
         self.rounding_noise = rounding_noise
+        self.replica = replica
         self.computations = module.computation_map()
         # Instruction -> table of its computation, so ops can look at operand shapes (layouts).
         self._scope: dict[int, dict[str, Instruction]] = {}
@@ -169,4 +181,4 @@ _ROUNDING = (set(eval_elementwise.UNARY) | set(eval_elementwise.BINARY) | {
     "round-nearest-even", "real", "imag"}
 
 _OPS = {**eval_elementwise.OPS, **eval_movement.OPS, **eval_reduce.OPS, **eval_control.OPS,
-        "custom-call": _custom_call}
+        **eval_collective.OPS, "custom-call": _custom_call}

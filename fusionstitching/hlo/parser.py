@@ -272,6 +272,10 @@ class _Parser:
         self.expect("=")
         positions[key] = self.pos
         attrs[key] = self.raw(_ATTR_STOP, f"value of attribute {key!r}")
+        if attrs[key].startswith("mesh["):  # replica_groups=mesh['x'=2,'y'=4] {'y'}
+            self.skip_space()
+            if self.peek() == "{":
+                attrs[key] += " " + self.raw(_ATTR_STOP, f"axes of attribute {key!r}")
 
     # -- shapes ---------------------------------------------------------------------------
     def shape(self, depth: int = 0) -> Shape:
