@@ -56,18 +56,18 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
                    dump_prefix: str | None = None, measure: bool = False,
                    remote_cache: str | None = None) -> Built:
     """``remote_cache``: a ``redis://`` URL, the cache's tier shared by the job's hosts
-    (runtime/cache_redis.py). ``measure``: on the host route, each kernel is timed against XLA:CPU running its
-    instructions alone and left to XLA when clearly slower (`cpu_speed`; the default
-    ``keep="fastest"`` asks for it)."""
+    (runtime/cache_redis.py). ``measure``: on the host route, each kernel is timed against
+    XLA:CPU running its instructions alone and left to XLA when clearly slower (`cpu_speed`;
+    the default ``keep="fastest"`` asks for it)."""
 
     started = time.perf_counter()
-    _check_one_device(xla_compiled)
-    device = gpu_device_of(xla_compiled)
-    if device is not None:  # plan for the card the function runs on
-        options = dataclasses.replace(options, target=gpu.target_for(device))
     # Constants in full: ``as_text()`` elides large ones as ``{...}``, and the rewritten
     # module is compiled from this text (a flax position table was lost that way).
     optimized = optimized_hlo_text(xla_compiled)
+    _check_devices(xla_compiled, optimized)
+    device = gpu_device_of(xla_compiled)
+    if device is not None:  # plan for the card the function runs on
+        options = dataclasses.replace(options, target=gpu.target_for(device))
     if dump_prefix:
         _write(dump_prefix + ".xla.hlo.txt", optimized)
     stats = kernel_cache.CacheStats(cache_dir, kernel_cache.redacted(remote_cache)
@@ -381,7 +381,8 @@ def _register(name: str, host, num_inputs: int, num_outputs: int, parts: int) ->
 def _compile(text: str, jax_lowered, xla_compiled, dump_prefix: str | None):
     if dump_prefix:
         _write(dump_prefix + ".rewritten.hlo.txt", text)
-    executable = _stage("xla-compile", xla.compile_hlo, text)
+    executable = _stage("xla-compile", xla.compile_hlo, text,
+                        devices=xla_compiled.runtime_executable().local_devices())
     return _stage("swap", xla.swap_executable, jax_lowered, xla_compiled, executable)
 
 
@@ -447,15 +448,26 @@ def _check_signature(module, xla_compiled) -> None:
                                       f"{num_inputs} inputs")
 
 
-def _check_one_device(xla_compiled) -> None:
-    """The rewritten module is compiled for one device: a step jax runs on several (sharded
-    or replicated over a mesh) keeps XLA's executable, said before any planning (it failed
-    at its first call, after the whole build)."""
-    devices = len(xla_compiled.runtime_executable().local_devices())
-    if devices > 1:
-        raise BuildError("devices", f"the step runs on {devices} devices (a sharded or "
-                                    "replicated jit); stitched executables run on one device "
-                                    "so far")
+def _check_devices(xla_compiled, optimized: str) -> None:
+    """A step jax runs on several devices of this process is one program each device runs
+    (an SPMD partition, or a replica), planned once and compiled for the same devices
+    (``xla.compile_hlo``). Said before any planning, these keep XLA's executable: a step
+    over several processes' devices, one both partitioned and replicated, and a sharded step
+    on GPUs."""
+    local = xla_compiled.runtime_executable().local_devices()
+    header = optimized.split("\n", 1)[0]
+    partitions, replicas = (int(m.group(1)) if m else 1 for m in (
+        re.search(r"\bnum_partitions=(\d+)", header), re.search(r"\breplica_count=(\d+)", header)))
+    if partitions > 1 and replicas > 1:
+        raise BuildError("devices", f"the step runs as {replicas} replicas of {partitions} "
+                                    "partitions; stitched executables run one of the two so far")
+    if partitions * replicas != len(local):
+        raise BuildError("devices", f"the step runs on {partitions * replicas} devices, "
+                                    f"{len(local)} of them in this process; steps over "
+                                    "several processes keep XLA's executable so far")
+    if len(local) > 1 and local[0].platform != "cpu":
+        raise BuildError("devices", f"the step runs on {len(local)} {local[0].platform} "
+                                    "devices; sharded steps are stitched on the host so far")
 
 
 def _write(path: str, text: str) -> None:

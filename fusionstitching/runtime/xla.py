@@ -9,25 +9,36 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import numpy as np
 
-def compile_hlo(hlo_text: str, device=None, debug_options: dict | None = None):
+from ..hlo.collectives import as_replicas
+
+
+def compile_hlo(hlo_text: str, device=None, debug_options: dict | None = None,
+                devices: Sequence | None = None):
     """A loaded XLA executable for the module (on ``device``, default: the first device);
     ``debug_options`` (``{"xla_gpu_enable_command_buffer": "FUSION"}``) apply to this compile
-    only, over XLA_FLAGS."""
+    only, over XLA_FLAGS. With several ``devices`` the module is the program each of them
+    runs (an SPMD partition's), compiled as replicas in that order (``as_replicas``)."""
     import jax
     from jax._src import compiler
     from jax._src.interpreters import mlir
     from jax._src.lib import xla_client as xc
     from jax._src.lib.mlir import ir
 
-    device = device or jax.devices()[0]
+    devices = tuple(devices) if devices else (device or jax.devices()[0],)
+    count, assignment = len(devices), None
+    if count > 1:
+        hlo_text = as_replicas(hlo_text)
+        assignment = np.array([d.id for d in devices]).reshape(count, 1)
     proto = xc.hlo.hlo_module_from_text(hlo_text)
     stablehlo = xc._xla.mlir.hlo_to_stablehlo(proto.as_serialized_hlo_module_proto())
-    options = compiler.get_compile_options(num_replicas=1, num_partitions=1,
+    options = compiler.get_compile_options(num_replicas=count, num_partitions=1,
+                                           device_assignment=assignment,
                                            env_options_overrides=debug_options)
     with mlir.make_ir_context():
-        return device.client.compile_and_load(
-            ir.Module.parse(stablehlo), executable_devices=xc.DeviceList((device,)),
+        return devices[0].client.compile_and_load(
+            ir.Module.parse(stablehlo), executable_devices=xc.DeviceList(devices),
             compile_options=options)
 
 
