@@ -1,7 +1,10 @@
 """Collectives in partitioned modules: XLA's replica-group spellings, the mesh form parsed and
-printed back, the module rewritten to run as replicas, and a pattern reading through an
-entry bitcast of its own value (XLA:GPU's collective combiner) instead of waiting on it."""
+printed back, the module rewritten to run as replicas, a pattern reading through an entry
+bitcast of its own value (XLA:GPU's collective combiner) instead of waiting on it, and the
+zoo's partitioned H100 training steps planned around their collectives and verified."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -9,7 +12,7 @@ from fusionstitching.codegen.flatten import flatten
 from fusionstitching.hlo.collectives import (GroupsError, as_replicas, explicit_replica_groups,
                                              replica_groups, without_shardings)
 from fusionstitching.hlo.ir import print_module
-from fusionstitching.hlo.parser import parse_module
+from fusionstitching.hlo.parser import parse_file, parse_module
 from fusionstitching.pipeline import Options, stitch_module
 
 
@@ -110,3 +113,27 @@ def test_the_combined_pattern_is_planned_scheduled_and_verified():
     assert {"cat", "exp"} <= set(kernel.pattern.nodes)
     assert not [f for f in result.report.fallbacks if f.stage == "schedule"]
     assert result.report.verify.ran and result.report.verify.ok
+
+
+PARTITIONED = sorted((Path(__file__).parent / "data" / "hlo" / "partitioned").glob("*.hlo*"))
+_COLLECTIVE = ("all-", "collective-", "reduce-scatter")
+
+
+@pytest.mark.parametrize("path", PARTITIONED, ids=lambda p: p.name.split(".")[0])
+def test_partitioned_h100_modules_plan_around_every_collective(path):
+    """The zoo's BERT and Transformer steps over 8 H100s (benchmarks/make_partitioned.py)."""
+    module = parse_file(path)
+    result = stitch_module(module, Options(ptxas=False))
+    by_name = module.entry.by_name()
+    collectives = [i for i in module.entry.instructions if i.opcode.startswith(_COLLECTIVE)]
+    assert collectives and len(result.kernels) >= 10
+    assert not [n for k in result.kernels for n in k.pattern.nodes
+                if by_name[n].opcode.startswith(_COLLECTIVE)]
+    assert not result.report.fallbacks  # nothing given back (no schedule cycles)
+
+
+def test_a_partitioned_module_verifies_on_simulated_devices():
+    module = parse_file(PARTITIONED[0])  # BERT, data parallel over 8 H100s
+    result = stitch_module(module, Options(verify=True, ptxas=False))
+    assert result.report.verify.ran and result.report.verify.ok, result.report.verify
+    assert result.report.verify.against == ["evaluator (8 devices simulated)"]

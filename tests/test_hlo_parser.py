@@ -72,7 +72,10 @@ def test_agrees_with_xla_parser(path):
     ours = {c.name: {i.name: (i.opcode, format_shape(i.shape)) for i in c.instructions}
             for c in module.computations}
     theirs = {}
-    for comp in _xla_parse(read_hlo_text(path)).computations():
+    text = read_hlo_text(path)
+    for comp in _xla_parse(text).computations():
+        if comp.name.startswith("async_wrapped") and f"%{comp.name} " not in text:
+            continue  # XLA's parser wraps a reduce-scatter-start's reduce-scatter itself
         insts = {}
         for inst in comp.instructions():
             # ``%name = SHAPE OPCODE(...)``: tuple shapes contain spaces but no '=' or ' op('.

@@ -3,6 +3,7 @@
     replica_groups={{0,1},{2,3}}                      lists
     replica_groups=[2,4]<=[4,2]T(1,0)                 iota: an iota reshaped, transposed, cut
     replica_groups=mesh['x'=2,'y'=4] {'y'}            mesh axes: one group per other-axes index
+    replica_groups=mesh['x'=2,'y'=4], device_ids=([4,2]T(1,0)) {'y'}    ... of these devices
 
 jaxlib's HLO -> StableHLO converter writes the mesh form in a way its own parser rejects, so
 modules are compiled with the groups spelled as lists (``explicit_replica_groups``).
@@ -15,9 +16,11 @@ import re
 import numpy as np
 
 _IOTA = re.compile(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?$")
-_MESH = re.compile(r"mesh\[([^\]]*)\]\s*\{([^}]*)\}$")
+_DEVICE_IDS = r"(?:,\s*device_ids=\(((?:[^()]|\([^()]*\))*)\))?"
+_MESH = re.compile(r"mesh\[([^\]]*)\]" + _DEVICE_IDS + r"\s*\{([^}]*)\}$")
 _AXIS = re.compile(r"'([^']+)'=(\d+)$")
-_MESH_ATTR = re.compile(r"replica_groups=(mesh\[[^\]]*\]\s*\{[^}]*\})")
+_MESH_ATTR = re.compile(r"replica_groups=(mesh\[[^\]]*\]" + _DEVICE_IDS.replace("(((", "((?:(")
+                        + r"\s*\{[^}]*\})")
 
 
 class GroupsError(ValueError):
@@ -45,7 +48,7 @@ def replica_groups(value: str) -> list[list[int]]:
 def _mesh_groups(value: str) -> list[list[int]]:
     match = _MESH.match(value)
     if not match:
-        raise GroupsError(f"replica_groups={value}: a mesh with a device list or sub-axes")
+        raise GroupsError(f"replica_groups={value}: a mesh with sub-axes")
     names, sizes = [], []
     for axis in match.group(1).split(","):
         part = _AXIS.match(axis.strip())
@@ -53,14 +56,29 @@ def _mesh_groups(value: str) -> list[list[int]]:
             raise GroupsError(f"replica_groups={value}: axis {axis.strip()!r}")
         names.append(part.group(1))
         sizes.append(int(part.group(2)))
-    grouped = [a.strip().strip("'") for a in match.group(2).split(",") if a.strip()]
+    grouped = [a.strip().strip("'") for a in match.group(3).split(",") if a.strip()]
     if any(a not in names for a in grouped):
         raise GroupsError(f"replica_groups={value}: grouped axes {grouped} (sub-axes?)")
     order = [i for i, n in enumerate(names) if n not in grouped] + \
         [names.index(a) for a in grouped]
     size = math.prod(sizes[names.index(a)] for a in grouped)
-    ids = np.arange(math.prod(sizes)).reshape(sizes).transpose(order)
-    return ids.reshape(-1, size).tolist()
+    ids = _device_ids(match.group(2), math.prod(sizes), value)
+    return ids.reshape(sizes).transpose(order).reshape(-1, size).tolist()
+
+
+def _device_ids(text: str | None, count: int, value: str) -> np.ndarray:
+    """The mesh's devices in order: an iota (``[2,4]T(1,0)``: reshaped, transposed,
+    flattened), a list, or by default 0..count-1."""
+    if text is None:
+        return np.arange(count)
+    iota = re.fullmatch(r"\[([\d,]+)\](?:T\(([\d,]+)\))?", text.strip())
+    if iota:
+        ids = np.arange(count).reshape(_ints(iota.group(1)))
+        return (ids.transpose(_ints(iota.group(2))) if iota.group(2) else ids).reshape(-1)
+    ids = np.array(_ints(text))
+    if ids.size != count:
+        raise GroupsError(f"replica_groups={value}: {ids.size} device ids for {count} devices")
+    return ids
 
 
 def explicit_replica_groups(text: str) -> str:

@@ -171,46 +171,44 @@ def _collective_permute(ev, inst, operands):
     everyone = replica.meet(inst, operands)
     pairs = replica_groups(inst.attrs.get("source_target_pairs", "{}"))
     sources = [s for s, t in pairs if t == replica.index]
-    value = everyone[sources[0]][0] if sources else np.zeros_like(operands[0])
-    return _started(inst, operands, value)
+    return everyone[sources[0]][0] if sources else np.zeros_like(operands[0])
 
 
 def _start(collective):
+    """An async start whose value is (what it sends, its result, contexts...): all-gather,
+    reduce-scatter, all-to-all, collective-permute (all-reduce-start's is the result)."""
     def start(ev, inst, operands):
-        return _started(inst, operands, collective(ev, inst, operands))
+        result = collective(ev, inst, operands)
+        extra = [np.zeros(s.dims, s.numpy_dtype) for s in inst.shape.tuple_shapes[2:]]
+        sent = tuple(operands) if inst.shape.tuple_shapes[0].is_tuple else operands[0]
+        return (sent, result, *extra)
     return start
 
 
-def _started(inst, operands, result):
-    """An async start's value: the result, or (operands, result, contexts...) as its tuple
-    shape says; the done takes element 1."""
-    if not inst.opcode.endswith("-start") or not inst.shape.is_tuple:
-        return result
-    extra = [np.zeros(s.dims, s.numpy_dtype) for s in inst.shape.tuple_shapes[2:]]
-    sent = tuple(operands) if inst.shape.tuple_shapes[0].is_tuple or len(operands) > 1 \
-        else operands[0]
-    return (sent, result, *extra)
-
-
 def _done(ev, inst, operands):
-    (value,) = operands
-    return value[1] if isinstance(value, tuple) else value
+    return operands[0][1]
+
+
+def _identity(ev, inst, operands):
+    return operands[0]
 
 
 OPS = {
     "partition-id": _device_id,
     "replica-id": _device_id,
     "all-reduce": _all_reduce,
-    "all-reduce-start": _start(_all_reduce),
-    "all-reduce-done": _done,
+    "all-reduce-start": _all_reduce,
+    "all-reduce-done": _identity,
     "all-gather": _all_gather,
     "all-gather-start": _start(_all_gather),
     "all-gather-done": _done,
     "reduce-scatter": _reduce_scatter,
+    "reduce-scatter-start": _start(_reduce_scatter),
+    "reduce-scatter-done": _done,
     "all-to-all": _all_to_all,
     "all-to-all-start": _start(_all_to_all),
     "all-to-all-done": _done,
     "collective-permute": _collective_permute,
-    "collective-permute-start": _collective_permute,
+    "collective-permute-start": _start(_collective_permute),
     "collective-permute-done": _done,
 }

@@ -273,9 +273,19 @@ class _Parser:
         positions[key] = self.pos
         attrs[key] = self.raw(_ATTR_STOP, f"value of attribute {key!r}")
         if attrs[key].startswith("mesh["):  # replica_groups=mesh['x'=2,'y'=4] {'y'}
-            self.skip_space()
-            if self.peek() == "{":
-                attrs[key] += " " + self.raw(_ATTR_STOP, f"axes of attribute {key!r}")
+            self._mesh_rest(attrs, key)
+
+    def _mesh_rest(self, attrs: dict[str, str], key: str) -> None:
+        """The rest of a mesh-form value: ``, device_ids=(...)`` and the ``{axes}``."""
+        mark = self.pos
+        if self.accept(",") and self.keyword("device_ids"):
+            self.expect("=")
+            attrs[key] += ", device_ids=" + self.raw(_ATTR_STOP, "device_ids")
+        else:
+            self.pos = mark  # the comma before the next attribute
+        self.skip_space()
+        if self.peek() == "{":
+            attrs[key] += " " + self.raw(_ATTR_STOP, f"axes of attribute {key!r}")
 
     # -- shapes ---------------------------------------------------------------------------
     def shape(self, depth: int = 0) -> Shape:
