@@ -211,16 +211,21 @@ class StitchedFunction:
         # Every call flattens once: a training step has hundreds of leaves. A jax array's aval
         # is what shaped_abstractify returns for it, kept on the array (0.07 us per leaf
         # instead of 0.8); when every leaf is one, the avals are read without a Python loop.
+        # Shardings too: an executable is compiled for its inputs' devices and layout over
+        # them (a sharded step's outputs can come back sharded otherwise than its inputs).
         kinds = set(map(type, leaves))
         if kinds == {ArrayImpl}:
-            return static_values, tree, tuple(map(_AVAL, leaves))
+            return (static_values, tree, tuple(map(_AVAL, leaves)),
+                    tuple(map(_SHARDING, leaves)))
         if any(issubclass(kind, jax.core.Tracer) for kind in kinds):
             return None  # an argument is a tracer
         return static_values, tree, tuple(leaf.aval if type(leaf) is ArrayImpl
-                                          else shaped_abstractify(leaf) for leaf in leaves)
+                                          else shaped_abstractify(leaf) for leaf in leaves), \
+            tuple(leaf.sharding if type(leaf) is ArrayImpl else None for leaf in leaves)
 
 
 _AVAL = operator.attrgetter("aval")
+_SHARDING = operator.attrgetter("sharding")
 
 
 def jax_dispatch(fn, cache_miss, static_argnums, static_argnames):
