@@ -267,7 +267,7 @@ def on_call(runs: list) -> list:
 def timing_in_runs(monkeypatch, run_calls: int, runs: list):
     """A Compiled whose trial timed the stitched executable faster, confirming it in runs of
     ``run_calls`` calls; its first call (XLA's, on the caller's thread) is made."""
-    monkeypatch.setattr(executor, "best_times", lambda xla_run, stitched, inputs: (2e-3, 1e-3))
+    monkeypatch.setattr(executor, "best_times", lambda xla_run, stitched, inputs, **_: (2e-3, 1e-3))
     compiled = recorded_async(monkeypatch, jit(layernorm, cache_dir=None, async_compile=True),
                               args(), runs)
     compiled.executor.run_calls = run_calls
@@ -278,7 +278,7 @@ def timing_in_runs(monkeypatch, run_calls: int, runs: list):
 
 
 def test_async_trial_runs_off_the_call_path(monkeypatch):
-    monkeypatch.setattr(executor, "best_times", lambda xla_run, stitched, inputs: (1e-3, 2e-3))
+    monkeypatch.setattr(executor, "best_times", lambda xla_run, stitched, inputs, **_: (1e-3, 2e-3))
     runs = []
     compiled = recorded_async(monkeypatch, jit(layernorm, cache_dir=None, async_compile=True,
                                                verify=True), args(), runs)

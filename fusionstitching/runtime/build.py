@@ -382,7 +382,7 @@ def _compile(text: str, jax_lowered, xla_compiled, dump_prefix: str | None):
     if dump_prefix:
         _write(dump_prefix + ".rewritten.hlo.txt", text)
     executable = _stage("xla-compile", xla.compile_hlo, text,
-                        devices=xla_compiled.runtime_executable().local_devices())
+                        devices=xla.executable_devices(xla_compiled))
     return _stage("swap", xla.swap_executable, jax_lowered, xla_compiled, executable)
 
 
@@ -449,24 +449,22 @@ def _check_signature(module, xla_compiled) -> None:
 
 
 def _check_devices(xla_compiled, optimized: str) -> None:
-    """A step jax runs on several devices of this process is one program each device runs
-    (an SPMD partition, or a replica), planned once and compiled for the same devices
-    (``xla.compile_hlo``). Said before any planning, these keep XLA's executable: a step
-    over several processes' devices, one both partitioned and replicated, and a sharded step
-    on GPUs."""
-    local = xla_compiled.runtime_executable().local_devices()
+    """A step jax runs on several devices (of this process or of the job's processes) is one
+    program each device runs (an SPMD partition, or a replica), planned once and compiled
+    for the same devices (``xla.compile_hlo``). Said before any planning, these keep XLA's
+    executable: one both partitioned and replicated, and a sharded step on GPUs."""
+    devices = xla.executable_devices(xla_compiled)
     header = optimized.split("\n", 1)[0]
     partitions, replicas = (int(m.group(1)) if m else 1 for m in (
         re.search(r"\bnum_partitions=(\d+)", header), re.search(r"\breplica_count=(\d+)", header)))
     if partitions > 1 and replicas > 1:
         raise BuildError("devices", f"the step runs as {replicas} replicas of {partitions} "
                                     "partitions; stitched executables run one of the two so far")
-    if partitions * replicas != len(local):
-        raise BuildError("devices", f"the step runs on {partitions * replicas} devices, "
-                                    f"{len(local)} of them in this process; steps over "
-                                    "several processes keep XLA's executable so far")
-    if len(local) > 1 and local[0].platform != "cpu":
-        raise BuildError("devices", f"the step runs on {len(local)} {local[0].platform} "
+    if partitions * replicas != len(devices):
+        raise BuildError("devices", f"the module runs on {partitions * replicas} devices, "
+                                    f"the executable on {len(devices)}")
+    if len(devices) > 1 and devices[0].platform != "cpu":
+        raise BuildError("devices", f"the step runs on {len(devices)} {devices[0].platform} "
                                     "devices; sharded steps are stitched on the host so far")
 
 

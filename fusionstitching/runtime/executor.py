@@ -25,6 +25,7 @@ from ..hlo.parser import parse_module
 from ..hlo.xla_runner import optimized_hlo_text, run_hlo_with_xla, widened_to_f64
 from ..report import Fallback, Verify
 from .build import BuildError, Built, reason
+from .coordination import Coordinator
 
 log = logging.getLogger("fusionstitching")
 
@@ -96,10 +97,15 @@ class Executor:
     fallbacks: list[Fallback] = field(default_factory=list)
     built: Built | None = None
     checked: Verify = field(default_factory=Verify)
+    # A multi-process job: every decision is every process's (coordination.py), so trials
+    # run in the call path, timings have a fixed length, and process 0's times decide.
+    coordinator: Coordinator | None = None
 
     def __post_init__(self):
         if self.keep not in KEEP_CHOICES:
             raise ValueError(f"keep must be one of {KEEP_CHOICES}, got {self.keep!r}")
+        if self.coordinator is not None:
+            self.background = False  # a trial on a thread would meet its peers at other calls
         self.active = self.xla  # what every call runs; replaced by one assignment
         self.candidate = None  # built stitched executable, on trial
         self.trial_thread: threading.Thread | None = None
@@ -116,6 +122,11 @@ class Executor:
         plan = built.stitched_report.fs
         self.info.stitched_plan = {"kernels": plan.kernels, "mem_kernels": plan.mem_kernels,
                                    "patterns": plan.patterns or 0}
+        agreed = self._all_agree("built", built.stitched is not None)
+        if built.stitched is not None and not agreed:
+            self.fail("coordination", [], "another process of the job has no stitched "
+                                          "executable for this step")
+            return
         if built.stitched is None:
             failed = self.fallbacks[-1] if self.fallbacks else None
             self._settle(self.reference, f"{failed.stage}: {failed.reason}" if failed
@@ -130,7 +141,15 @@ class Executor:
     def build_failed(self, error: Exception) -> None:
         stage, why = (error.stage, error.reason) if isinstance(error, BuildError) \
             else ("runtime", reason(error))
+        if stage != "devices":  # said the same in every process, before any build
+            self._all_agree("built", False)
         self.fail(stage, [], why)
+
+    def _all_agree(self, what: str, ok: bool) -> bool:
+        return ok if self.coordinator is None else self.coordinator.all_agree(what, ok)
+
+    def _first_says(self, what: str, value: str) -> str:
+        return value if self.coordinator is None else self.coordinator.first_says(what, value)
 
     def fail(self, stage: str, nodes: list[str], why: str) -> None:
         log.warning("fusionstitching: %s runs on %s's own kernels (%s): %s",
@@ -220,22 +239,30 @@ class Executor:
         except jax.errors.JaxRuntimeError as exc:
             self.fail("execute", [], reason(exc))
             return
-        if self.verify and not self._verified(candidate, inputs, expected, got):
-            return
+        if self.verify:
+            verified = self._verified(candidate, inputs, expected, got)
+            if not self._all_agree("verified", verified):
+                if verified:
+                    self.fail("coordination", [], "another process's check of the stitched "
+                                                  "executable failed")
+                return
         if self.keep == "stitched":
             self._settle("stitched", "keep='stitched'")
             return
-        xla_s, stitched_s = best_times(self.xla, candidate, lambda: self._fresh(inputs))
+        xla_s, stitched_s = best_times(self.xla, candidate, lambda: self._fresh(inputs),
+                                       every_round=self.coordinator is not None)
         where = "off the call path" if self.background else "in the call"
         kept = record_choice(self.info, xla_s, stitched_s, self.reference,
                              f"measured {where} on the inputs of call {self.info.trial_call}")
-        if stitched_s < TRIAL_SLACK * xla_s:
+        promising = stitched_s < TRIAL_SLACK * xla_s
+        decision = self._first_says("trial", "confirm" if promising else kept)
+        if decision == "confirm":
             # Decided on real calls, in both modes: back-to-back runs on the trial's inputs
             # kept a stitched step 0.88x of jax.jit's in the loop that followed (zoo ASR
             # inference), and a real call is what the choice is for.
             self.info.state = "timing"
         else:
-            self._settle(kept, self.info.why)
+            self._settle(decision, self.info.why)
 
     def _verified(self, candidate, inputs, expected, got) -> bool:
         """The trial's check: the candidate's outputs against the reference's on the trial
@@ -378,7 +405,7 @@ class Executor:
                                  min(self._samples["stitched"]), self.reference,
                                  f"measured on calls {self._first_timed_call}-"
                                  f"{self.info.calls}, {each}")
-            self._settle(kept, self.info.why)
+            self._settle(self._first_says("confirmed", kept), self.info.why)
         return out
 
     def _fresh(self, inputs):
@@ -413,11 +440,12 @@ def stitched_wins(stitched_s: float, reference_s: float) -> bool:
     return stitched_s < (1 - SWAP_MARGIN) * reference_s
 
 
-def best_times(reference, stitched, inputs) -> tuple[float, float]:
+def best_times(reference, stitched, inputs, every_round: bool = False) -> tuple[float, float]:
     """Best wall time of each executable over TIMING_ROUNDS alternating runs, fewer when the
     stitched one is CLEARLY_SLOWER after a round (more rounds would not change the choice and
-    only take CPU from the training loop); ``inputs()`` gives each run its ``(args, kwargs)``
-    (made before the clock starts)."""
+    only take CPU from the training loop) unless ``every_round`` (processes of a job run the
+    same runs); ``inputs()`` gives each run its ``(args, kwargs)`` (made before the clock
+    starts)."""
     import jax
 
     best = [float("inf"), float("inf")]
@@ -428,7 +456,7 @@ def best_times(reference, stitched, inputs) -> tuple[float, float]:
             t0 = time.perf_counter()
             jax.block_until_ready(executable(*args, **kwargs))
             best[i] = min(best[i], time.perf_counter() - t0)
-        if best[1] > CLEARLY_SLOWER * best[0]:
+        if best[1] > CLEARLY_SLOWER * best[0] and not every_round:
             break
     return best[0], best[1]
 
@@ -457,7 +485,13 @@ def _copies(tree):
     import jax
 
     leaves, structure = jax.tree_util.tree_flatten(tree)
-    arrays = [i for i, leaf in enumerate(leaves) if hasattr(leaf, "shape")]
-    for i, copy in zip(arrays, jax.device_put([leaves[i] for i in arrays], may_alias=False)):
+    # jax arrays where they are (a multi-process job's arrays only by their sharding), the
+    # others (numpy) on the default device
+    placed = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
+    other = [i for i, leaf in enumerate(leaves) if hasattr(leaf, "shape") and i not in placed]
+    copies = jax.device_put([leaves[i] for i in placed], [leaves[i].sharding for i in placed],
+                            may_alias=False)
+    copies += jax.device_put([leaves[i] for i in other], may_alias=False)
+    for i, copy in zip(placed + other, copies):
         leaves[i] = copy
     return jax.tree_util.tree_unflatten(structure, leaves)

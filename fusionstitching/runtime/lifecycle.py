@@ -95,7 +95,10 @@ class Lifecycle:
             options.emit_dir = dump_prefix + ".kernels"
         try:
             built = build_stitched(jax_lowered, reference, options, self.cache_dir,
-                                   dump_prefix, measure=executor.keep == "fastest",
+                                   # timing single kernels would give each process of a
+                                   # job a plan of its own
+                                   dump_prefix, measure=executor.keep == "fastest" and
+                                   executor.coordinator is None,
                                    remote_cache=self.remote_cache)
         except Exception as exc:  # never fail the user's job: the reference runs
             executor.build_failed(exc)

@@ -42,6 +42,12 @@ def compile_hlo(hlo_text: str, device=None, debug_options: dict | None = None,
             compile_options=options)
 
 
+def executable_devices(compiled) -> tuple:
+    """The devices of a ``jax.stages.Compiled``, every process's, in the order of its device
+    assignment (partition or replica ``i`` runs on the ``i``-th)."""
+    return tuple(compiled._executable._unloaded_executable.device_list)
+
+
 def swap_executable(lowered, compiled, executable):
     """A ``jax.stages.Compiled`` like ``compiled`` (from ``lowered``) that runs ``executable``.
 
