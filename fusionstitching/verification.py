@@ -249,11 +249,7 @@ def _verify_on(module: Module, kernels: list, notes: list[Fallback], seed: int,
     except Exception as exc:  # a defect of ours, reported as a failed check, never a crash
         outcome.ok, outcome.error = False, _reason(exc)
         return outcome
-    for ref in references.values():
-        ok, max_abs, max_rel = compare(ref, stitched)
-        outcome.ok &= ok
-        outcome.max_abs_err = max(outcome.max_abs_err, max_abs)
-        outcome.max_rel_err = max(outcome.max_rel_err, max_rel)
+    _compare_into(outcome, [(ref, stitched) for ref in references.values()])
     if outcome.ok:
         return outcome
     exact = None
@@ -285,6 +281,16 @@ def _verify_on(module: Module, kernels: list, notes: list[Fallback], seed: int,
     return outcome
 
 
+def _compare_into(outcome: Verify, pairs) -> None:
+    """``compare`` each (reference, stitched) pair: ``outcome`` holds every verdict and the
+    largest errors."""
+    for ref, ours in pairs:
+        ok, max_abs, max_rel = compare(ref, ours)
+        outcome.ok &= ok
+        outcome.max_abs_err = max(outcome.max_abs_err, max_abs)
+        outcome.max_rel_err = max(outcome.max_rel_err, max_rel)
+
+
 def device_count(module: Module) -> int:
     """How many devices run the module: its partitions (SPMD) times its replicas."""
     count = 1
@@ -314,11 +320,7 @@ def _verify_on_devices(module: Module, kernels: list, notes: list[Fallback], see
     except Exception as exc:  # a defect of ours, reported as a failed check, never a crash
         outcome.ok, outcome.error = False, _reason(exc)
         return outcome
-    for ref, ours in zip(reference, stitched):
-        ok, max_abs, max_rel = compare(ref, ours)
-        outcome.ok &= ok
-        outcome.max_abs_err = max(outcome.max_abs_err, max_abs)
-        outcome.max_rel_err = max(outcome.max_rel_err, max_rel)
+    _compare_into(outcome, zip(reference, stitched))
     if outcome.ok:
         return outcome
     try:

@@ -114,16 +114,19 @@ def test_replay_cli_reports_parse_errors_with_location(tmp_path, capsys):
     assert f"{bad}:4:" in capsys.readouterr().err
 
 
-def test_replay_verify_says_why_a_module_cannot_run_here(tmp_path, capsys):
-    """Collectives and token parameters have no single-host execution: the report says
-    verification did not run and why, instead of a traceback (the plan is still reported)."""
+def test_replay_verify_simulates_devices_and_says_why_a_module_cannot_run_here(tmp_path,
+                                                                               capsys):
+    """A partitioned module's collectives run on simulated devices; token parameters have no
+    execution here: the report says verification did not run and why, instead of a
+    traceback (the plan is still reported)."""
     parser_inputs = DATA / "parser"
     files = [str(parser_inputs / "parser_collectives_jax_h100.hlo"),
              str(parser_inputs / "parser_token_consts_jax_cpu.hlo")]
     out = tmp_path / "out.json"
     assert cli_main(["replay", *files, "--verify", "--no-ptxas", "--json", str(out)]) == 0
     collectives, tokens = (r["verify"] for r in json.loads(out.read_text()))
-    assert not collectives["ran"] and "all-reduce-start" in collectives["not_run"]
+    assert collectives["ran"] and collectives["ok"]
+    assert collectives["against"] == ["evaluator (2 devices simulated)"]
     assert not tokens["ran"] and "token[]" in tokens["not_run"]
     assert "verify: not run: this machine cannot execute the module" in capsys.readouterr().out
 
