@@ -3,9 +3,12 @@
     python benchmarks/bench_plan_time.py                      # zoo + third-party tier
     python benchmarks/bench_plan_time.py --parts zoo --only bert dien
     python benchmarks/bench_plan_time.py --parts flax --targets h100 --json /tmp/plan.json
+    python benchmarks/bench_plan_time.py --parts zoo --size paper --only bert bert-large
 
-Per step (the zoo's JAX workloads at their small size, and every model of the third-party
-tier, train and infer) and per target (XLA:CPU, deviceless XLA:GPU H100), in one run:
+Per step (the zoo's JAX workloads at their small size, or with ``--size paper`` at the
+paper's Table 1 sizes plus ``bert-large``, BERT-large at BERT-base's paper batch and
+sequence; and every model of the third-party tier, train and infer) and per target (XLA:CPU,
+deviceless XLA:GPU H100), in one run:
 
 - ``xla s``: XLA compiling the step (``jax.jit(fn).trace(*args).lower()`` done first, then
   ``.compile()`` timed; TF models: ``experimental_get_compiler_ir`` for XLA:CPU, and for the
@@ -27,6 +30,7 @@ planner loads neither, so it is imported here.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -36,6 +40,7 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from unittest import mock
 
 import make_third_party
 from third_party_models import MODELS
@@ -51,6 +56,9 @@ REPO = Path(__file__).resolve().parent.parent
 ZOO = "zoo"
 PARTS = [ZOO, *make_third_party.PARTS]
 TARGETS = ("cpu", "h100")
+SIZES = ("small", "paper")
+# BERT-large, built from the zoo's BERT-base "paper" config (its batch and sequence).
+BERT_LARGE = dict(hidden=1024, heads=16, ffn=4096, layers=24)
 
 
 # =========================================================================== timing one step
@@ -131,15 +139,24 @@ def measure(name: str, kind: str, fn, args, target: str) -> dict:
 
 # =========================================================================== parts (children)
 
-def zoo_steps(only):
+def zoo_steps(only, size: str = "small"):
     sys.path.insert(0, str(REPO))
-    from benchmarks.models import zoo
+    from benchmarks.models import bert, zoo
 
-    for model, mode, _ in zoo.WORKLOADS:
+    workloads = [(model, mode) for model, mode, _ in zoo.WORKLOADS]
+    if size == "paper":
+        workloads += [("bert-large", "train"), ("bert-large", "infer")]
+    for model, mode in workloads:
         if only and model not in only:
             continue
-        fn, args = zoo.jax_workload(model, mode, "small")
-        yield f"zoo_{model}_{mode}_jax", "jax", fn, args
+        if model == "bert-large":
+            large = dataclasses.replace(bert.CONFIGS["paper"], **BERT_LARGE)
+            with mock.patch.dict(bert.CONFIGS, large=large):  # a size for this call only
+                fn, args = zoo.jax_workload("bert", mode, "large")
+        else:
+            fn, args = zoo.jax_workload(model, mode, size)
+        suffix = "" if size == "small" else f"_{size}"
+        yield f"zoo_{model}_{mode}_jax{suffix}", "jax", fn, args
 
 
 def tier_steps(part: str, only):
@@ -157,8 +174,8 @@ def tier_steps(part: str, only):
                 yield f"{key}_{mode}", kind, fn, args
 
 
-def run_part(part: str, only, targets) -> list[dict]:
-    steps = zoo_steps(only) if part == ZOO else tier_steps(part, only)
+def run_part(part: str, only, targets, size: str = "small") -> list[dict]:
+    steps = zoo_steps(only, size) if part == ZOO else tier_steps(part, only)
     return [measure(name, kind, fn, args, target)
             for name, kind, fn, args in steps for target in targets]
 
@@ -228,11 +245,13 @@ def main(argv=None) -> None:
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS)
     parser.add_argument("--only", nargs="+", help="model names or keys: just these")
     parser.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
+    parser.add_argument("--size", choices=SIZES, default="small",
+                        help="the zoo's workloads at this size (the tier has one size)")
     parser.add_argument("--json", help="also write the rows here")
     opts = parser.parse_args(argv)
     only = set(opts.only) if opts.only else None
-    run_parts(opts, __file__, lambda part: run_part(part, only, opts.targets),
-              ["--targets", *opts.targets], table)
+    run_parts(opts, __file__, lambda part: run_part(part, only, opts.targets, opts.size),
+              ["--targets", *opts.targets, "--size", opts.size], table)
 
 
 def run_parts(opts, script: str, run_part, extra: list[str], table) -> None:
