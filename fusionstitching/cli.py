@@ -1,5 +1,5 @@
-"""The ``fusionstitching`` command: ``replay`` HLO files or dump folders, ``demo``,
-``explain`` a fusion plan."""
+"""The ``fusionstitching`` command: ``replay`` HLO files or dump folders, ``prewarm`` a job's
+kernel cache from them, ``demo``, ``explain`` a fusion plan."""
 from __future__ import annotations
 
 import argparse
@@ -17,22 +17,26 @@ from .explain import explain_text, plan_dot, write_svg
 from .explorer import STRATEGIES
 from .graph import build_graph
 from .hlo.ir import HloParseError
-from .hlo.parser import parse_file
+from .hlo.parser import parse_file, read_hlo_text
 from .pipeline import Options, plan_module, planning_workers
 from .replay_pool import MODULE_TIMEOUT_S, ModuleOutcome, OutcomeKind, outcome_json, \
     outcome_table, replay_all
 from .replay_ray import replay_on_ray
 from .report import write_json
+from .runtime.build import BuildError, prewarm
+from .runtime.cache import default_dir
 
 
 def collect_hlo_files(paths: list[str]) -> list[Path]:
     """Files named on the command line, and inside folders: ``*.hlo`` files (also gzipped,
-    ``*.hlo.gz``) and XLA dump files (``*after_optimizations.txt``)."""
+    ``*.hlo.gz``), XLA dump files (``*after_optimizations.txt``) and the optimized modules
+    of the runtime's ``--dump_to`` (``*.xla.hlo.txt``)."""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
             files += sorted(f for f in p.rglob("*") if f.is_file() and (
-                f.name.endswith((".hlo", ".hlo.gz", "after_optimizations.txt"))))
+                f.name.endswith((".hlo", ".hlo.gz", "after_optimizations.txt",
+                                 ".xla.hlo.txt"))))
         else:
             files.append(p)
     return files
@@ -150,6 +154,28 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def prewarm_cache(args: argparse.Namespace) -> int:
+    """Plan each XLA:CPU module as the runtime would and keep plan and kernels in the cache:
+    the job's first step then loads them instead of planning."""
+    files = collect_hlo_files(args.paths)
+    options = Options(target=args.target, explorer=args.explorer, ptxas=False)
+    failed = 0
+    for path in files:
+        started = time.perf_counter()
+        try:
+            outcome, stats = prewarm(read_hlo_text(path), options, args.cache_dir,
+                                     args.remote_cache, measure=args.keep == "fastest",
+                                     source=str(path))
+        except (BuildError, HloParseError, OSError) as exc:
+            print(f"{path}: error: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        failed += outcome == "not stored"
+        print(f"{path}: {outcome} ({stats.misses} kernels built, {stats.hits} loaded, "
+              f"{time.perf_counter() - started:.1f} s)")
+    return 1 if failed else 0
+
+
 def demo(args: argparse.Namespace) -> int:
     return run_demo(rows=args.rows, cols=args.cols, target=args.target)
 
@@ -212,6 +238,17 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--json-dir", metavar="DIR",
                     help="write one JSON file per module: its Report, or why it failed")
     rp.set_defaults(run=replay)
+
+    pp = sub.add_parser("prewarm", help="plan XLA:CPU modules (a job's --dump_to files) ahead "
+                                        "of the job, into its kernel cache")
+    pp.add_argument("paths", nargs="+", help="optimized HLO files (*.xla.hlo.txt) or folders")
+    pp.add_argument("--cache_dir", default=default_dir(), help="the job's cache directory")
+    pp.add_argument("--remote_cache", metavar="URL", help="the job's redis:// remote cache")
+    pp.add_argument("--target", default="h100", choices=targets, help="the job's --target")
+    pp.add_argument("--explorer", default="beam", choices=explorers, help="the job's --explorer")
+    pp.add_argument("--keep", default="fastest", choices=("fastest", "stitched"),
+                    help="the job's --keep (fastest: kernels timed against XLA:CPU here)")
+    pp.set_defaults(run=prewarm_cache)
 
     dp = sub.add_parser("demo", help="LayerNorm from JAX: XLA's plan, the stitched plan, "
                                      "verification")

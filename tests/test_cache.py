@@ -116,3 +116,46 @@ def test_corrupted_cache_file_is_rebuilt(tmp_path, caplog):
     third = jit(layernorm, cache_dir=str(tmp_path), keep="stitched")
     third(*a)
     assert third.reports()[0].cache["plan"] == "hit"
+
+
+PREWARMED = """
+import json, os, sys, time
+os.environ["JAX_PLATFORMS"] = "cpu"
+import numpy as np
+import jax
+import fusionstitching
+sys.path.insert(0, {tests!r})
+from helpers import args, expected, layernorm
+a = args()
+if sys.argv[2] == "dump":  # the job's first run, with --dump_to but no cache
+    fn = fusionstitching.jit(layernorm, cache_dir=None, dump_to=sys.argv[1], keep="stitched")
+else:
+    fn = fusionstitching.jit(layernorm, cache_dir=sys.argv[1], keep="stitched")
+out = np.asarray(fn(*a))
+np.testing.assert_allclose(out, expected(*a), rtol=1e-5, atol=1e-5)
+(report,) = fn.reports(wait_s=60)
+print(json.dumps(report.to_json()))
+"""
+
+
+def test_prewarm_from_a_jobs_dumps_makes_its_first_step_plan_nothing(tmp_path):
+    """``fusionstitching prewarm DUMP_DIR``: the job's next first step loads the plan."""
+    def job(*argv) -> dict:
+        code = PREWARMED.format(tests=os.path.join(REPO, "tests"))
+        run = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
+                             text=True, timeout=300, cwd=REPO,
+                             env=dict(os.environ, PYTHONPATH=REPO))
+        assert run.returncode == 0, run.stderr[-3000:]
+        return json.loads(run.stdout.strip().splitlines()[-1])
+
+    job(str(tmp_path / "dumps"), "dump")
+    cache_dir = tmp_path / "cache"
+    run = subprocess.run([sys.executable, "-m", "fusionstitching.cli", "prewarm",
+                          str(tmp_path / "dumps"), "--cache_dir", str(cache_dir),
+                          "--keep", "stitched"], capture_output=True, text=True, timeout=300,
+                         cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert ": stored (" in run.stdout
+    report = job(str(cache_dir), "cached")
+    assert report["cache"]["plan"] == "hit" and report["cache"]["misses"] == 0
+    assert report["times_s"]["explore"] == 0.0 and report["runtime"]["kept"] == "stitched"

@@ -70,14 +70,8 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
         options = dataclasses.replace(options, target=gpu.target_for(device))
     if dump_prefix:
         _write(dump_prefix + ".xla.hlo.txt", optimized)
-    stats = kernel_cache.CacheStats(cache_dir, kernel_cache.redacted(remote_cache)
-                                    if remote_cache else None)
-    cache = kernel_cache.KernelCache(cache_dir, remote=remote_cache)
-    plan_key = kernel_cache.fingerprint("plan", without_source_locations(optimized),
-                                        options.target, options.explorer,
-                                        # the rule is part of the decisions the plan keeps
-                                        f"measure={measure and cpu_speed.SLOWER_ALONE}",
-                                        f"alone={measure and cpu_speed.FASTER_ALONE}")
+    stats, cache = _open_cache(cache_dir, remote_cache)
+    plan_key = _plan_key(optimized, options, measure)
     cached = cache.lookup(plan_key, stats)
     if cached is not None:
         try:
@@ -98,7 +92,38 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     if device is not None:
         return _build_for_gpu(module, result, options, device, cache, plan_key, stats,
                               jax_lowered, xla_compiled, started, dump_prefix)
+    plan = plan_on_host(module, result, options, cache, stats, measure)
+    stitched, stitched_report, complete = None, plan.stitched_report, plan.complete
+    if plan.text is not None:
+        try:
+            stitched = _compile(plan.text, jax_lowered, xla_compiled, dump_prefix)
+        except BuildError as exc:  # the plan stands; XLA's own executable runs it
+            nodes = [n for k in plan.kernels for n in k.pattern.nodes]
+            _leave_to_xla(fallbacks, exc.stage, nodes, f"module {module.name}", exc.reason)
+            stitched_report, complete = plan.xla_report, False
+    if cache.enabled and complete:  # nothing failed: remember the plan
+        _remember(cache, plan_key, plan)
+    _note_corrupt_entries(stats, fallbacks)  # this process's notes, not part of the plan
+    stitched_report.times_s.total = time.perf_counter() - started
+    return Built(stitched, stitched_report, plan.xla_report, stats, plan.text)
 
+
+@dataclass
+class HostPlan:
+    """The host route's plan of one module before XLA compiles it: what the cache keeps."""
+    kernels: list  # pipeline.StitchedKernel, each with its host kernel
+    targets: list[str]  # their FFI targets, in order
+    entries: list[dict]  # per kernel: name, symbol, cache key, inputs, outputs, parts
+    stitched_report: Report
+    xla_report: Report
+    text: str | None  # the rewritten module; None: nothing stitched
+    complete: bool  # nothing failed (decisions aside): the plan may be remembered
+
+
+def plan_on_host(module, result, options, cache, stats, measure: bool) -> HostPlan:
+    """The stitched plan's kernels built for this CPU (through the cache), each tried, and
+    with ``measure`` timed against XLA:CPU; then the module rewritten around them."""
+    fallbacks = result.report.fallbacks
     kernels, targets, cached_kernels = [], [], []
     left = []  # kernels given back to XLA here: one warning for all of them, below
     slower: list[Fallback] = []  # measured slower than XLA: a decision the plan remembers
@@ -152,26 +177,65 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     xla_report = _recount(result, [], options)
     for report in (stitched_report, xla_report):
         _timed_alone(report, not_faster)
-    stitched, text = None, None
+    text = None
     if kernels:
         try:
             rewritten = _stage("rewrite", rewrite.rewrite_module, module, kernels, targets,
                                donated=donated)
             text = print_module(dataclasses.replace(
                 rewritten, header_attrs=donation_attrs(module.header_attrs)))
-            stitched = _compile(text, jax_lowered, xla_compiled, dump_prefix)
         except BuildError as exc:  # the plan stands; XLA's own executable runs it
             nodes = [n for k in kernels for n in k.pattern.nodes]
             _leave_to_xla(fallbacks, exc.stage, nodes, f"module {module.name}", exc.reason)
             stitched_report = xla_report
-    if cache.enabled and len(fallbacks) == before_host:  # nothing failed: remember the plan
-        plan = {"kernels": cached_kernels, "xla_report": xla_report.to_json(),
-                "stitched_report": stitched_report.to_json(),
-                "hlo": _placeholders(text, targets) if text else None}
-        cache.store(plan_key, json.dumps(plan).encode(), kind="plan")
-    _note_corrupt_entries(stats, fallbacks)  # this process's notes, not part of the plan
-    stitched_report.times_s.total = time.perf_counter() - started
-    return Built(stitched, stitched_report, xla_report, stats, text)
+    return HostPlan(kernels, targets, cached_kernels, stitched_report, xla_report, text,
+                    complete=len(fallbacks) == before_host)
+
+
+def _remember(cache, plan_key: str, plan: HostPlan) -> None:
+    entry = {"kernels": plan.entries, "xla_report": plan.xla_report.to_json(),
+             "stitched_report": plan.stitched_report.to_json(),
+             "hlo": _placeholders(plan.text, plan.targets) if plan.text else None}
+    cache.store(plan_key, json.dumps(entry).encode(), kind="plan")
+
+
+def _open_cache(cache_dir: str | None, remote_cache: str | None):
+    stats = kernel_cache.CacheStats(cache_dir, kernel_cache.redacted(remote_cache)
+                                    if remote_cache else None)
+    return stats, kernel_cache.KernelCache(cache_dir, remote=remote_cache)
+
+
+def _plan_key(optimized: str, options: pipeline.Options, measure: bool) -> str:
+    return kernel_cache.fingerprint("plan", without_source_locations(optimized),
+                                    options.target, options.explorer,
+                                    # the rule is part of the decisions the plan keeps
+                                    f"measure={measure and cpu_speed.SLOWER_ALONE}",
+                                    f"alone={measure and cpu_speed.FASTER_ALONE}")
+
+
+def prewarm(optimized: str, options: pipeline.Options, cache_dir: str | None,
+            remote_cache: str | None = None, measure: bool = True,
+            source: str = "<prewarm>") -> tuple[str, kernel_cache.CacheStats]:
+    """Plan an XLA:CPU module (its optimized HLO, as the runtime sees it) ahead of the job
+    and keep the plan and kernels in the cache, so the job's first step loads them. Returns
+    "hit" (the plan was there), "stored", or "not stored" (something failed: the job builds
+    it), with the cache's stats. ``options`` and ``measure`` (keep="fastest") must be the
+    job's: they key the plan. Raises BuildError as ``build_stitched`` does."""
+    stats, cache = _open_cache(cache_dir, remote_cache)
+    plan_key = _plan_key(optimized, options, measure)
+    if cache.lookup(plan_key, stats) is not None:
+        return "hit", stats
+    started = time.perf_counter()
+    module = _stage("parse", parse_module, optimized, source=source)
+    module = _stage("unroll", unroll_loops, module)
+    result = _stage("pipeline", pipeline.stitch_module, module, options,
+                    parse_seconds=time.perf_counter() - started,
+                    schedules=kernel_cache.ScheduleMemo(cache, stats))
+    plan = plan_on_host(module, result, options, cache, stats, measure)
+    if not (cache.enabled and plan.complete):
+        return "not stored", stats
+    _remember(cache, plan_key, plan)
+    return "stored", stats
 
 
 def _timed_alone(report: Report, nodes: list[str]) -> None:
