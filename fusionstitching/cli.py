@@ -27,16 +27,17 @@ from .runtime.build import BuildError, prewarm
 from .runtime.cache import default_dir
 
 
-def collect_hlo_files(paths: list[str]) -> list[Path]:
-    """Files named on the command line, and inside folders: ``*.hlo`` files (also gzipped,
-    ``*.hlo.gz``), XLA dump files (``*after_optimizations.txt``) and the optimized modules
-    of the runtime's ``--dump_to`` (``*.xla.hlo.txt``)."""
+def collect_hlo_files(paths: list[str], suffixes: tuple[str, ...] = (
+        ".hlo", ".hlo.gz", "after_optimizations.txt")) -> list[Path]:
+    """Files named on the command line, and inside folders those whose names end in one of
+    ``suffixes``: by default ``*.hlo`` files (also gzipped, ``*.hlo.gz``) and XLA dump files
+    (``*after_optimizations.txt``); ``prewarm`` takes the runtime's ``--dump_to`` modules
+    (``*.xla.hlo.txt``)."""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
             files += sorted(f for f in p.rglob("*") if f.is_file() and (
-                f.name.endswith((".hlo", ".hlo.gz", "after_optimizations.txt",
-                                 ".xla.hlo.txt"))))
+                f.name.endswith(suffixes)))
         else:
             files.append(p)
     return files
@@ -157,7 +158,7 @@ def _positive_int(text: str) -> int:
 def prewarm_cache(args: argparse.Namespace) -> int:
     """Plan each XLA:CPU module as the runtime would and keep plan and kernels in the cache:
     the job's first step then loads them instead of planning."""
-    files = collect_hlo_files(args.paths)
+    files = collect_hlo_files(args.paths, suffixes=(".xla.hlo.txt",))
     options = Options(target=args.target, explorer=args.explorer, ptxas=False)
     failed = 0
     for path in files:
