@@ -108,7 +108,7 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     return Built(stitched, stitched_report, plan.xla_report, stats, plan.text)
 
 
-@dataclass
+@dataclass(frozen=True)
 class HostPlan:
     """The host route's plan of one module before XLA compiles it: what the cache keeps."""
     kernels: list  # pipeline.StitchedKernel, each with its host kernel

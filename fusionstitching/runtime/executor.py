@@ -488,7 +488,8 @@ def _copies(tree):
     # jax arrays where they are (a multi-process job's arrays only by their sharding), the
     # others (numpy) on the default device
     placed = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
-    other = [i for i, leaf in enumerate(leaves) if hasattr(leaf, "shape") and i not in placed]
+    other = [i for i, leaf in enumerate(leaves)
+             if hasattr(leaf, "shape") and not isinstance(leaf, jax.Array)]
     copies = jax.device_put([leaves[i] for i in placed], [leaves[i].sharding for i in placed],
                             may_alias=False)
     copies += jax.device_put([leaves[i] for i in other], may_alias=False)
