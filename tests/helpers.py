@@ -3,6 +3,7 @@ the training scripts run under the hook: helpers_hook.py)."""
 from __future__ import annotations
 
 import ctypes
+import socket
 
 import jax
 import llvmlite.binding as llvm
@@ -207,3 +208,10 @@ def elementwise_kernel(symbol: str, size: int, outputs: list[tuple[str, int, int
     engine.finalize_object()
     _engines.append(engine)
     return engine.get_function_address(symbol)
+
+
+def free_port() -> int:
+    """A TCP port on localhost that nothing listens on (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+from helpers import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROCESSES, STEPS = 4, 50
@@ -57,12 +57,6 @@ if hasattr(step, "reports"):
     row["why"] = [r.runtime["why"] for r in reports]
 print(json.dumps(row), flush=True)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train(keep: str | None) -> list[dict]:

@@ -19,19 +19,13 @@ from fusionstitching import jit  # noqa: E402
 from fusionstitching.runtime import cache  # noqa: E402
 from fusionstitching.runtime.cache_redis import (PREFIX, SECRET_VARIABLE, RedisTier,  # noqa: E402
                                                  redacted)
-from helpers import args, expected, layernorm  # noqa: E402
+from helpers import args, expected, free_port, layernorm  # noqa: E402
 
 REDIS_SERVER = shutil.which("redis-server")
 # CI installs redis-server (.ci/run) and sets this, so a missing server fails there.
 if REDIS_SERVER is None and not os.environ.get("FUSIONSTITCHING_REQUIRE_REDIS"):
     pytest.skip("redis-server is not installed (apt-get install redis-server)",
                 allow_module_level=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(port: int, *options: str) -> subprocess.Popen:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from fusionstitching.cli import Progress, main as cli_main
 from fusionstitching.pipeline import Options
 from fusionstitching.replay_pool import OutcomeKind, replay_all
 from fusionstitching.replay_ray import replay_on_ray
+from helpers import free_port
 
 DATA = Path(__file__).parent / "data" / "hlo"
 FILES = [str(DATA / name) for name in ("layernorm_64x256_jax_cpu.hlo",
@@ -131,9 +131,7 @@ def ray_cluster():
     """A Ray cluster of two CPUs on this machine, as `ray start --head` starts one; its
     address."""
     ray = Path(sys.executable).parent / "ray"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     # Ray's token authentication, which `ray start` turns on: the drivers must ask for it
     saved = os.environ.get("RAY_AUTH_MODE")
     os.environ["RAY_AUTH_MODE"] = "token"
@@ -174,9 +172,7 @@ def test_a_ray_task_past_its_time_limit_is_cancelled_and_reported(ray_cluster):
 
 
 def test_an_unreachable_ray_cluster_is_an_error_not_a_traceback(capsys):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens there
+    port = free_port()  # nothing listens there
     assert cli_main(["replay", FILES[0], "--ray", f"127.0.0.1:{port}"]) == 1
     assert "cannot reach the Ray cluster" in capsys.readouterr().err
 
