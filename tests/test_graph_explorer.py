@@ -148,6 +148,36 @@ def test_the_baseline_names_each_run_s_next_patterns_ahead_and_plans_the_same():
         [p.nodes for p in plan.patterns]
 
 
+def chain_module(length: int) -> str:
+    lines = ["HloModule chain", "", "ENTRY %e (p: f32[64]) -> f32[64] {",
+             "  %k0 = f32[64]{0} parameter(0)"]
+    lines += [f"  %k{i} = f32[64]{{0}} negate(%k{i - 1})" for i in range(1, length)]
+    lines += [f"  ROOT %out = f32[64]{{0}} negate(%k{length - 1})", "}"]
+    return "\n".join(lines)
+
+
+def test_a_long_run_grows_by_doubling_steps_and_ends_where_it_stops_building():
+    """A region of 200 kernels of which at most 150 build together: the runs are the longest
+    buildable prefixes, as growing one kernel at a time finds them, asked about far fewer
+    kernels in all (one at a time: 2 + 3 + ... + 151, over 11,000)."""
+    graph = build_graph(parse_module(chain_module(200)))
+
+    class Stub(enum.Enum):
+        TOO_LONG = "too long"
+
+    asked = []
+
+    def at_most_150(nodes):
+        asked.append(len(nodes))
+        return None if len(nodes) <= 150 else Refusal(Stub.TOO_LONG, "over 150")
+
+    plan = connected_region_plan(graph, at_most_150)
+    region = [n for n in graph.nodes if graph.nodes[n].is_kernel]
+    assert len(region) == 200
+    assert [p.nodes for p in plan.patterns] == [region[:150], region[150:]]
+    assert sum(asked) < 3000
+
+
 def test_a_bitcast_between_pattern_kernels_is_not_a_cycle():
     module = parse_module("""
 HloModule m
