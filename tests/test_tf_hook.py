@@ -155,6 +155,18 @@ def test_unhandled_function_runs_as_tf_and_says_why(tmp_path):
     assert reason in report["fallbacks"][0]["reason"]
 
 
+def test_a_mirrored_strategy_s_replica_function_runs_as_tf_and_says_why(tmp_path):
+    """MirroredStrategy over two logical CPUs: the jit-compiled function its replicas call
+    runs as TF (taking its HLO inside the replica's trace broke the step), so the job gives
+    TF's losses and the report says why."""
+    expected, got, stderr, _, _, reports = compare_runs("mirrored_loop.py", tmp_path, "3",
+                                                        "--keep=stitched")
+    assert got == expected
+    assert "tf.distribute strategy" in stderr
+    assert reports and all(r["runtime"]["kept"] == "tf" for r in reports)
+    assert all([f["stage"] for f in r["fallbacks"]] == ["strategy"] for r in reports)
+
+
 def test_dump_of_a_hooked_tf_job_replays_offline(tmp_path):
     """``--dump_to`` writes what ``fusionstitching replay`` needs to redo the job's plan
     offline: XLA:CPU's module (and XLA:GPU's for the target, when the deviceless compiler is

@@ -248,6 +248,15 @@ class TfCompiled:
     def start(self, args, kwargs) -> None:
         """Take TF's HLO now (it needs this call's argument specs), build at once or on a
         background thread."""
+        from tensorflow.python.distribute import distribute_lib
+        from tensorflow.python.framework import ops
+
+        if distribute_lib.has_strategy() and ops.inside_function():
+            # MirroredStrategy's replica functions: taking TF's HLO from there broke the
+            # step's graph (a placeholder of another trace was left unfed)
+            self._unsupported("strategy", "called inside a tf.distribute strategy's "
+                                          "function; its replicas run as TF")
+            return
         try:
             hlo_text = self._tf_hlo(args, kwargs)
         except Unsupported as exc:
