@@ -18,7 +18,8 @@ deviceless XLA:GPU H100), in one run:
   model's cap is assembled while it is planned, the plan's kernels after), wall time;
   ``explore`` and ``ptxas`` are its shares;
 - ``runtime s``: the same module as the JIT plans it (``fusionstitching.jit``,
-  ``FUSIONSTITCHING=1``: for the H100, ptxas off), plus the machine code of the plan's
+  ``FUSIONSTITCHING=1``: for the H100, ptxas off; for XLA:CPU, its small loops unrolled
+  first), plus the machine code of the plan's
   kernels the step runs: on XLA:CPU the host kernels, for the H100 ptxas on each kernel
   (standing in for the driver's JIT of their PTX).
 
@@ -50,6 +51,7 @@ from fusionstitching import codegen
 from fusionstitching.codegen import flatten, index_expr
 from fusionstitching.codegen.cost import registers
 from fusionstitching.hlo.parser import parse_module
+from fusionstitching.hlo.unroll import unroll_loops
 from fusionstitching.pipeline import Options, stitch_module
 
 REPO = Path(__file__).resolve().parent.parent
@@ -105,8 +107,10 @@ def plan(text: str, target: str) -> dict:
     times = result.report.times_s
     forget_memos()
     started = time.perf_counter()
-    jit = stitch_module(parse_module(text, "<step>"),
-                        Options(target="h100", ptxas=False, host=target == "cpu"))
+    module = parse_module(text, "<step>")
+    if target == "cpu":  # as the runtime's host route plans: XLA:CPU's small loops unrolled
+        module = unroll_loops(module)
+    jit = stitch_module(module, Options(target="h100", ptxas=False, host=target == "cpu"))
     if target != "cpu":
         arch = load_device("h100").sm_arch
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
