@@ -379,8 +379,10 @@ def test_a_vocabulary_cross_entropy_step_reads_the_logits_once():
     every candidate through the rows' reductions also took the loss (a sum over rows, another
     reduction space) and was refused, and the backward kernel could not take the forward
     reductions it reads (they are its producers' siblings). Now the explorer keeps the part
-    without the loss, the neighbour merge joins forward and backward, and one kernel reads
-    the logits and writes the gradient."""
+    without the loss, forward and backward are joined, and one kernel reads the logits and
+    writes the gradient. The beams' plan reaches it through the neighbour merge (4 -> 3
+    kernels); the connected-region plan, whose runs grow by doubling steps, has it directly,
+    and the two are the same plan."""
     result = stitch_module(parse_file(VOCAB_CROSS_ENTROPY), Options(verify=True, ptxas=False))
     report = result.report
     assert report.verify.ok and not report.verify.vacuous and report.verify.finite == 1.0
@@ -391,7 +393,11 @@ def test_a_vocabulary_cross_entropy_step_reads_the_logits_once():
         set(kernel.spec.nodes)
     reasons = [d.reason for d in result.plan.decisions if d.ok]
     assert any(r.startswith("buildable without the reductions in other spaces") for r in reasons)
-    assert any(note.startswith("neighbour merge: 4 -> 3 kernels") for note in result.plan.notes)
+    notes = result.plan.notes
+    assert any(note.startswith("beam 0: 4 kernels") for note in notes)
+    assert any(note.startswith("connected-region plan: 3 kernels") for note in notes)
+    assert any(note.startswith(("chose connected-region plan", "neighbour merge: 4 -> 3 kernels"))
+               for note in notes)
 
 
 # take_along_axis of log-probabilities: the gather's row index is an iota, so row b's pick
