@@ -99,9 +99,10 @@ def _buildable_runs(part: list[str], check: Callable[[list[str]], Decision], dag
                     ask_ahead: Callable[[list[list[str]]], None] | None) -> list[list[str]]:
     """``part`` (in topological order) cut greedily into the longest buildable runs of two or
     more kernels. A run grows by a step that doubles while the grown run builds and halves
-    when it does not, down to one kernel: a region of n kernels is asked about O(n) kernels
-    in all, where growing one kernel at a time asked O(n^2) (a chain of 1,100 unrolled key
-    derivations of paper-size BERT was still growing after 20 minutes)."""
+    when it does not, down to one kernel: a run of k kernels is asked about O(k log k)
+    kernels in all (O(k) where it builds to the part's end), where growing one kernel at a
+    time asked O(k^2) (a chain of 1,100 unrolled key derivations of paper-size BERT was still
+    growing after 20 minutes)."""
     runs: list[list[str]] = []
     current, i, step = part[:1], 1, 1
     while i < len(part):
