@@ -376,13 +376,10 @@ VOCAB_CROSS_ENTROPY = Path(__file__).parent / "data" / "hlo" / "unseen" / \
 
 def test_a_vocabulary_cross_entropy_step_reads_the_logits_once():
     """Before: 11 kernels of XLA's moving 4.5x the compulsory bytes (the stitched plan 2x):
-    every candidate through the rows' reductions also took the loss (a sum over rows, another
-    reduction space) and was refused, and the backward kernel could not take the forward
-    reductions it reads (they are its producers' siblings). Now the explorer keeps the part
-    without the loss, forward and backward are joined, and one kernel reads the logits and
-    writes the gradient. The beams' plan reaches it through the neighbour merge (4 -> 3
-    kernels); the connected-region plan, whose runs grow by doubling steps, has it directly,
-    and the two are the same plan."""
+    every candidate through the rows' reductions also took the loss (another reduction space)
+    and was refused, and the backward kernel could not take the forward reductions it reads
+    (its producers' siblings). Now one kernel reads the logits and writes the gradient: the
+    beams' plan after the neighbour merge (4 -> 3), or the connected-region plan directly."""
     result = stitch_module(parse_file(VOCAB_CROSS_ENTROPY), Options(verify=True, ptxas=False))
     report = result.report
     assert report.verify.ok and not report.verify.vacuous and report.verify.finite == 1.0
