@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 from fusionstitching import verification  # noqa: E402
 from fusionstitching.hlo.ir import NUMPY_DTYPES  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
-from fusionstitching.hlo.xla_runner import drift_problems, widened_to_f64  # noqa: E402
+from fusionstitching.hlo.drift import drift_problems, widened_to_f64  # noqa: E402
 from fusionstitching.runtime import gpu, xla  # noqa: E402
 from fusionstitching.runtime.rewrite import RewriteError  # noqa: E402
 

@@ -24,7 +24,8 @@ import numpy as np
 from fusionstitching.hlo.elided import elided_constants, fill_elided
 from fusionstitching.hlo.evaluator import evaluate
 from fusionstitching.hlo.parser import parse_file
-from fusionstitching.hlo.xla_runner import drift_problems, run_hlo_with_xla, widened_to_f64
+from fusionstitching.hlo.drift import drift_problems, widened_to_f64
+from fusionstitching.hlo.xla_runner import run_hlo_with_xla
 from fusionstitching.verification import _leaves, compare, random_inputs
 
 ROOT = Path(__file__).resolve().parent.parent

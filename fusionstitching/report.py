@@ -34,6 +34,7 @@ class Verify:
     not_run: str = ""  # why verification could not run (ran is False)
     inputs: str = ""  # the random inputs it ran on (verification.INPUT_KINDS)
     finite: float = 1.0  # fraction of the reference's float outputs that are finite
+    compared: float = 1.0  # ... that are not NaN (NaN equals NaN: it compares nothing)
     vacuous: bool = False  # most outputs not finite, or rounding decides them (the evaluator
     # outside XLA's f32 distance too), on every kind of input: no verdict
     error: str = ""  # the stitched plan failed to run (ok is False)
@@ -132,12 +133,12 @@ def format_summary(report: Report) -> str:
     v = report.verify
     if v.ran and v.error:
         lines.append(f"  verify: FAILED: the stitched plan did not run: {v.error}")
-    elif v.vacuous and v.finite >= 0.5:
+    elif v.vacuous and v.compared >= 0.5:
         lines.append(f"  verify: vacuous: rounding decides the outputs on every kind of random "
                      f"input tried (last: {v.inputs}; the evaluator is outside XLA's f32 "
                      f"distance too); no verdict")
     elif v.vacuous:
-        lines.append(f"  verify: vacuous: {1 - v.finite:.0%} of the outputs are not finite on "
+        lines.append(f"  verify: vacuous: {1 - v.compared:.0%} of the outputs are NaN on "
                      f"every kind of random input tried (last: {v.inputs}); no verdict")
     elif v.ran and v.ok and v.rounding_decides:
         lines.append(f"  verify: OK against {', '.join(v.against)} ({v.inputs} inputs), where "

@@ -19,48 +19,22 @@ from .hlo import gpu_library  # noqa: F401 - the evaluator runs XLA:GPU's librar
 from .hlo.elided import elided_constants, fill_elided
 from .hlo.eval_collective import Replica, run_replicas
 from .hlo.evaluator import UnsupportedOp, evaluate, evaluate_computation, evaluate_replicas
-from .hlo.ir import NUMPY_DTYPES, Computation, Instruction, Module, Shape
+from .hlo.inputs import (INPUT_KINDS, evaluation_bytes, evaluation_steps, random_array,
+                         random_inputs, seeded_inputs)
+from .hlo.ir import Computation, Instruction, Module, Shape
 from .hlo.parser import parse_module
-from .hlo.xla_runner import drift_elements, drift_problems, run_hlo_with_xla, widened_to_f64
+from .hlo.verifier import module_problem
+from .hlo.drift import (drift_elements, drift_problems, is_float_output, tolerance, widened_args,
+                        widened_to_f64)
+from .hlo.xla_runner import run_hlo_with_xla
 from .report import Fallback, Verify
 
-INPUT_KINDS = ("normal", "positive", "small positive")
-
-
-def random_inputs(module: Module, seed: int = 0, kind: str = "normal") -> list[np.ndarray]:
-    """Seeded random arguments for the entry parameters (logical numpy arrays); UnsupportedOp
-    for a parameter no array stands for (a tuple, a token). ``kind``: INPUT_KINDS."""
-    rng = np.random.default_rng(seed)
-    args = []
-    for param in module.entry.parameters:
-        shape = param.shape
-        if shape.is_tuple or shape.dtype not in NUMPY_DTYPES:
-            raise UnsupportedOp(f"entry parameter %{param.name} of type {shape}")
-        args.append(random_array(rng, shape.dims, shape.numpy_dtype, kind))
-    return args
-
-
-def random_array(rng: np.random.Generator, dims, dtype, kind: str = "normal") -> np.ndarray:
-    """One seeded random argument of ``kind`` (INPUT_KINDS) for floats."""
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return rng.random(dims) < 0.5
-    if np.issubdtype(dtype, np.integer):
-        # Integer parameters are mostly indices (tokens, segments, labels), masks and step
-        # counters: 0 and 1 are valid for all of them; larger values index out of range
-        # (JAX's gathers then fill NaN, and every output of BERT was NaN, comparing equal).
-        return rng.integers(0, 2, size=dims).astype(dtype)
-    if kind == "normal":
-        return rng.standard_normal(dims).astype(dtype)
-    if kind == "positive":
-        return np.abs(rng.standard_normal(dims)).astype(dtype)
-    return rng.uniform(0.01, 0.1, size=dims).astype(dtype)
-
-
-def seeded_inputs(shapes) -> list[np.ndarray]:
-    """One `random_array` per shape, from seed 0 (a kernel's trial and timing inputs)."""
-    rng = np.random.default_rng(0)
-    return [random_array(rng, shape.dims, shape.numpy_dtype) for shape in shapes]
+# The most memory one check may hold (hlo/inputs.evaluation_bytes): a larger module is "not
+# run", with its size, instead of a worker the system kills.
+VERIFY_MEMORY_BYTES = 6 << 30
+# The most instructions one evaluation may run (hlo/inputs.evaluation_steps; ~10 us each): a
+# loop of 10^5 trips is "not run" instead of a check that outlasts the replay's time limit.
+VERIFY_STEPS = 2_000_000
 
 
 def stitched_steps(module: Module, kernels: list):
@@ -120,10 +94,22 @@ def execute_stitched(module: Module, kernels: list, args: list[np.ndarray],
         if kernel is not None:
             outs = kernel.host(*[values[n] for n, _ in kernel.spec.inputs])
             values.update(zip((n for n, _ in kernel.spec.outputs), outs))
+            values.update(_output_tuples(kernel.spec.outputs, values))
         else:
             values[inst.name] = evaluate_instruction(
                 module, inst, [values[op] for op in inst.operands], shapes, replica)
     return values[comp.root.name]
+
+
+def _output_tuples(outputs, values: dict) -> dict[str, tuple]:
+    """A multi-output node a kernel writes element by element (``name#i``, as the root or a
+    value read whole outside: codegen/flatten.py), as the tuple its name stands for."""
+    elements: dict[str, dict[int, object]] = {}
+    for name, _ in outputs:
+        base, _, index = name.partition("#")
+        if index:
+            elements.setdefault(base, {})[int(index)] = values[name]
+    return {base: tuple(parts[i] for i in range(len(parts))) for base, parts in elements.items()}
 
 
 def evaluate_instruction(module: Module, inst: Instruction, operands: list,
@@ -158,19 +144,25 @@ def compare(expected, actual, rtol: float = 1e-5, atol: float = 1e-5) -> tuple[b
     for e, a in zip(exp_leaves, act_leaves):
         if e.shape != a.shape:
             return False, float("inf"), float("inf")
-        if np.issubdtype(e.dtype, np.floating) or e.dtype.kind == "V":
-            e64, a64 = e.astype(np.float64), a.astype(np.float64)
+        if is_float_output(e.dtype):
+            # a narrow float within two of its ulps (drift.tolerance) is as equal as f32's 1e-5
+            floor = tolerance(e.dtype) if e.dtype.itemsize < 4 else 0.0
+            rtol_e, atol_e = max(rtol, floor), max(atol, floor)
+            wide = np.complex128 if e.dtype.kind == "c" else np.float64
+            e64, a64 = e.astype(wide), a.astype(wide)
             # NaN matches NaN and an infinity itself; only finite pairs have an error (a NaN
             # or inf in the tolerance term would fail every comparison, even of equal arrays).
             exact = (e64 == a64) | (np.isnan(e64) & np.isnan(a64))
             finite = np.isfinite(e64) & np.isfinite(a64)
             # A NaN or infinity against a number is infinitely far (it reported 0 before).
-            diff = np.abs(np.subtract(e64, a64, out=np.where(exact, 0.0, np.inf), where=finite))
+            with np.errstate(invalid="ignore"):  # inf - inf where both are infinite
+                diff = np.where(finite, np.abs(np.where(finite, e64 - a64, 0)),
+                                np.where(exact, 0.0, np.inf))
             scale = np.where(finite, np.abs(e64), 0.0)
             if diff.size:
                 max_abs = max(max_abs, float(diff.max()))
                 max_rel = max(max_rel, float((diff / np.maximum(scale, 1e-30)).max()))
-            ok &= bool((exact | (finite & (diff <= atol + rtol * scale))).all())
+            ok &= bool((exact | (finite & (diff <= atol_e + rtol_e * scale))).all())
         else:
             ok &= bool(np.array_equal(e, a))
     return ok, max_abs, max_rel
@@ -178,12 +170,22 @@ def compare(expected, actual, rtol: float = 1e-5, atol: float = 1e-5) -> tuple[b
 
 def finite_fraction(value) -> float:
     """The fraction of the float elements of ``value`` that are finite (1.0 without floats)."""
-    floats = [leaf for leaf in _leaves(value) if leaf.dtype.kind == "f" and leaf.size]
+    return _fraction(value, np.isfinite)
+
+
+def compared_fraction(value) -> float:
+    """The fraction of the float elements of ``value`` that are not NaN: a NaN equals any
+    other NaN, so it compares nothing, where an infinity must have the same sign."""
+    return _fraction(value, lambda leaf: ~np.isnan(leaf))
+
+
+def _fraction(value, keep) -> float:
+    floats = [leaf for leaf in _leaves(value) if is_float_output(leaf.dtype) and leaf.size]
     total = sum(leaf.size for leaf in floats)
-    return sum(int(np.isfinite(leaf).sum()) for leaf in floats) / total if total else 1.0
+    return sum(int(keep(leaf).sum()) for leaf in floats) / total if total else 1.0
 
 
-VACUOUS_BELOW = 0.5  # a check where most outputs are NaN/inf compares almost nothing
+VACUOUS_BELOW = 0.5  # a check where most outputs are NaN compares almost nothing
 
 
 def verify(module: Module, kernels: list, notes: list[Fallback], seed: int = 0) -> Verify:
@@ -197,6 +199,18 @@ def verify(module: Module, kernels: list, notes: list[Fallback], seed: int = 0) 
     a negative second moment made half of every update NaN, which compares nothing). Inputs
     on which rounding decides the outputs and no kernel check explains it give no verdict
     either: the next kind is tried, vacuous if none is left."""
+    problem = module_problem(module, module.entry)
+    if problem is not None:  # XLA's verifier refuses such a module: nothing runs it
+        return Verify(ran=False, not_run=f"the module breaks a rule of HLO: {problem}")
+    needs = evaluation_bytes(module)
+    if needs > VERIFY_MEMORY_BYTES:
+        return Verify(ran=False, not_run=f"the check would hold about {needs / 2**30:.1f} GiB "
+                                         f"(limit {VERIFY_MEMORY_BYTES / 2**30:.0f} GiB)")
+    steps = evaluation_steps(module)
+    if steps > VERIFY_STEPS:
+        return Verify(ran=False, not_run=f"the evaluator would run about {steps:.2g} "
+                                         f"instructions (its loops' trips; limit "
+                                         f"{VERIFY_STEPS:.0g})")
     if elided_constants(module):
         module = fill_elided(module, seed)
     best = chaotic = None
@@ -206,13 +220,13 @@ def verify(module: Module, kernels: list, notes: list[Fallback], seed: int = 0) 
             chaotic = chaotic or outcome
             continue
         if not outcome.ran or outcome.error or outcome.finite == 1.0 or (
-                not outcome.ok and outcome.finite >= VACUOUS_BELOW):
+                not outcome.ok and outcome.compared >= VACUOUS_BELOW):
             return outcome
         if best is None or outcome.finite > best.finite:
             best = outcome
     if best is None:
         return chaotic
-    if best.finite < VACUOUS_BELOW:
+    if best.compared < VACUOUS_BELOW:
         best.ok, best.vacuous = False, True
     return best
 
@@ -239,11 +253,10 @@ def _verify_on(module: Module, kernels: list, notes: list[Fallback], seed: int,
         references["xla"] = run_hlo_with_xla(text, args)
     except Exception as exc:  # noted, not fatal: the evaluator still checks
         _note_once(notes, f"XLA could not run the module as a reference: {_reason(exc)}")
-    # Every reference must be mostly finite: XLA:CPU's YNNPACK fusions drop the NaN of a
-    # maximum that HLO (and the evaluator) propagates, so on a NaN-laden input one reference
-    # can be all NaN and the other finite, and such inputs compare nothing.
+    # Every reference must be mostly free of NaN: a NaN compares nothing.
     outcome = Verify(ran=True, ok=True, against=sorted(references), inputs=kind,
-                     finite=min(map(finite_fraction, references.values())))
+                     finite=min(map(finite_fraction, references.values())),
+                     compared=min(map(compared_fraction, references.values())))
     try:
         stitched = execute_stitched(module, kernels, args)
     except Exception as exc:  # a defect of ours, reported as a failed check, never a crash
@@ -258,8 +271,7 @@ def _verify_on(module: Module, kernels: list, notes: list[Fallback], seed: int,
         # differ by more: then the yardstick is XLA's own distance from its f64 result
         # (xla_runner.DRIFT_FACTOR, measured on the model-zoo workloads).
         try:
-            exact = _leaves(run_hlo_with_xla(widened_to_f64(text), [
-                a.astype(np.float64) if a.dtype == np.float32 else a for a in args]))
+            exact = _leaves(run_hlo_with_xla(widened_to_f64(text), widened_args(args)))
         except Exception as exc:  # the 1e-5 verdict stands
             _note_once(notes, f"XLA could not run the module in f64: {_reason(exc)}")
     if exact is not None:
@@ -313,7 +325,8 @@ def _verify_on_devices(module: Module, kernels: list, notes: list[Fallback], see
     except UnsupportedOp as exc:
         return Verify(ran=False, not_run=f"this machine cannot execute the module: {exc}")
     outcome = Verify(ran=True, ok=True, against=[f"evaluator ({devices} devices simulated)"],
-                     inputs=kind, finite=min(map(finite_fraction, reference)))
+                     inputs=kind, finite=min(map(finite_fraction, reference)),
+                     compared=min(map(compared_fraction, reference)))
     try:
         stitched = run_replicas(devices, lambda replica: execute_stitched(
             module, kernels, args[replica.index], replica))
@@ -325,8 +338,7 @@ def _verify_on_devices(module: Module, kernels: list, notes: list[Fallback], see
         return outcome
     try:
         wide = parse_module(widened_to_f64(str(module)))
-        exact = evaluate_replicas(wide, [[a.astype(np.float64) if a.dtype == np.float32
-                                          else a for a in device] for device in args])
+        exact = evaluate_replicas(wide, [widened_args(device) for device in args])
     except Exception as exc:  # the 1e-5 verdict stands
         _note_once(notes, f"no f64 result of the simulated devices: {_reason(exc)}")
         return outcome
@@ -389,13 +401,13 @@ def rounding_reach(module: Module, args: list, exact: list, runs: int = ROUNDING
     reach = [np.zeros(np.shape(x)) for x in exact]
     for _ in range(runs):
         for far, run, x in zip(reach, _leaves(evaluate(module, args, rounding_noise=rng)), exact):
-            if run.dtype.kind == "f":
+            if is_float_output(run.dtype) and run.dtype.kind != "c":
                 np.fmax(far, np.abs(run.astype(np.float64) - x), out=far)
     return reach
 
 
 def _float_elements(values: list) -> int:
-    return sum(v.size for v in values if v.dtype.kind == "f")
+    return sum(v.size for v in values if is_float_output(v.dtype))
 
 
 def reference_values(module: Module, args: list) -> dict[str, object]:
@@ -417,11 +429,18 @@ def kernel_mismatches(module: Module, kernels: list, args: list) -> list[str]:
     wrong = []
     for kernel in kernels:
         outs = kernel.host(*[values[n] for n, _ in kernel.spec.inputs])
-        ok, max_abs, max_rel = compare([values[n] for n, _ in kernel.spec.outputs], list(outs))
+        ok, max_abs, max_rel = compare([_value_of(values, n) for n, _ in kernel.spec.outputs],
+                                       list(outs))
         if not ok:
             wrong.append(f"{kernel.spec.name} differs (max abs err {max_abs:.3g}, max rel "
                          f"err {max_rel:.3g})")
     return wrong
+
+
+def _value_of(values: dict, name: str):
+    """An entry value by name, ``name#i`` being element i of a multi-output node."""
+    base, _, index = name.partition("#")
+    return values[base][int(index)] if index else values[name]
 
 
 def _note_once(notes: list[Fallback], reason: str) -> None:

@@ -17,8 +17,8 @@ from fusionstitching.hlo.eval_values import UnsupportedOp  # noqa: E402
 from fusionstitching.hlo.evaluator import evaluate  # noqa: E402
 from fusionstitching.hlo.ir import Shape  # noqa: E402
 from fusionstitching.hlo.parser import parse_file, parse_module, read_hlo_text  # noqa: E402
-from fusionstitching.hlo.xla_runner import (  # noqa: E402
-    drift_problems, optimized_hlo_text, run_hlo_with_xla, widened_to_f64)
+from fusionstitching.hlo.drift import drift_problems, widened_to_f64  # noqa: E402
+from fusionstitching.hlo.xla_runner import optimized_hlo_text, run_hlo_with_xla  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "hlo"
 # The f32 sum that hand-written reduces and scatters call.

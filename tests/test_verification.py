@@ -12,8 +12,8 @@ import pytest
 
 from fusionstitching.cli import main as cli_main
 from fusionstitching.hlo.parser import parse_file, parse_module
-from fusionstitching.hlo.xla_runner import (drift_problems, optimized_hlo_text, run_hlo_with_xla,
-                                             widened_to_f64)
+from fusionstitching.hlo.drift import drift_problems, widened_to_f64
+from fusionstitching.hlo.xla_runner import optimized_hlo_text, run_hlo_with_xla
 from fusionstitching.pipeline import Options, stitch_module
 from fusionstitching.runtime.executor import Executor
 from fusionstitching.verification import (Drift, kernel_mismatches, random_inputs, rounding_reach,

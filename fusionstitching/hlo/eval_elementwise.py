@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .eval_values import is_float, total_order_key, unsigned, widen
+from .eval_values import integer_range, is_float, is_integer_type, total_order_key, unsigned, widen
 
 
 def _elementwise(fn):
@@ -206,15 +206,15 @@ def _convert(ev, inst, operands):
     x, out = widen(np.asarray(operands[0])), inst.shape.numpy_dtype
     if x.dtype.kind == "c" and out.kind != "c":
         x = x.real  # complex -> real keeps the real part
-    if not (is_float(x) and out.kind in "iu"):
+    if not (is_float(x) and is_integer_type(out)):
         return x.astype(out)
     # Float -> integer truncates toward zero, saturates at the type's range and maps NaN to 0
     # (XLA's semantics; checked against jax on XLA:CPU). Done in f64 to compare exactly.
-    info = np.iinfo(out)
+    lowest, highest = integer_range(out)
     t = np.trunc(x.astype(np.float64))
-    high, low = t >= float(info.max), t <= float(info.min)
-    result = np.where(np.isnan(t) | high | low, 0, t).astype(out)
-    return np.where(high, info.max, np.where(low, info.min, result)).astype(out)
+    high, low = t >= float(highest), t <= float(lowest)
+    result = np.where(np.isnan(t) | high | low, 0, t).astype(np.int64)
+    return np.where(high, highest, np.where(low, lowest, result)).astype(out)
 
 
 def _bitcast_convert(ev, inst, operands):

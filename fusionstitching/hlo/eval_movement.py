@@ -46,8 +46,10 @@ def _bitcast(ev, inst, operands):
     # element type if it changes, and lay the same bytes out in the result's layout.
     source = ev.operand_shape(inst, 0)
     if source.dims == inst.shape.dims and source.minor_to_major == inst.shape.minor_to_major:
-        # Only the element type changes: reinterpret in place (also works on lifted scalars).
-        return np.ascontiguousarray(operands[0]).view(inst.shape.numpy_dtype)
+        # Only the element type changes: reinterpret in place (also works on lifted scalars;
+        # ascontiguousarray makes a scalar 1-d, so the operand's shape is put back).
+        x = np.asarray(operands[0])
+        return np.ascontiguousarray(x).view(inst.shape.numpy_dtype).reshape(x.shape)
     buffer = np.transpose(operands[0], _physical_order(source)).reshape(-1)
     buffer = buffer.view(inst.shape.numpy_dtype)
     order = _physical_order(inst.shape)
@@ -70,6 +72,8 @@ def _slice(ev, inst, operands):
 
 def _clamped_starts(starts, operand_dims, sizes) -> list[int]:
     # Dynamic slicing clamps each start so the whole window stays inside the operand.
+    if len(starts) == 1 and np.ndim(starts[0]) == 1:  # the older form: one array of starts
+        starts = list(np.asarray(starts[0]))
     return [min(max(int(s), 0), n - k) for s, n, k in zip(starts, operand_dims, sizes)]
 
 

@@ -48,6 +48,30 @@ def is_float(x: np.ndarray) -> bool:
     return x.dtype.kind in "fc"
 
 
+SUB_BYTE_INTS = {NUMPY_DTYPES[t] for t in ("s2", "s4", "u2", "u4") if t in NUMPY_DTYPES}
+
+
+def is_float_type(dtype: np.dtype) -> bool:
+    """Floats and complex numbers of every width (bf16/f8 are numpy kind "V")."""
+    return dtype.kind in "fc" or dtype in NARROW_FLOATS
+
+
+def is_integer_type(dtype: np.dtype) -> bool:
+    """Integers of every width, sub-byte ones included (numpy kind "V"); not pred."""
+    return dtype.kind in "iu" or dtype in SUB_BYTE_INTS
+
+
+def integer_range(dtype: np.dtype) -> tuple[int, int]:
+    """(lowest, highest) of an integer type, sub-byte ones included."""
+    if dtype in SUB_BYTE_INTS:
+        import ml_dtypes
+
+        info = ml_dtypes.iinfo(dtype)
+    else:
+        info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
 def unsigned(x: np.ndarray) -> np.ndarray:
     """Same bits as the unsigned integer type of equal width (two's complement wrap)."""
     return x.astype(np.dtype(f"u{x.dtype.itemsize}"))

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import ml_dtypes
 import numpy as np
 
 from . import eval_collective, eval_control, eval_elementwise, eval_movement, eval_reduce
 from .attrs import parse_literal
-from .eval_values import UnsupportedOp
+from .eval_values import NARROW_FLOATS, UnsupportedOp
 from .inline import inline_calls, nesting_depth
 from .ir import Computation, Instruction, Module, Shape
 
@@ -154,11 +155,12 @@ class _Evaluator:
 def _with_rounding_noise(value, rng: np.random.Generator):
     if isinstance(value, tuple):
         return tuple(_with_rounding_noise(v, rng) for v in value)
-    if not (isinstance(value, np.ndarray) and value.dtype.kind == "f"):
+    if not (isinstance(value, np.ndarray) and (value.dtype.kind == "f"
+                                               or value.dtype in NARROW_FLOATS)):
         return value
-    eps = np.finfo(value.dtype).eps
+    eps = float(ml_dtypes.finfo(value.dtype).eps)
     noise = rng.uniform(-eps, eps, size=value.shape)
-    return (value * (1.0 + noise)).astype(value.dtype)
+    return (value.astype(np.float64) * (1.0 + noise)).astype(value.dtype)
 
 
 def _custom_call(ev, inst, operands):

@@ -17,11 +17,11 @@ import numpy as np
 try:
     import ml_dtypes
 
-    _EXTRA = {
-        "bf16": np.dtype(ml_dtypes.bfloat16),
-        "f8e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
-        "f8e5m2": np.dtype(ml_dtypes.float8_e5m2),
-    }
+    # Sub-byte integers are one element per byte here, as numpy holds them (XLA packs them).
+    _EXTRA = {name: np.dtype(getattr(ml_dtypes, attr)) for name, attr in (
+        ("bf16", "bfloat16"), ("f8e4m3fn", "float8_e4m3fn"), ("f8e5m2", "float8_e5m2"),
+        ("s2", "int2"), ("s4", "int4"), ("u2", "uint2"), ("u4", "uint4"))
+        if hasattr(ml_dtypes, attr)}
 except ImportError:  # pragma: no cover - jax always brings ml_dtypes
     _EXTRA = {}
 

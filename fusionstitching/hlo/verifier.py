@@ -110,6 +110,8 @@ def _in_range(dims: tuple[int, ...], rank: int, what: str) -> str | None:
 
 
 def _broadcast(operand: Shape, result: Shape, dims: tuple[int, ...]) -> str | None:
+    if operand.dtype != result.dtype:
+        return f"broadcast changes the element type {operand.dtype} to {result.dtype}"
     if len(dims) != operand.rank:
         return f"{len(dims)} dimensions for a rank-{operand.rank} operand"
     if (problem := _in_range(dims, result.rank, "dimensions")) is not None:

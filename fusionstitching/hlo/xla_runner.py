@@ -3,9 +3,9 @@
 ``run_hlo_with_xla`` parses the text with XLA's own parser, converts it to StableHLO and runs
 it on XLA:CPU: fusions become calls (where XLA rejects that, the module is normalized as the
 runtime's is, normalize.py) and cuDNN calls the HLO convolutions they stand for. XLA
-re-optimizes, so this checks semantics, not the dump's kernels. ``widened_to_f64`` and
-``drift_problems`` judge an f32 result by XLA's own f32 distance from its f64 result;
-``optimized_hlo_text`` prints large constants in full (``as_text()`` elides them).
+re-optimizes, so this checks semantics, not the dump's kernels (drift.py judges a result by
+XLA's own distance from its f64 result); ``optimized_hlo_text`` prints large constants in full
+(``as_text()`` elides them).
 """
 from __future__ import annotations
 
@@ -51,7 +51,11 @@ def prepared_for_xla_cpu(text: str, args: list) -> tuple:
         module = xla_client.hlo.hlo_module_from_text(hlo_text)
         stablehlo = xla_client._xla.mlir.hlo_to_stablehlo(
             module.as_serialized_hlo_module_proto())
-        return backend.compile_and_load(stablehlo, device, xla_client.CompileOptions())
+        options = xla_client.CompileOptions()
+        # No YNNPACK fusions: they drop the NaN of a maximum that HLO propagates (a dlrm
+        # step's NaN loss came out finite), so the oracle would not compute HLO's semantics.
+        options.env_option_overrides = [("xla_cpu_experimental_ynn_fusion_type", "")]
+        return backend.compile_and_load(stablehlo, device, options)
 
     if "__cudnn$" in text:
         text = cudnn_calls_as_hlo(text)
@@ -240,139 +244,6 @@ def _activation(config, x, binary, full, add, shape, name):
                      config.get("leakyrelu_alpha", 0)))))
         return add("activated", shape, "select", [positive, x, other])
     raise UnsupportedOp(f"%{name}: cuDNN activation {mode}")
-
-
-# An instruction whose f32 result reinterprets 32-bit integers (dropout's random bits ->
-# floats in [1, 2): a bitcast-convert, or on XLA:GPU a bitcast from u32): in f64 it must stay a
-# 32-bit reinterpretation, followed by an exact widening.
-_F32_REINTERPRET = re.compile(r"^(\s*)(ROOT )?(%?[\w.\-]+) = (f32\[[^\]]*\](?:\{[^}]*\})?) "
-                              r"(bitcast-convert|bitcast)\((%?[\w.\-]+)(.*)$")
-_RESULT_TYPE = re.compile(r"^\s*(?:ROOT )?(%?[\w.\-]+) = (\w+)\[")
-# The other way: 32-bit integers that reinterpret an f32 (a sort's total-order comparator,
-# as in TopK): the widened f64 operand is rounded back to f32 first.
-_INT32_REINTERPRET = re.compile(r"^(\s*)(ROOT )?(%?[\w.\-]+) = ([su]32\[[^\]]*\](?:\{[^}]*\})?) "
-                                r"(bitcast-convert|bitcast)\((%?[\w.\-]+)(.*)$")
-# XLA:CPU's TopK custom call takes f32 only: in f64 it runs on the operand rounded to f32.
-_TOP_K = re.compile(r"^(\s*)(ROOT )?(%?[\w.\-]+) = \((f32\[[^\]]*\](?:\{[^}]*\})?), "
-                    r"([su]32\[[^\]]*\](?:\{[^}]*\})?)\) custom-call\((%?[\w.\-]+)\)(.*"
-                    r'custom_call_target="TopK".*)$')
-_F32_RESULT = re.compile(r"^\s*(?:ROOT )?(%?[\w.\-]+) = (f32\[[^\]]*\](?:\{[^}]*\})?) ")
-
-
-def widened_to_f64(text: str) -> str:
-    """The module with every f32 value computed in f64 (constants read at f64 precision).
-
-    Running it on the f32 arguments widened to f64 gives XLA's near-exact result for the
-    same inputs: the yardstick for how far an f32 evaluation of the module may drift by
-    rounding alone."""
-    integer32 = {m.group(1) for m in map(_RESULT_TYPE.match, text.splitlines())
-                 if m and m.group(2) in ("s32", "u32")}
-    float32 = {m.group(1): m.group(2) for m in map(_F32_RESULT.match, text.splitlines()) if m}
-    lines = []
-    for line in text.splitlines():
-        match = _F32_REINTERPRET.match(line)
-        bits = _INT32_REINTERPRET.match(line)
-        if match and (match.group(5) == "bitcast-convert" or match.group(6) in integer32):
-            indent, root, name, shape, opcode, operand, rest = match.groups()
-            lines.append(f"{indent}{name}.bits = {shape} {opcode}({operand}{rest}")
-            lines.append(f"{indent}{root or ''}{name} = {shape.replace('f32', 'f64')} "
-                         f"convert({name}.bits)")
-        elif (top_k := _TOP_K.match(line)) and top_k.group(6) in float32:
-            indent, root, name, values, indices, operand, rest = top_k.groups()
-            wide = values.replace("f32", "f64")
-            lines += [f"{indent}{name}.f32 = {float32[operand]} convert({operand})",
-                      f"{indent}{name}.top = ({values}, {indices}) custom-call({name}.f32){rest}",
-                      f"{indent}{name}.values = {values} get-tuple-element({name}.top), index=0",
-                      f"{indent}{name}.indices = {indices} get-tuple-element({name}.top), index=1",
-                      f"{indent}{name}.wide = {wide} convert({name}.values)",
-                      f"{indent}{root or ''}{name} = ({wide}, {indices}) tuple({name}.wide, "
-                      f"{name}.indices)"]
-        elif bits and bits.group(6) in float32:
-            indent, root, name, shape, opcode, operand, rest = bits.groups()
-            lines.append(f"{indent}{name}.f32 = {float32[operand]} convert({operand})")
-            lines.append(f"{indent}{root or ''}{name} = {shape} {opcode}({name}.f32{rest}")
-        else:
-            lines.append(line.replace("f32[", "f64["))
-    return "\n".join(lines)
-
-
-# How much further from XLA's f64 result an f32 execution of a whole step may be than XLA's
-# own f32 result. Measured over the model-zoo workloads (tests/test_evaluator.py, evaluator
-# vs XLA:CPU): at most 2.5x per output on ASR, BERT and DIEN, where the evaluator is as often
-# the closer one; XLA's own distance moves 2.5x between two compiles of the same module (as
-# is, and with every entry value as an output). A 1e-4 relative error in one rsqrt or erf of
-# BERT exceeds the bound 15x / 2x.
-# The TF Transformer's training step was 14x and 10.5x (outputs 6 and 11) while the evaluator
-# summed dots and reduces in numpy's f32 order, less accurate than XLA:CPU's (evaluator.
-# _accumulation_dtype); summing in f64 it is 4.8x and 3.3x, inside the bound through its
-# atol/rtol terms. What is left there is chance at one element, not an op: the worst element
-# of both outputs is the Adam update with the smallest second moment (v = 3.2e-4 and 4.9e-3,
-# medians 0.68 and 1.1: the test draws v's initial value from a standard normal, so
-# 0.999 v0 + 0.001 g^2 cancels), where the update moves with v^-1.5, 10^3-10^5x more per ulp
-# of the gradient than at a median element, and which f32 execution lands closer there is
-# a coin toss: XLA's second compile of the module is 1.5x further than its first on output 6
-# and 12x on the loss; on six other input seeds the evaluator is at most 3.1x (numpy f32
-# sums: 2.4x) and XLA's second compile up to 33x (ratios of the distances, before the
-# atol/rtol terms).
-DRIFT_FACTOR = 4.0
-
-
-def drift_problems(actual: list, xla: list, exact: list, rtol: float = 1e-5,
-                   atol: float = 1e-5, spread: list | None = None) -> list[str]:
-    """Outputs where ``actual`` is not about as close to XLA's f64 result (``exact``, from
-    ``widened_to_f64``) as XLA's own f32 result (``xla``) is; empty when all are.
-
-    Per f32 output: |actual - exact| <= DRIFT_FACTOR * max|xla - exact| + atol +
-    rtol * max|exact| over the elements finite in both references; NaNs and infinities where
-    XLA has them. Other element types must equal XLA's. A whole training step with random
-    weights amplifies f32 rounding 10^3x and more, so two correct f32 executions differ by
-    far more than a fixed tolerance allows; this bound follows the step's own sensitivity.
-    ``spread`` (per output, per element: how far from ``exact`` other f32 executions reach,
-    e.g. the evaluator with rounding noise) widens the bound element by element."""
-    return [text for _, text in _drift(actual, xla, exact, rtol, atol, spread)]
-
-
-def drift_elements(actual: list, xla: list, exact: list, rtol: float = 1e-5,
-                   atol: float = 1e-5, spread: list | None = None) -> int:
-    """How many elements ``drift_problems`` finds beyond the bound (a whole output where its
-    type, shape or non-finite elements differ)."""
-    return sum(elements for elements, _ in _drift(actual, xla, exact, rtol, atol, spread))
-
-
-def _drift(actual, xla, exact, rtol, atol, spread) -> list[tuple[int, str]]:
-    if not len(actual) == len(xla) == len(exact):
-        return [(sum(np.size(a) for a in actual),
-                 f"{len(actual)} outputs, XLA has {len(xla)} (f64: {len(exact)})")]
-    problems = []
-    for i, (a, w, x) in enumerate(zip(actual, xla, exact)):
-        a, w, x = np.asarray(a), np.asarray(w), np.asarray(x)
-        if a.shape != w.shape or a.dtype != w.dtype:
-            problems.append((a.size, f"output {i}: {a.dtype}{list(a.shape)}, XLA "
-                                     f"{w.dtype}{list(w.shape)}"))
-        elif a.dtype != np.float32:
-            if not np.array_equal(a, w):
-                differ = int((a != w).sum())
-                problems.append((differ, f"output {i}: {differ} elements differ from XLA"))
-        else:
-            finite = np.isfinite(x) & np.isfinite(w)
-            if not np.array_equal(a[~finite], w[~finite], equal_nan=True):
-                problems.append((a.size, f"output {i}: NaN/inf elements differ from XLA's"))
-                continue
-            if not np.isfinite(a[finite]).all():  # a NaN has no distance: never within it
-                count = int((~np.isfinite(a[finite])).sum())
-                problems.append((count, f"output {i}: {count} NaN/inf elements where XLA's "
-                                        f"are finite"))
-                continue
-            ours = np.abs(a[finite] - x[finite])
-            xlas = np.abs(w[finite] - x[finite]).max(initial=0.0)
-            scale = np.abs(x[finite]).max(initial=0.0)
-            reach = xlas if spread is None else np.maximum(xlas, np.asarray(spread[i])[finite])
-            beyond = int((ours > DRIFT_FACTOR * reach + atol + rtol * scale).sum())
-            if beyond:
-                problems.append((beyond, f"output {i}: {beyond} of {ours.size} elements up to "
-                                         f"{ours.max():.3g} from XLA's f64 result, XLA's f32 "
-                                         f"{xlas:.3g} (scale {scale:.3g})"))
-    return problems
 
 
 def optimized_hlo_text(compiled) -> str:

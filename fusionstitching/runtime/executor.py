@@ -22,7 +22,8 @@ import numpy as np
 
 from .. import verification
 from ..hlo.parser import parse_module
-from ..hlo.xla_runner import optimized_hlo_text, run_hlo_with_xla, widened_to_f64
+from ..hlo.drift import widened_args, widened_to_f64
+from ..hlo.xla_runner import optimized_hlo_text, run_hlo_with_xla
 from ..report import Fallback, Verify
 from .build import BuildError, Built, reason
 from .coordination import Coordinator
@@ -357,8 +358,8 @@ class Executor:
             args, kwargs = self._fresh(inputs)
             flat = [np.asarray(a) for a in jax.tree_util.tree_leaves((args, kwargs))]
             text = optimized_hlo_text(self.xla)
-            exact = [np.asarray(x) for x in run_hlo_with_xla(widened_to_f64(text), [
-                a.astype(np.float64) if a.dtype == np.float32 else a for a in flat])]
+            exact = [np.asarray(x) for x in run_hlo_with_xla(widened_to_f64(text),
+                                                             widened_args(flat))]
             module = parse_module(text, self.name)
         except Exception as exc:  # the fixed tolerance's verdict stands
             log.info("fusionstitching: %s: no f64 reference: %s", self.name, reason(exc))
