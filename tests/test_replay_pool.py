@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -132,20 +133,24 @@ def ray_cluster():
     address."""
     ray = Path(sys.executable).parent / "ray"
     port = free_port()
-    # Ray's token authentication, which `ray start` turns on: the drivers must ask for it
-    saved = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "token"
-    subprocess.run([str(ray), "start", "--head", "--node-ip-address=127.0.0.1",
-                    f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-                    "--disable-usage-stats"], check=True, capture_output=True, timeout=120)
+    # Ray's token authentication, which `ray start` turns on: the cluster and the drivers
+    # share a token, given here (a fresh machine has no ~/.ray/auth_token)
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    started = subprocess.run([str(ray), "start", "--head", "--node-ip-address=127.0.0.1",
+                              f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+                              "--disable-usage-stats"], capture_output=True, text=True,
+                             timeout=120)
+    assert started.returncode == 0, f"ray start failed:\n{started.stdout}\n{started.stderr}"
     try:
         yield f"127.0.0.1:{port}"
     finally:
         subprocess.run([str(ray), "stop", "--force"], capture_output=True, timeout=120)
-        if saved is None:
-            del os.environ["RAY_AUTH_MODE"]
-        else:
-            os.environ["RAY_AUTH_MODE"] = saved
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def test_a_ray_cluster_gives_one_processs_reports_in_the_files_order(ray_cluster, tmp_path,
