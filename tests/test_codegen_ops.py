@@ -239,7 +239,9 @@ def test_a_column_sum_beside_an_output_of_another_size_reads_rows_contiguously()
     module = parse_module(jax_hlo(bias_gradient_and_update, *args, target="cpu"))
     spec = generate(module, kernel_nodes(module), "bias_gradient_and_update")
     kernel = spec.host_kernel
-    assert [a.name.startswith("acc_") for a in kernel.shared] == [True]  # the columns'
+    # the columns' accumulator, and its f64 twin where the partial sums add up
+    assert [(a.name.startswith("acc_"), a.dtype) for a in kernel.shared] == [
+        (True, "f32"), (True, "f64")]
     (guarded,) = [s for s in kernel.body if isinstance(s, If)]  # the first block's update
     assert any(isinstance(s, Loop) for s in guarded.body)
     check_against_xla(module, spec)

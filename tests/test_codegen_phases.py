@@ -382,7 +382,8 @@ def test_a_host_phased_kernels_column_sums_read_row_by_row():
     kernel loops over the points (rows) outer and the results inner, as the columns schedule
     does, so the inner loop reads a row contiguously."""
     module, spec = _generate(TWO_READERS)
-    (rows_outer,) = _loops_storing(spec.host_kernel.body, "res_cols")
+    # the sums' partial values go to the array's f64 twin (kernel_ir.wide_accumulator)
+    (rows_outer,) = _loops_storing(spec.host_kernel.body, "res_cols_wide")
     assert rows_outer.stop == 16 and rows_outer.body[-1].stop == 32  # 16 rows, 32 columns
     assert not _loops_storing(spec.kernel.body, "res_cols")  # the GPU schedule: per result
     check_against_xla(module, spec, rtol=1e-5, atol=1e-5)

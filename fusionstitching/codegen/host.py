@@ -147,13 +147,19 @@ class HostLowering(ThreadLowering):
         return self.intrinsic(_MATH[op], F32, args)
 
     def combine(self, a: Accumulate | WarpReduce, x: ir.Value, y: ir.Value) -> ir.Value:
-        if self.fast and isinstance(a, Accumulate) and not a.ordered and a.dst.dtype == "f32" \
-                and a.kind in _REASSOCIABLE:
+        if self.fast and isinstance(a, Accumulate) and not a.ordered \
+                and a.dst.dtype in ("f32", "f64") and a.kind in _REASSOCIABLE:
             return _REASSOCIABLE[a.kind](self.builder, x, y, flags=("reassoc",))
         return super().combine(a, x, y)
 
     def constant_pointer(self, array: ConstArray) -> ir.Value:
         return self.constants[array.name]
+
+    def wide_rounded(self, x: ir.Value) -> ir.Value:
+        # x86's instruction selection folds f64 -> f32 -> f16 into one rounding, a call to
+        # compiler-rt's __truncdfhf2, which the JIT cannot resolve (a kernel summing f16
+        # values called address 0); the fence keeps the two roundings XLA's convert means.
+        return self.intrinsic("llvm.arithmetic.fence.f32", F32, [x])
 
     def loop_bounds(self, s: Loop) -> tuple[ir.Value, ir.Value]:
         if s is self.split:

@@ -28,7 +28,7 @@ UNROLL_FACTOR = 8
 
 class Value(NamedTuple):
     """An SSA value of one thread. dtype: f32, f16, bf16, s32, s64, u32, u64 or pred (or a
-    128-bit vector: f32x4, s32x4). A named tuple: values key every cache of the code
+    128-bit vector: f32x4, s32x4; or f64, only as a sum's wide accumulator). A named tuple: values key every cache of the code
     generator, and a tuple's hash and equality run in C (a frozen dataclass's ran in Python,
     13% of planning bert_train_small_jax_cpu)."""
 
@@ -283,7 +283,7 @@ class Kernel:
 
 
 DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "s32": 4, "s64": 8, "u32": 4, "u64": 8,
-               "pred": 1,
+               "pred": 1, "f64": 8,
                "f32x4": 16, "s32x4": 16}
 VECTOR_LANES = 4  # 32-bit lanes of a 128-bit global access
 # The vector type of a 128-bit access to elements of each 32-bit type, and back.
@@ -293,6 +293,13 @@ LANE_TYPES = {v: k for k, v in VECTOR_TYPES.items()}
 # The value every reduction combiner leaves unchanged (partial results start here).
 IDENTITY = {"add": 0, "multiply": 1, "maximum": -math.inf, "minimum": math.inf,
             "and": True, "or": False}
+
+
+def wide_accumulator(kind: str, dtype: str) -> str | None:
+    """The type a loop-carried combination of ``dtype`` values accumulates in: f64 for f32
+    sums and products, whose error grows with the number of terms (a thread walking a long
+    row would be less accurate than XLA's tree of partial sums); None where it stays."""
+    return "f64" if dtype == "f32" and kind in ("add", "multiply") else None
 
 
 def format_shape(shape: Shape) -> str:

@@ -20,12 +20,12 @@ from .kernel_ir import (LANE_TYPES, VECTOR_LANES, Accumulate, Barrier, BlockRedu
 from .ops import MATH_OPS
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
-F32, F16 = ir.FloatType(), ir.HalfType()
+F32, F16, F64 = ir.FloatType(), ir.HalfType(), ir.DoubleType()
 PTR = ir.PointerType()
 
 # Register types of values; bf16 is kept as its 16 bits and converted through f32.
 VALUE_TYPES = {"f32": F32, "f16": F16, "bf16": I16, "s32": I32, "s64": I64, "u32": I32,
-               "u64": I64, "pred": I1,
+               "u64": I64, "pred": I1, "f64": F64,
                "f32x4": ir.VectorType(F32, VECTOR_LANES), "s32x4": ir.VectorType(I32, VECTOR_LANES)}
 INT_TYPES = {"s32": I32, "s64": I64, "u32": I32, "u64": I64}
 UNSIGNED = {"u32", "u64"}  # same registers as s32/s64; compare, divide, convert differ
@@ -93,6 +93,11 @@ class ThreadLowering:
 
     def collective(self, stmt: WarpReduce | Barrier) -> None:
         raise NotImplementedError
+
+    def wide_rounded(self, x: ir.Value) -> ir.Value:
+        """A wide accumulator's f32 value (a target may need to keep it from being folded
+        into a later rounding)."""
+        return x
 
     # Alignment the target can assume for a 16-byte-aligned group of a buffer's elements.
     vector_align = 16
@@ -271,9 +276,11 @@ class ThreadLowering:
     def compute(self, op: str, args: list[ir.Value], arg_types: list[str], dtype: str,
                 attr: str | None) -> ir.Value:
         """One elementwise HLO op in f32, s32, s64, u32, u64 or pred (16-bit floats are widened to f32 by
-        the schedule, as XLA:GPU does)."""
+        the schedule, as XLA:GPU does); add and multiply also in f64 (wide accumulators)."""
         b = self.builder
-        is_float = bool(arg_types) and arg_types[-1] == "f32"
+        if arg_types and arg_types[-1] == "f64" and op not in ("add", "multiply", "convert"):
+            raise CodegenError(Refusal.NO_LOWERING, f"{op} of f64: only wide sums and products")
+        is_float = bool(arg_types) and arg_types[-1] in ("f32", "f64")
         ty = args[-1].type if args else None
         icmp = b.icmp_unsigned if arg_types and arg_types[-1] in UNSIGNED else b.icmp_signed
         match op:
@@ -400,6 +407,10 @@ class ThreadLowering:
         if dst in ("f16", "bf16") and src != "f32":
             return self.convert(self.convert(x, src, "f32"), "f32", dst)
         match src, dst:
+            case "f32", "f64":
+                return b.fpext(x, F64)
+            case "f64", "f32":
+                return self.wide_rounded(b.fptrunc(x, F32))
             case "f16", "f32":
                 return b.fpext(x, F32)
             case "f32", "f16":

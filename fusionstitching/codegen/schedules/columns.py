@@ -12,12 +12,12 @@ from __future__ import annotations
 from ..errors import CodegenError, Refusal
 from ..flatten import Pattern
 from ..index_expr import Var, add, ix, linearize, scale
-from ..kernel_ir import If, IndexLet, Kernel, Loop, SharedArray, SharedLoad
+from ..kernel_ir import If, IndexLet, Kernel, Loop, SharedArray, SharedLoad, wide_accumulator
 from .candidates import Schedule
 from .emitter import Emitter
 from .loops import packed_outputs, stores_at_group
 from .reduce import (add_to_partial, check_variadic_order, combine_variadic, finish_partials,
-                     start_partials, start_variadic, tag_of)
+                     partial_arrays, start_partials, start_variadic, tag_of)
 from .space import Space, reduce_operand_index, reduction_stages, reshaped, result_shape
 
 RESULTS_PER_BLOCK = 256  # at most (blocks are what runs in parts); its accumulators are on the stack
@@ -59,6 +59,8 @@ def build_columns_kernel(pattern: Pattern, sched: Schedule, name: str
         if red.combiner is not None:
             check_variadic_order(em, red)
     dtype_bytes = {red.name: sum(shape.byte_size // o for shape in _result_shapes(red))
+                   + (8 if red.combiner is None and wide_accumulator(red.reducer,
+                                                                    red.shape.dtype) else 0)
                    for red in reductions}
     if width * sum(dtype_bytes.values()) > ACCUMULATOR_BYTES:
         raise CodegenError(Refusal.COLUMNS_FORM, f"accumulators of {width} results x "
@@ -89,12 +91,16 @@ def build_columns_kernel(pattern: Pattern, sched: Schedule, name: str
         em.place(Loop(point, ix(0), r, 1, em.close_loop(), []), 0)
 
     finished: list[str] = []
+    wide: list[SharedArray] = []  # the f64 partial values of f32 sums and products
     for stage in stages:
         plain = [red for red in stage if red.combiner is None]
         arrays = [accumulators[red.name][0] for red in plain]
+        partials = partial_arrays(plain, arrays)
+        wide += [p for p, a in zip(partials, arrays) if p is not a]
+        partial_of = {red.name: p for red, p in zip(plain, partials)}
 
         def start(depth: int) -> None:
-            start_partials(em, plain, arrays, ix(lane), depth)
+            start_partials(em, plain, partials, ix(lane), depth)
             for red in stage:
                 if red.combiner is not None:
                     start_variadic(em, red, accumulators[red.name], ix(lane), depth)
@@ -107,11 +113,12 @@ def build_columns_kernel(pattern: Pattern, sched: Schedule, name: str
                     combine_variadic(em, red, accumulators[red.name], ix(lane), at, depth)
                     continue
                 value, _ = em.value(red.operands[0], at)
-                add_to_partial(em, red, value, accumulators[red.name][0], ix(lane), depth)
+                add_to_partial(em, red, value, partial_of[red.name], ix(lane), depth)
 
         lanes(start)
         rows(accumulate)
-        lanes(lambda depth: finish_partials(em, pattern, plain, arrays, ix(lane), depth))
+        lanes(lambda depth: finish_partials(em, pattern, plain, partials, arrays, ix(lane),
+                                            depth))
         finished += [red.name for red in stage]
     ref = stages[0][0]
     ref_shape = em.ops[ref.operands[0]].shape
@@ -136,7 +143,7 @@ def build_columns_kernel(pattern: Pattern, sched: Schedule, name: str
         packed_outputs(em, pattern, packed, first_output, ix(0), 1, 1, True, schemes)
         em.scopes[0][before:] = [If(ix(bid), ix(1), em.scopes[0][before:], "lt")]
     # one thread per block: its loops cover the block's results (not sched.block of them)
-    shared = [array for results in accumulators.values() for array in results]
+    shared = [array for results in accumulators.values() for array in results] + wide
     kernel = Kernel(name, pattern.buffers(), sched.grid, (1,), shared, em.scopes[0], tid, bid,
                     list(em.constants.values()), prologue=em.prologue,
                     scratch=list(em.scratch.values()))

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from ...hlo.ir import Shape
 from ..flatten import Pattern
 from ..index_expr import Ix, Var, add, delinearize, ix, linearize, scale, value_range
-from ..kernel_ir import UNROLL_FACTOR, Accumulate, GlobalStore, If, IndexLet, Loop, Value
+from ..kernel_ir import (UNROLL_FACTOR, Accumulate, GlobalStore, If, IndexLet, Loop, Value,
+                         wide_accumulator)
 from ..ops import identity
 from .emitter import Emitter
 from .space import independent, reshaped
@@ -77,12 +78,9 @@ def over_points(em: Emitter, points: Points, visit, reducers: list[str]) -> list
         em.place(If(points.member, ix(chunks), [IndexLet(chunk, points.member)] + body, "lt"),
                  scope)
         return []
-    accumulates = []
-    for kind, (value, _) in zip(reducers, per_chunk or []):
-        init, _ = em.const(identity(kind, value.dtype), value.dtype)
-        accumulates.append(Accumulate(em.fresh(value.dtype), kind, init, value))
+    accumulates = accumulations(em, reducers, [v for v, _ in per_chunk or []])
     em.place(Loop(chunk, points.member, chunks, points.step, em.close_loop(), accumulates), scope)
-    return [a.dst for a in accumulates]
+    return accumulated(em, accumulates, scope)
 
 
 def _nested_loops(em: Emitter, points: Points, visit, scope: int) -> None:
@@ -168,12 +166,35 @@ def in_runs(em: Emitter, points: Points, visit, reducers: list[str], runs_name: 
     run = dataclasses.replace(points, count=UNROLL_FACTOR * points.step * points.vector)
     partials = over_points(em, run, lambda point: visit(
         add(scale(runs, UNROLL_FACTOR * points.step * points.vector), point)), reducers)
+    accumulates = accumulations(em, reducers, partials)
+    em.place(Loop(runs, ix(0), trips // UNROLL_FACTOR, 1, em.close_loop(), accumulates), scope)
+    return accumulated(em, accumulates, scope)
+
+
+def accumulations(em: Emitter, reducers: list[str], values: list[Value]) -> list[Accumulate]:
+    """The loop-carried combinations of ``values`` (defined in the loop being built, the
+    innermost scope), each from its combiner's identity; an f32 sum or product in a wide
+    accumulator (kernel_ir.wide_accumulator), each value converted in the loop."""
     accumulates = []
-    for kind, value in zip(reducers, partials):
+    body = len(em.scopes) - 1
+    for kind, value in zip(reducers, values):
+        wide = wide_accumulator(kind, value.dtype)
+        if wide is not None:
+            value, _ = em.op("convert", wide, (value, body))
         init, _ = em.const(identity(kind, value.dtype), value.dtype)
         accumulates.append(Accumulate(em.fresh(value.dtype), kind, init, value))
-    em.place(Loop(runs, ix(0), trips // UNROLL_FACTOR, 1, em.close_loop(), accumulates), scope)
-    return [a.dst for a in accumulates]
+    return accumulates
+
+
+def accumulated(em: Emitter, accumulates: list[Accumulate], scope: int) -> list[Value]:
+    """The loop's results in ``scope``, after it: a wide accumulator rounded once."""
+    results = []
+    for a in accumulates:
+        if a.value.dtype == "f64":
+            results.append(em.op("convert", "f32", (a.dst, scope))[0])
+        else:
+            results.append(a.dst)
+    return results
 
 
 def unroll_short(em: Emitter, count: int, step: int) -> bool:

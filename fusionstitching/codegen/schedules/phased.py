@@ -23,7 +23,7 @@ from .candidates import Schedule
 from .emitter import Emitter
 from .loops import Points, in_runs, over_points, packed_outputs, stores_at_group, unroll_short
 from .reduce import (add_to_partial, apply_init, combine_across_threads, finish_partials,
-                     start_partials, tag_of)
+                     partial_arrays, start_partials, tag_of)
 from .space import (Space, independent, reduce_operand_index, reduction_stages, result_shape,
                     space_of)
 
@@ -186,7 +186,7 @@ def build_phased_kernel(pattern: Pattern, sched: Schedule, name: str, host: bool
                 _lanes_per_result(em, pattern, phase, space, values_at, arrays, tid, f"{k}_{j}")
                 schemes.add("warp_composition")
             elif em.one_thread and _strided(pattern, phase, space):
-                _points_outer(em, pattern, phase, space, values_at, arrays, f"{k}_{j}")
+                _points_outer(em, pattern, phase, space, values_at, arrays, shared, f"{k}_{j}")
             else:
                 def per_result(result: Ix, phase=phase, arrays=arrays, values_at=values_at,
                                reducers=reducers, space=space, tag=f"{k}_{j}") -> list:
@@ -359,7 +359,7 @@ def _strided(pattern: Pattern, phase: list[FlatOp], space: Space) -> bool:
 
 
 def _points_outer(em: Emitter, pattern: Pattern, phase: list[FlatOp], space: Space, values_at,
-                  arrays: list[SharedArray], tag: str) -> None:
+                  arrays: list[SharedArray], shared: list[SharedArray], tag: str) -> None:
     """One CPU thread's column sums, as columns.py orders them: the points outer and the
     results inner, each result's partial value in its array, so a row is read contiguously
     (the inner loop vectorizes) and values of the point alone (a row's statistics) are
@@ -371,15 +371,19 @@ def _points_outer(em: Emitter, pattern: Pattern, phase: list[FlatOp], space: Spa
         body(len(em.scopes) - 1)
         em.place(Loop(result, ix(0), space.groups, 1, em.close_loop(), []), outer)
 
+    partials = partial_arrays(phase, arrays)
+    shared += [p for p, a in zip(partials, arrays) if p is not a]
+
     def accumulate(depth: int) -> None:
-        for red, (value, _), array in zip(phase, values_at(ix(result))(ix(point)), arrays):
+        for red, (value, _), array in zip(phase, values_at(ix(result))(ix(point)), partials):
             add_to_partial(em, red, value, array, ix(result), depth)
 
-    over_results(lambda depth: start_partials(em, phase, arrays, ix(result), depth), 0)
+    over_results(lambda depth: start_partials(em, phase, partials, ix(result), depth), 0)
     em.open_loop(point)
     over_results(accumulate, 1)
     em.place(Loop(point, ix(0), space.reduced, 1, em.close_loop(), []), 0)
-    over_results(lambda depth: finish_partials(em, pattern, phase, arrays, ix(result), depth), 0)
+    over_results(lambda depth: finish_partials(em, pattern, phase, partials, arrays, ix(result),
+                                               depth), 0)
 
 
 def _serial_reduce(em: Emitter, count: int, visit, reducers: list[str], tag: str

@@ -11,7 +11,7 @@ from ..errors import CodegenError, Refusal
 from ..flatten import FlatOp, Pattern
 from ..index_expr import Ix, Var, add, div, ix, mod, scale
 from ..kernel_ir import (WARP, Accumulate, Barrier, BlockReduce, Compute, If, Loop, SharedArray,
-                         SharedLoad, SharedStore, Value, WarpReduce)
+                         SharedLoad, SharedStore, Value, WarpReduce, wide_accumulator)
 from ..ops import DTYPES, ELEMENTWISE, identity
 from .candidates import Schedule
 from .emitter import Emitter, scalar_value
@@ -216,32 +216,46 @@ def apply_init(em: Emitter, pattern: Pattern, r: FlatOp, total: Value, depth: in
     return value
 
 
-def start_partials(em: Emitter, reds: list[FlatOp], arrays: list[SharedArray], at: Ix,
+def partial_arrays(reds: list[FlatOp], arrays: list[SharedArray]) -> list[SharedArray]:
+    """The arrays each reduction's partial values accumulate in: an f64 twin of the array
+    of an f32 sum or product (kernel_ir.wide_accumulator), else the array itself."""
+    return [SharedArray(f"{array.name}_wide", wide, array.size)
+            if (wide := wide_accumulator(red.reducer, array.dtype)) else array
+            for red, array in zip(reds, arrays)]
+
+
+def start_partials(em: Emitter, reds: list[FlatOp], partials: list[SharedArray], at: Ix,
                    depth: int) -> None:
-    """Each reduction's partial value at ``at`` of its array starts at the identity (one CPU
-    thread's accumulator arrays: results side by side, the points outer)."""
-    for red, array in zip(reds, arrays):
+    """Each reduction's partial value at ``at`` of its array (`partial_arrays`) starts at the
+    identity (one CPU thread's accumulator arrays: results side by side, the points outer)."""
+    for red, array in zip(reds, partials):
         init, _ = em.const(identity(red.reducer, array.dtype), array.dtype)
         em.place(SharedStore(array, at, init), depth)
 
 
-def add_to_partial(em: Emitter, red: FlatOp, value: Value, array: SharedArray, at: Ix,
+def add_to_partial(em: Emitter, red: FlatOp, value: Value, partial_array: SharedArray, at: Ix,
                    depth: int) -> None:
-    """array[at] = array[at] (reducer) value."""
+    """partial_array[at] = partial_array[at] (reducer) value, in the array's type."""
+    if partial_array.dtype != value.dtype:
+        value, _ = em.op("convert", partial_array.dtype, (value, depth))
     partial, total = em.fresh(value.dtype), em.fresh(value.dtype)
-    em.place(SharedLoad(partial, array, at), depth)
+    em.place(SharedLoad(partial, partial_array, at), depth)
     em.place(Compute(total, red.reducer, [partial, value]), depth)
-    em.place(SharedStore(array, at, total), depth)
+    em.place(SharedStore(partial_array, at, total), depth)
 
 
 def finish_partials(em: Emitter, pattern: Pattern, reds: list[FlatOp],
-                    arrays: list[SharedArray], at: Ix, depth: int) -> None:
-    """Each reduction's partial value at ``at`` combined with its init value (`apply_init`)."""
-    for red, array in zip(reds, arrays):
-        partial = em.fresh(array.dtype)
-        em.place(SharedLoad(partial, array, at), depth)
+                    partials: list[SharedArray], arrays: list[SharedArray], at: Ix,
+                    depth: int) -> None:
+    """Each reduction's partial value at ``at`` (rounded to the result's type once) combined
+    with its init value (`apply_init`), in its array."""
+    for red, partial_array, array in zip(reds, partials, arrays):
+        partial = em.fresh(partial_array.dtype)
+        em.place(SharedLoad(partial, partial_array, at), depth)
+        if partial_array is not array:
+            partial, _ = em.op("convert", array.dtype, (partial, depth))
         total = apply_init(em, pattern, red, partial, depth)
-        if total is not partial:
+        if total is not partial or partial_array is not array:
             em.place(SharedStore(array, at, total), depth)
 
 
