@@ -37,7 +37,7 @@ _DEFAULT = object()
 @dataclass
 class RuntimeOptions:
     async_compile: bool = False  # build the stitched executable on a background thread
-    verify: bool = False  # the stitched outputs must match XLA's on the first real call
+    verify: bool = True  # the stitched outputs must match XLA's on the trial call
     keep: str = "fastest"  # "fastest": time both on a real call; "stitched": always stitched
     cache_dir: str | None = None  # kernel cache directory (None: no cache)
     dump_to: str | None = None  # write optimized HLO, rewritten HLO, kernels and Report here
@@ -46,7 +46,7 @@ class RuntimeOptions:
 
 def jit(fn=None, *, static_argnums=None, static_argnames=None, donate_argnums=None,
         donate_argnames=None, inline: bool = False, async_compile: bool = False,
-        verify: bool = False, keep: str = "fastest", cache_dir=_DEFAULT,
+        verify: bool = True, keep: str = "fastest", cache_dir=_DEFAULT,
         dump_to: str | None = None, cache_group=None, remote_cache: str | None = None,
         **opts):
     """Like ``jax.jit(fn, static_argnums=..., static_argnames=...)``, with stitching.

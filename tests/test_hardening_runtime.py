@@ -53,7 +53,7 @@ def warnings_of(caplog) -> list[str]:
 
 def run_stitched(caplog, **options):
     a = args(rows=8)
-    fn = jit(layernorm, keep="stitched", **options)
+    fn = jit(layernorm, keep="stitched", verify=False, **options)  # settled when built
     with caplog.at_level("WARNING", logger="fusionstitching"):
         got = [np.asarray(fn(*a)) for _ in range(2)]
         (report,) = fn.reports(wait_s=60)

@@ -31,7 +31,7 @@ _TRUE = ("1", "true", "yes", "on")
 @dataclass
 class Flags:
     async_compile: bool = False
-    verify: bool = False
+    verify: bool = True  # --verify=false: the trial call is not checked
     target: str = "h100"
     explorer: str = "beam"
     cache_dir: str | None = None  # None: fusionstitching's default directory
