@@ -154,8 +154,14 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
         raise CodegenError(Refusal.NOT_IN_ENTRY,
                            f"not in the entry computation: {', '.join(missing)}")
     # A multi-output fusion's get-tuple-elements are no-ops: they belong to its pattern.
-    in_pattern = set(nodes) | {u for n in nodes if by_name[n].shape.is_tuple for u in users[n]
-                               if by_name[u].opcode == "get-tuple-element"}
+    # So are those of a tuple-shaped get-tuple-element (an argmin's reduce in a fusion's tuple).
+    in_pattern, tuples = set(nodes), [n for n in nodes if by_name[n].shape.is_tuple]
+    while tuples:
+        for user in users[tuples.pop()]:
+            if by_name[user].opcode == "get-tuple-element" and user not in in_pattern:
+                in_pattern.add(user)
+                if by_name[user].shape.is_tuple:
+                    tuples.append(user)
     ops: list[FlatOp] = []
     value: dict[str, str] = {}  # entry array value -> FlatOp name
     elements: dict[str, list[str]] = {}  # tuple-valued pattern node -> FlatOp name per element
@@ -272,7 +278,13 @@ def flatten(module: Module, nodes: list[str]) -> Pattern:
     in_order = [by_name[n] for n in sorted(in_pattern, key=index.position.__getitem__)]
     for inst in in_order:
         if inst.opcode == "get-tuple-element" and inst.operands[0] in elements:
-            value[inst.name] = elements[inst.operands[0]][int(inst.attrs["index"])]
+            element = elements[inst.operands[0]][int(inst.attrs["index"])]
+            if not inst.shape.is_tuple:
+                value[inst.name] = element
+            elif element in parts:  # a variadic reduce's results
+                elements[inst.name] = parts[element]
+            else:
+                raise CodegenError(Refusal.TUPLE, f"nested tuple {inst.name}")
             continue
         operands = [entry_operand(o) for o in inst.operands]
         if inst.opcode == "fusion":
