@@ -20,12 +20,14 @@ from fusionstitching.codegen import (Refusal, can_stitch, compile_host,  # noqa:
                                      compile_nvptx, find_ptxas, generate)
 from fusionstitching.codegen.flatten import flatten  # noqa: E402
 from fusionstitching.codegen.schedules.candidates import enumerate_schedules  # noqa: E402
+from fusionstitching.codegen.schedules import emitter  # noqa: E402
 from fusionstitching.codegen.schedules.choose import build_kernel  # noqa: E402
 from fusionstitching.codegen.schedules.space import reduction_space  # noqa: E402
 from fusionstitching.hlo.evaluator import evaluate  # noqa: E402
 from fusionstitching.hlo.parser import parse_file, parse_module  # noqa: E402
 from fusionstitching.graph import build_graph  # noqa: E402
 from fusionstitching.capability import xla_kernel_us  # noqa: E402
+from helpers import producer_with_two_consumers  # noqa: E402
 from helpers_codegen import ADD, check_against_xla, kernel_nodes, module_text  # noqa: E402
 
 HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
@@ -333,3 +335,15 @@ def test_a_pattern_equal_up_to_names_gets_the_schedule_chosen_before():
     assert remembered.modeled_us == tried_all.modeled_us
     generate(module, other, "k", chosen=chosen)
     assert len(chosen) == 2
+
+
+def test_a_kernel_of_too_many_values_is_left_to_xla(monkeypatch):
+    """Each pad or concatenate can ask its operand at another index; a log-depth scan (the
+    gradient of cummax) asked 2^depth of them and planned for minutes. Past MAX_VALUES the
+    code generator refuses, saying why (the bound lowered here so a small kernel passes it)."""
+    module = parse_module(producer_with_two_consumers(16, 128))
+    assert can_stitch(module, ["a", "b", "c"]) is None
+    monkeypatch.setattr(emitter, "MAX_VALUES", 3)
+    refusal = can_stitch(module, ["a", "b", "c"])
+    assert refusal.kind is Refusal.EXPRESSION_TOO_LARGE
+    assert "values at distinct indices" in str(refusal)

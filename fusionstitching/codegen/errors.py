@@ -21,6 +21,7 @@ class Refusal(enum.Enum):
     ELIDED_CONSTANT = "elided constant"
     NO_OUTPUTS = "no outputs"
     CHAIN_TOO_LONG = "dependency chain too long"
+    EXPRESSION_TOO_LARGE = "too many values at distinct indices"
     NON_CONSTANT_INIT = "reduction init value not a constant"
     TOO_MANY_WINDOWS = "too many windows per output element"
     DIFFERENT_SPACES = "reductions over different spaces"

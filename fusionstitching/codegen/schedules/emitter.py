@@ -26,6 +26,11 @@ from .index_maps import IndexMaps, producing_reductions
 from .space import result_shape
 
 
+# Each pad, concatenate or dynamic index can ask its operand at another index: a log-depth
+# scan (cummax's gradient) asks 2^depth of them. Past this the kernel is left to XLA.
+MAX_VALUES = 20_000
+
+
 def scalar_value(op: FlatOp) -> float | int | bool:
     value = parse_literal(op.literal or "", op.shape).reshape(-1)[0]
     return bool(value) if op.shape.dtype == "pred" else (
@@ -50,6 +55,7 @@ class Emitter(IndexMaps):
         self.short_loops = 0
         self.var_depth: dict[Var, int] = {}
         self.cache: dict[tuple, tuple[Value, int]] = {}
+        self.values_computed = 0  # (op, index) pairs computed: bounded by MAX_VALUES
         self.reduced: dict[str, Value | list[Value]] = {}  # a list: a variadic reduce's results
         # Phased schedule: reductions finished in an earlier phase, readable at any index
         # (a shared array of the results, or the value every thread holds for one result).
@@ -193,6 +199,11 @@ class Emitter(IndexMaps):
         key = (name, index)
         cached = self.cache.get(key)
         if cached is None:
+            self.values_computed += 1
+            if self.values_computed > MAX_VALUES:
+                raise CodegenError(Refusal.EXPRESSION_TOO_LARGE,
+                                   f"more than {MAX_VALUES:,} values at distinct indices (the "
+                                   f"index maps of {name} and its operands multiply)")
             cached = self.cache[key] = self._compute(self.ops[name], index)
         return cached
 
