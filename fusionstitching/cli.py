@@ -16,6 +16,9 @@ from .demo import run as run_demo
 from .explain import explain_text, plan_dot, write_svg
 from .explorer import STRATEGIES
 from .graph import build_graph
+from .fuzz.differential import fuzz_summary
+from .fuzz.pool import fuzz_in_process, fuzz_in_workers
+from .hlo.files import collect_hlo_files, collect_runtime_modules
 from .hlo.ir import HloParseError
 from .hlo.parser import parse_file, read_hlo_text
 from .pipeline import Options, plan_module, planning_workers
@@ -27,24 +30,10 @@ from .runtime.build import BuildError, prewarm
 from .runtime.cache import default_dir
 
 
-def collect_hlo_files(paths: list[str], suffixes: tuple[str, ...] = (
-        ".hlo", ".hlo.gz", "after_optimizations.txt")) -> list[Path]:
-    """Files named on the command line, and inside folders those whose names end in one of
-    ``suffixes``: by default ``*.hlo`` files (also gzipped, ``*.hlo.gz``) and XLA dump files
-    (``*after_optimizations.txt``); ``prewarm`` takes the runtime's ``--dump_to`` modules
-    (``*.xla.hlo.txt``)."""
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files += sorted(f for f in p.rglob("*") if f.is_file() and (
-                f.name.endswith(suffixes)))
-        else:
-            files.append(p)
-    return files
-
-
 def replay(args: argparse.Namespace) -> int:
-    files = collect_hlo_files(args.paths)
+    files, skipped = collect_hlo_files(args.paths)
+    for path, why in skipped:
+        print(f"skipped {path}: {why}", file=sys.stderr)
     if not files:
         print("fusionstitching replay: no HLO files found", file=sys.stderr)
         return 1
@@ -55,6 +44,8 @@ def replay(args: argparse.Namespace) -> int:
     # --json-dir names each file by its path below the files' common folder
     root = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in paths])
 
+    reports = []
+
     def on_outcome(outcome: ModuleOutcome) -> None:
         progress.clear()
         if outcome.kind is OutcomeKind.PLANNED:
@@ -63,6 +54,10 @@ def replay(args: argparse.Namespace) -> int:
             print(f"error: {outcome.text}", file=sys.stderr)
         if args.json_dir:
             _write_module_json(outcome, args.json_dir, root)
+        if args.json and outcome.report is not None:
+            # each module as it completes: a run stopped halfway keeps what it finished
+            reports.append(outcome.report)
+            _write_reports(reports, args.json)
         progress.step(outcome)
 
     started = time.perf_counter()
@@ -85,6 +80,8 @@ def replay(args: argparse.Namespace) -> int:
             print(f"error: --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
             return 1
         print(f"wrote {len(reports)} reports to {args.json}")
+    if skipped:
+        print(f"skipped {len(skipped)} files of the folders (listed above)")
     return 1 if any(o.failed for o in outcomes) else 0
 
 
@@ -112,6 +109,16 @@ class Progress:
         if self.live:
             self.stream.write("\r\033[K")
             self.stream.flush()
+
+
+def _write_reports(reports: list, path: str) -> None:
+    """The Reports so far, replacing the file in one step (a reader never sees half)."""
+    partial = f"{path}.partial"
+    try:
+        write_json(reports, partial)
+        os.replace(partial, path)
+    except OSError:  # said once, at the end, where the whole list is written again
+        pass
 
 
 def _write_module_json(outcome: ModuleOutcome, folder: str, root: str) -> None:
@@ -158,7 +165,7 @@ def _positive_int(text: str) -> int:
 def prewarm_cache(args: argparse.Namespace) -> int:
     """Plan each XLA:CPU module as the runtime would and keep plan and kernels in the cache:
     the job's first step then loads them instead of planning."""
-    files = collect_hlo_files(args.paths, suffixes=(".xla.hlo.txt",))
+    files = collect_runtime_modules(args.paths)
     options = Options(target=args.target, explorer=args.explorer, ptxas=False)
     failed = 0
     for path in files:
@@ -175,6 +182,39 @@ def prewarm_cache(args: argparse.Namespace) -> int:
         print(f"{path}: {outcome} ({stats.misses} kernels built, {stats.hits} loaded, "
               f"{time.perf_counter() - started:.1f} s)")
     return 1 if failed else 0
+
+
+def fuzz(args: argparse.Namespace) -> int:
+    """Each failing program's verdicts and source as it comes, then the count of each verdict."""
+    seeds = list(range(args.seed, args.seed + args.count))
+    routes = tuple(r.strip() for r in args.routes.split(",") if r.strip())
+    progress = Progress(len(seeds))
+
+    def on_outcome(outcome) -> None:
+        progress.clear()
+        if outcome.failed:
+            print(outcome.describe(), flush=True)
+        progress.step(_Failed(outcome.failed))
+
+    started = time.perf_counter()
+    if args.workers > 1:
+        outcomes = fuzz_in_workers(seeds, routes, args.workers, on_outcome)
+    else:
+        outcomes = fuzz_in_process(seeds, routes, on_outcome)
+    progress.clear()
+    print(fuzz_summary(outcomes, time.perf_counter() - started))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([o.to_json() for o in outcomes], f, indent=1)
+            f.write("\n")
+    return 1 if any(o.failed for o in outcomes) else 0
+
+
+class _Failed:
+    """What Progress.step reads of an outcome."""
+
+    def __init__(self, failed: bool):
+        self.failed = failed
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -268,6 +308,17 @@ def main(argv: list[str] | None = None) -> int:
     ep.add_argument("--target", default="h100", choices=targets, help="GPU the cost model prices")
     ep.add_argument("--explorer", default="beam", choices=explorers, help="fusion strategy")
     ep.set_defaults(run=explain)
+
+    fp = sub.add_parser("fuzz", help="random JAX programs through XLA and the stitched routes "
+                                     "(XLA:CPU, H100 replay), judged by their f64 results")
+    fp.add_argument("--count", type=_positive_int, default=100, help="programs to run")
+    fp.add_argument("--seed", type=int, default=0, help="the first program's seed")
+    fp.add_argument("--routes", default="cpu,h100", help="comma-separated: cpu, h100")
+    fp.add_argument("--workers", type=_positive_int, default=1,
+                    help="programs side by side, each in a worker process (default 1: in "
+                         "this process)")
+    fp.add_argument("--json", metavar="OUT", help="write every program's verdicts as JSON")
+    fp.set_defaults(run=fuzz)
 
     args = parser.parse_args(argv)
     if args.command == "replay":

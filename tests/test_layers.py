@@ -25,7 +25,7 @@ LAYERS = (
     ("fusionstitching.capability", "fusionstitching.query_workers"),
     ("fusionstitching.pipeline",),
     ("fusionstitching.runtime", "fusionstitching.replay_pool", "fusionstitching.replay_ray"),
-    ("fusionstitching.stitched_jit", "fusionstitching.demo"),
+    ("fusionstitching.stitched_jit", "fusionstitching.demo", "fusionstitching.fuzz"),
     ("fusionstitching.cli", "tf_hooks", "fusionstitching"),
 )
 # The explorer asks the code generator through a callback (as XLA's CanFuse): neither imports

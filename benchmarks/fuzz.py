@@ -1,0 +1,101 @@
+"""The differential fuzzer at scale: seeded random JAX programs on every route, with a manifest.
+
+    python benchmarks/fuzz.py --count 2000 --workers 2 --out benchmarks/results/fuzz_DATE/fuzz.json
+    python benchmarks/fuzz.py --table benchmarks/results/fuzz_DATE/fuzz.json   # the README's table
+
+The JSON holds the manifest, the summary and every program's verdicts (with its source when
+it failed or XLA differed); it is rewritten after each program, so a stopped run keeps them.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.manifest import run_manifest  # noqa: E402
+from fusionstitching.fuzz.differential import fuzz_summary  # noqa: E402
+from fusionstitching.fuzz.pool import fuzz_in_workers  # noqa: E402
+
+
+def run(args) -> None:
+    manifest = run_manifest({"count": args.count, "seed": args.seed, "routes": args.routes,
+                             "workers": args.workers})
+    routes = tuple(args.routes.split(","))
+    seeds = list(range(args.seed, args.seed + args.count))
+    done, started = [], time.perf_counter()
+
+    def record(outcome) -> None:
+        done.append(outcome)
+        if outcome.failed:
+            print(outcome.describe(), flush=True)
+        if len(done) % 50 == 0:
+            print(f"{len(done)} of {len(seeds)} programs", flush=True)
+        _write(args.out, manifest, done, time.perf_counter() - started)
+
+    outcomes = fuzz_in_workers(seeds, routes, args.workers, record)
+    wall = time.perf_counter() - started
+    _write(args.out, manifest, outcomes, wall)
+    print(fuzz_summary(outcomes, wall))
+
+
+def _write(path: str, manifest: dict, outcomes: list, wall_s: float) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    body = {"manifest": manifest, "wall_s": round(wall_s, 1),
+            "summary": fuzz_summary(outcomes, wall_s).splitlines(),
+            "programs": [o.to_json() for o in sorted(outcomes, key=lambda o: o.program.seed)]}
+    with open(path + ".partial", "w") as f:
+        json.dump(body, f, indent=1)
+    os.replace(path + ".partial", path)
+
+
+def table(path: str) -> str:
+    """A markdown table of verdicts per route, from a result file, and the manifest's line."""
+    with open(path) as f:
+        body = json.load(f)
+    m, programs = body["manifest"], body["programs"]
+    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    stitched: collections.Counter = collections.Counter()
+    for p in programs:
+        counts["program"][p["verdict"]] += 1
+        for r in p["routes"]:
+            counts[r["route"]][r["verdict"]] += 1
+            stitched[r["route"]] += r["stitched"] > 0
+    verdicts = ["ok", "no verdict", "XLA differs", "mismatch", "crash", "hang",
+                "invalid program"]
+    lines = ["| | " + " | ".join(verdicts) + " | with stitched kernels |",
+             "|---" * (len(verdicts) + 2) + "|"]
+    for route, tally in counts.items():
+        total = sum(tally.values())
+        lines.append(f"| {route} ({total}) | " + " | ".join(str(tally[v]) for v in verdicts)
+                     + f" | {stitched[route] if route != 'program' else ''} |")
+    host = m["host"]
+    lines.append("")
+    lines.append(f"Commit {m['commit'][:7]}{'' if m['tree_clean'] else ' (modified)'}, "
+                 f"{m['date']}, {host['processor']} ({host['cores']} cores), Python "
+                 f"{m['python']}, jax {m['versions']['jax']}, jaxlib {m['versions']['jaxlib']}, "
+                 f"flags {m['flags']}, {body['wall_s']:.0f} s wall.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0, help="the first program's seed")
+    parser.add_argument("--routes", default="cpu,h100")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", default="benchmarks/results/fuzz/fuzz.json")
+    parser.add_argument("--table", metavar="RESULT", help="print the table of a result file")
+    args = parser.parse_args()
+    if args.table:
+        print(table(args.table))
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    main()

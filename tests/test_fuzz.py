@@ -1,0 +1,50 @@
+"""The differential fuzzer in the default suite: 30 seeded random JAX programs (70 more with
+``-m slow``) through ``jax.jit`` and ``fusionstitching.jit(keep="stitched")`` on XLA:CPU and through H100 replay
+with ``--verify``, judged by the same programs run in f64: no mismatch, crash or hang, and
+no program the generator got wrong. (``fusionstitching fuzz`` runs any number; the large
+run is benchmarks/fuzz.py.)"""
+from __future__ import annotations
+
+import pytest
+
+from fusionstitching.fuzz.differential import Verdict, fuzz_summary
+from fusionstitching.fuzz.pool import fuzz_in_process, fuzz_in_workers
+from fusionstitching.fuzz.programs import generate
+
+SEEDS, SLOW_SEEDS = range(30), range(30, 100)
+
+
+def test_a_program_is_the_same_for_the_same_seed():
+    assert generate(12).source == generate(12).source
+    assert generate(12).source != generate(13).source
+
+
+def check_seeds(seeds, at_least_stitched: float):
+    outcomes = fuzz_in_workers(list(seeds), ("cpu", "h100"), 2, lambda outcome: None)
+    failed = [o.describe() for o in outcomes if o.failed or o.verdict is Verdict.INVALID]
+    assert not failed, fuzz_summary(outcomes, 0) + "\n\n" + "\n\n".join(failed[:5])
+    stitched = sum(any(r.stitched for r in o.routes) for o in outcomes)
+    # the programs do exercise the kernels
+    assert stitched >= at_least_stitched * len(outcomes), fuzz_summary(outcomes, 0)
+
+
+def test_seeded_programs_give_xlas_results_on_every_route():
+    check_seeds(SEEDS, 0.8)
+
+
+@pytest.mark.slow
+def test_more_seeded_programs_give_xlas_results_on_every_route():
+    check_seeds(SLOW_SEEDS, 0.8)
+
+
+def test_programs_that_once_failed():
+    """1177: an argmin's (value, index) tuple inside a multi-output fusion's tuple (flatten's
+    nested get-tuple-element). 1195 and 1200: XLA:CPU's dynamic-update-slice reads elements it
+    already wrote, in f32 and f64 alike; the evaluator of the module before XLA's passes says
+    so, and the program is not judged by XLA's wrong numbers."""
+    outcomes = {o.program.seed: o for o in fuzz_in_process([1177, 1195, 1200], ("cpu", "h100"),
+                                                           lambda outcome: None)}
+    assert outcomes[1177].verdict is Verdict.OK, outcomes[1177].describe()
+    assert all(r.stitched for r in outcomes[1177].routes)
+    for seed in (1195, 1200):
+        assert outcomes[seed].verdict is Verdict.XLA_DIFFERS, outcomes[seed].describe()
