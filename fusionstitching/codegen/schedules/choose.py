@@ -209,6 +209,7 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
         # at another thread group's result under any one-space schedule (all partition the
         # same reduction space into the same groups), so the others are refused unbuilt.
         cross_block: Refused | None = None
+        too_large: Refused | None = None
 
         def any_built() -> bool:  # a kernel built, priced or not
             return bool(built or not_below or kernels)
@@ -233,11 +234,19 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
             if cross_block is not None and sched.kind != "phases" and not any_built():
                 refused.append((number, Refused(sched, Refusal.CROSS_BLOCK, cross_block.detail)))
                 continue
+            if too_large is not None:
+                # The values a kernel computes come from the pattern's index maps; another
+                # schedule only runs more points per thread.
+                refused.append((number, Refused(sched, Refusal.EXPRESSION_TOO_LARGE,
+                                                too_large.detail)))
+                continue
             outcome = build_launched(pattern, sched, name, device, same_width)
             if isinstance(outcome, Refused):
                 refused.append((number, outcome))
                 if outcome.kind is Refusal.CROSS_BLOCK and sched.kind != "phases":
                     cross_block = outcome
+                if outcome.kind is Refusal.EXPRESSION_TOO_LARGE:
+                    too_large = outcome
                 continue
             kernel, schemes, no_reuse = outcome
             counts = unbounded_instructions(kernel)
