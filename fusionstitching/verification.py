@@ -47,10 +47,12 @@ def stitched_steps(module: Module, kernels: list):
 
     def unit(name: str):
         """What computes an entry value: its kernel (also for a get-tuple-element of a
-        kernel's multi-output node, which the kernel writes), else the instruction."""
+        kernel's multi-output node, which the kernel writes, or of such an element that is
+        a tuple itself: an argmax's pair), else the instruction."""
         inst = by_name[name]
         if name not in owner and inst.opcode == "get-tuple-element":
-            return owner.get(inst.operands[0], name)
+            inner = unit(inst.operands[0])
+            return inner if isinstance(inner, tuple) else name
         return owner.get(name, name)
 
     graph = nx.DiGraph()  # nodes: instruction names and ("kernel", index)
