@@ -23,6 +23,15 @@ class PlanRefusal(enum.Enum):
 
     SLOWER_THAN_XLA = "stitched kernel modeled no faster than XLA's kernels"
     SPILLS = "ptxas spills the pattern's fastest schedule"
+    PLANNING_BUDGET = "the planner's budget of code-generator work for the module is spent"
+
+
+def ask_counted(graph: OpGraph, nodes: list[str], device, target: str, ptxas: bool,
+                chosen: MutableMapping) -> tuple[codegen.KernelSpec | Refusal, int]:
+    """``ask``'s answer and its work: the values the code generator computed for it."""
+    before = codegen.values_built()
+    answer = ask(graph, nodes, device, target, ptxas, chosen)
+    return answer, codegen.values_built() - before
 
 
 def ask(graph: OpGraph, nodes: list[str], device, target: str, ptxas: bool,

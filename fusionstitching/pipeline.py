@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import costmodel
 
 from . import capability, codegen
-from .capability import slower_than_xla, xla_kernel_us
+from .capability import PlanRefusal, slower_than_xla, xla_kernel_us
 from .codegen import modeled_kernel_us
 from .explain import Unrefused, unstitched_kinds
 from .explorer import FusionPlan, Pattern, explore
@@ -29,6 +29,13 @@ from .hlo.ir import Module
 from .query_workers import MIN_KERNELS, QueryWorkers, WorkersFailed, worker_count
 from .report import Fallback, KernelReport, LeftToXla, PlanSummary, Report, Times
 from .verification import stitched_steps, verify
+
+
+# The code generator's work a plan may ask for, in values computed (codegen.values_built):
+# this many per memory-intensive kernel of the module, at least the floor. Models' steps use
+# 1,500-6,000 per kernel; a log-depth scan's gradient asks for millions (minutes of planning).
+PLANNING_VALUES_PER_KERNEL = 10_000
+MIN_PLANNING_VALUES = 100_000
 
 
 @dataclass
@@ -144,23 +151,38 @@ def plan_module(graph: OpGraph, options: Options, device,
         workers.close()
         workers = None
 
+    budget = max(MIN_PLANNING_VALUES, PLANNING_VALUES_PER_KERNEL
+                 * sum(1 for _ in graph.memory_intensive_nodes()))
+    spent = 0
+
     def can_stitch(nodes: list[str]) -> Refusal | None:
-        answer = None
+        nonlocal spent
+        if spent >= budget:
+            return Refusal(PlanRefusal.PLANNING_BUDGET,
+                           f"{spent:,} values computed for the module's queries, its budget "
+                           f"{budget:,}: the pattern is left to XLA unasked")
+        answered = None
         if workers is not None:
             try:
-                answer = workers.answer(tuple(nodes))
+                answered = workers.answer(tuple(nodes))
             except WorkersFailed as exc:
                 without_workers(exc)
-        if answer is None:
-            answer = capability.ask(graph, nodes, device, options.target, options.ptxas,
-                                    chosen)
+        if answered is None:
+            answered = capability.ask_counted(graph, nodes, device, options.target,
+                                              options.ptxas, chosen)
+        answer, work = answered
+        spent += work
+        if spent >= budget:
+            notes.append(f"planning stopped asking the code generator after {spent:,} values "
+                         f"computed (budget {budget:,}: {PLANNING_VALUES_PER_KERNEL:,} per "
+                         f"memory-intensive kernel); patterns not asked were left to XLA")
         if isinstance(answer, Refusal):
             return answer
         built[frozenset(nodes)] = answer
         return None
 
     def ask_ahead(patterns: list[list[str]], next_up: bool) -> None:
-        if workers is not None:
+        if workers is not None and spent < budget:
             try:
                 workers.ahead([tuple(p) for p in patterns], next_up)
             except WorkersFailed as exc:

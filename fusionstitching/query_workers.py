@@ -82,8 +82,8 @@ class QueryWorkers:
         self._dispatch()
 
     def answer(self, nodes: Nodes):
-        """capability.ask's answer for ``nodes`` (the schedules it chose are in ``chosen``),
-        waiting for it."""
+        """capability.ask_counted's answer and work for ``nodes`` (the schedules it chose are
+        in ``chosen``), waiting for it."""
         if nodes not in self._answers and nodes not in self._busy.values():
             self._pending = [nodes] + [p for p in self._pending if p != nodes]
             self._dispatch()
@@ -102,7 +102,7 @@ class QueryWorkers:
             while key not in self._answers:
                 self._dispatch(keep_idle=0)
                 self._receive()
-        return [self._answers.pop(k) for k in keys]
+        return [self._answers.pop(k)[0] for k in keys]
 
     @property
     def alive(self) -> bool:
@@ -153,10 +153,10 @@ class QueryWorkers:
             if message[0] == "get":  # the worker's chosen schedules live here
                 self._send(conn, self.chosen.get(message[1]))
                 continue
-            _, answer, new_schedules = message
+            _, answer, work, new_schedules = message
             nodes = self._busy.pop(conn)
             self.chosen.update(new_schedules)
-            self._answers[nodes] = answer
+            self._answers[nodes] = (answer, work)
             self._idle.append(conn)
 
     def _send(self, conn: Connection, message) -> None:
@@ -224,7 +224,7 @@ def serve(conn: Connection) -> None:
             return
         if message is None:
             return
-        chosen.added = {}
+        chosen.added, work = {}, 0
         if message[0] == "assemble":
             _, spec, arch = message
             try:
@@ -232,8 +232,9 @@ def serve(conn: Connection) -> None:
             except Exception as exc:  # sent as text: not every exception pickles
                 answer = RuntimeError(f"{type(exc).__name__}: {exc}")
         else:
-            answer = capability.ask(graph, message[1], device, target, ptxas, chosen)
-        conn.send(("answer", answer, chosen.added))
+            answer, work = capability.ask_counted(graph, message[1], device, target, ptxas,
+                                                  chosen)
+        conn.send(("answer", answer, work, chosen.added))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import pytest
 
 from costmodel import load_device
 from fusionstitching import capability, pipeline
+from fusionstitching.capability import PlanRefusal
 from fusionstitching.explorer import explore
 from fusionstitching.graph import build_graph
 from fusionstitching.graph.refusal import Refusal
@@ -57,7 +58,7 @@ def test_workers_answer_as_the_planning_process_does(file):
     try:
         workers.ahead([nodes for nodes, _ in asked][::-1], next_up=False)
         for nodes, expected in asked:
-            answer = workers.answer(nodes)
+            answer, _ = workers.answer(nodes)  # and its work
             if isinstance(expected, Refusal):
                 assert answer == expected
             else:
@@ -164,3 +165,25 @@ def test_a_small_module_plans_in_its_own_process(monkeypatch, workers):
     result = stitch_module(parse_file(FILE), Options(target="h100", ptxas=False,
                                                      workers=workers))
     assert result.kernels
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_planning_stops_asking_when_its_budget_is_spent(monkeypatch, workers):
+    """The code generator's work a plan asks for is bounded by the module's size: once the
+    values computed for its queries pass the budget, the remaining patterns are refused
+    unasked, with their kind, and the plan says so (a log-depth scan's gradient planned for
+    minutes). The workers' answers carry their work as the planning process's do."""
+    module = parse_file(FILE)
+    unbounded = stitch_module(module, Options(target="h100", ptxas=False, workers=workers))
+    assert not [n for n in unbounded.plan.notes if "planning stopped" in n]
+    monkeypatch.setattr(pipeline, "MIN_PLANNING_VALUES", 2_000)
+    monkeypatch.setattr(pipeline, "PLANNING_VALUES_PER_KERNEL", 0)
+    bounded = stitch_module(module, Options(target="h100", ptxas=False, workers=workers,
+                                            verify=True))
+    (note,) = [n for n in bounded.plan.notes if "planning stopped" in n]
+    assert "budget 2,000" in note
+    unasked = [d for d in bounded.plan.decisions if d.kind is PlanRefusal.PLANNING_BUDGET]
+    assert unasked and "left to XLA unasked" in unasked[0].reason
+    assert len(bounded.plan.decisions) < len(unbounded.plan.decisions) or \
+        len(bounded.kernels) < len(unbounded.kernels)
+    assert bounded.report.verify.ok and bounded.report.verify.ran

@@ -6,6 +6,7 @@ past its time limit a hang (its worker is stopped and replaced); the run goes on
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -33,19 +34,24 @@ def fuzz_in_workers(seeds: list[int], routes: tuple[str, ...], workers: int,
                     limit_s: float = PROGRAM_LIMIT_S) -> list[ProgramOutcome]:
     """Every seed's outcome, in the order of ``seeds``."""
     procs: dict[Connection, object] = {}
+    cores: dict[Connection, int | None] = {}
+    # A program's planning is timed: with no more workers than cores each has a core of its
+    # own (and plans in its process: query workers would take a neighbour's core).
+    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    own_cores = 0 < workers <= len(available)
 
-    def start() -> None:
+    def start(core: int | None) -> None:
         proc, conn = child_processes.start_worker("fusionstitching.fuzz.pool")
-        conn.send(routes)
-        procs[conn] = proc
+        conn.send((routes, core))
+        procs[conn], cores[conn] = proc, core
 
     def replace(conn: Connection) -> None:
         child_processes.stop(procs.pop(conn), grace_s=0.0)
         conn.close()
-        start()
+        start(cores.pop(conn))
 
-    for _ in range(min(workers, len(seeds))):
-        start()
+    for i in range(min(workers, len(seeds))):
+        start(available[i] if own_cores else None)
     outcomes: dict[int, ProgramOutcome] = {}
     waiting = list(enumerate(seeds))
     busy: dict[Connection, tuple[int, int, float]] = {}
@@ -96,7 +102,9 @@ def _lost(seed: int, verdict: Verdict, detail: str, seconds: float) -> ProgramOu
 
 def serve(conn: Connection) -> None:
     """Run each seed sent until told to stop (None) or the pool is gone."""
-    routes = conn.recv()
+    routes, core = conn.recv()
+    if core is not None:
+        os.sched_setaffinity(0, {core})
     while True:
         try:
             seed = conn.recv()

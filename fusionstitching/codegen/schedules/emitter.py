@@ -29,6 +29,13 @@ from .space import result_shape
 # Each pad, concatenate or dynamic index can ask its operand at another index: a log-depth
 # scan (cummax's gradient) asks 2^depth of them. Past this the kernel is left to XLA.
 MAX_VALUES = 20_000
+_values_built = 0  # by every emitter of this process
+
+
+def values_built() -> int:
+    """(op, index) pairs every emitter of this process has computed: the code generator's
+    work, by which the planner bounds its own (pipeline.py)."""
+    return _values_built
 
 
 def scalar_value(op: FlatOp) -> float | int | bool:
@@ -196,9 +203,11 @@ class Emitter(IndexMaps):
 
     # -- ops at an index -------------------------------------------------------------------
     def value(self, name: str, index: tuple[Ix, ...]) -> tuple[Value, int]:
+        global _values_built
         key = (name, index)
         cached = self.cache.get(key)
         if cached is None:
+            _values_built += 1
             self.values_computed += 1
             if self.values_computed > MAX_VALUES:
                 raise CodegenError(Refusal.EXPRESSION_TOO_LARGE,
