@@ -24,6 +24,7 @@ from jax import lax  # noqa: E402
 
 from fusionstitching.hlo import evaluator, gpu_library  # noqa: E402
 from fusionstitching.hlo.parser import parse_file, parse_module  # noqa: E402
+from fusionstitching.hlo.xla_runner import run_hlo_with_xla  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "hlo" / "gpu_library"
 BACKWARD_INPUT, BACKWARD_FILTER = gpu_library.BACKWARD_CONV_TARGETS
@@ -188,3 +189,29 @@ def _capture_all() -> None:
 
 if __name__ == "__main__":
     _capture_all()
+
+
+REVERSED_FORWARD = """
+HloModule reversed
+
+ENTRY main {
+  x = f32[2,8,8,4]{3,2,1,0} parameter(0)
+  w = f32[8,3,3,4]{3,2,1,0} parameter(1)
+  c = (f32[2,6,3,8]{3,2,1,0}, u8[0]{0}) custom-call(x, w), window={size=3x3 stride=1x2 rhs_reversal=1x1}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$convForward", backend_config={"cudnn_conv_backend_config":{"activation_mode":"kNone","conv_result_scale":1,"side_input_scale":0}}
+  ROOT r = f32[2,6,3,8]{3,2,1,0} get-tuple-element(c), index=0
+}
+"""
+
+
+def test_a_forward_call_with_a_reversed_window_runs_on_xla_cpu():
+    """XLA:GPU writes some filter gradients (a flax ResNet step's) as forward cuDNN calls
+    with ``rhs_reversal``: the reference XLA:CPU runs them as HLO convolutions with the same
+    window, which equal JAX's convolution with the filter flipped; the evaluator agrees."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 8, 8, 4)).astype(np.float32)
+    w = rng.standard_normal((8, 3, 3, 4)).astype(np.float32)
+    want = _conv(x, w[:, ::-1, ::-1, :], (1, 2), "VALID", dims=("NHWC", "OHWI", "NHWC"))
+    (got,) = run_hlo_with_xla(REVERSED_FORWARD, [x, w])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(evaluator.evaluate(parse_module(REVERSED_FORWARD), [x, w]),
+                               want, rtol=1e-5, atol=1e-5)

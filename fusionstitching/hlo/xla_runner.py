@@ -129,15 +129,17 @@ def _cudnn_as_hlo(inst, shapes: dict) -> list:
     """The instructions that replace one cuDNN call (``shapes``: its computation's shapes by
     name); the last is a tuple named as the call."""
     config = (inst.attr_json() or {}).get("cudnn_conv_backend_config", {})
+    name, target = inst.name, inst.custom_call_target
     out_shape, scratch_shape = inst.shape.tuple_shapes
     dtype = out_shape.dtype
     conv = ConvDims.parse(inst.attrs)
     input_labels, filter_labels, output_labels = (
         conv.input_labels, conv.filter_labels, conv.output_labels)
     rank, window, groups = len(conv.spatial), conv.window, conv.feature_group_count
-    if any(window.reversal):
-        raise UnsupportedOp(f"%{inst.name}: cuDNN convolution with a reversed window")
-    name, target = inst.name, inst.custom_call_target
+    if any(window.reversal) and target not in CONV_TARGETS:
+        # A forward call keeps its window, reversal included: HLO's convolution has it and
+        # XLA:CPU runs it (a flax ResNet step's filter gradients come as such calls).
+        raise UnsupportedOp(f"%{inst.name}: cuDNN gradient convolution with a reversed window")
     new: list = []
 
     def add(suffix, shape, opcode, operands, attrs=None, literal=None):
