@@ -156,3 +156,16 @@ def test_replay_reads_elided_modules(name):
     assert sorted(sorted(p.nodes) for p in elided.plan.patterns) == \
         sorted(sorted(p.nodes) for p in full.plan.patterns)
     assert elided.report.fs.mem_kernels == full.report.fs.mem_kernels
+
+
+def test_the_flax_resnet_training_step_verifies_against_xla():
+    """Its H100 module holds forward cuDNN calls with a reversed window (filter gradients):
+    XLA:CPU runs them, so the stitched plan is checked against XLA as well as the
+    evaluator, and the drift rule decides what the 1e-5 tolerance alone cannot."""
+    from fusionstitching.pipeline import Options, stitch_module
+
+    result = stitch_module(parse_file(DATA / "flax_resnet_train_h100.hlo.gz"),
+                           Options(ptxas=False, verify=True))
+    check = result.report.verify
+    assert result.kernels and check.ran and check.ok and not check.vacuous, check
+    assert check.against == ["evaluator", "xla"]
