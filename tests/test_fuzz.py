@@ -40,14 +40,20 @@ def test_more_seeded_programs_give_xlas_results_on_every_route():
 def test_programs_that_once_failed():
     """1177: an argmin's (value, index) tuple inside a multi-output fusion's tuple (flatten's
     nested get-tuple-element); 102: the same pair read in the entry computation through a
-    get-tuple-element of a get-tuple-element (the stitched plan's order in verify). 1195 and 1200: XLA:CPU's dynamic-update-slice reads elements it
-    already wrote, in f32 and f64 alike; the evaluator of the module before XLA's passes says
-    so, and the program is not judged by XLA's wrong numbers."""
-    outcomes = {o.program.seed: o for o in fuzz_in_process([102, 1177, 1195, 1200], ("cpu", "h100"),
+    get-tuple-element of a get-tuple-element (the stitched plan's order in verify); 11541:
+    a host kernel's index ``160 * ((d - 5*o + 155) // 160) + ...`` (a flip's), whose
+    quotient's argument is negative for half the points, lowered as unsigned division.
+    1195 and 1200: XLA:CPU's dynamic-update-slice reads elements it already wrote, in f32
+    and f64 alike; the evaluator of the module before XLA's passes says so, and the program
+    is not judged by XLA's wrong numbers."""
+    outcomes = {o.program.seed: o for o in fuzz_in_process([102, 1177, 1195, 1200, 11541],
+                                                           ("cpu", "h100"),
                                                            lambda outcome: None)}
     assert outcomes[1177].verdict is Verdict.OK, outcomes[1177].describe()
     assert all(r.stitched for r in outcomes[1177].routes)
     assert outcomes[102].verdict is Verdict.OK, outcomes[102].describe()
     assert outcomes[102].routes[1].stitched
+    assert outcomes[11541].verdict is Verdict.OK, outcomes[11541].describe()
+    assert outcomes[11541].routes[0].stitched
     for seed in (1195, 1200):
         assert outcomes[seed].verdict is Verdict.XLA_DIFFERS, outcomes[seed].describe()

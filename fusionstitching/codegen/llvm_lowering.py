@@ -12,7 +12,7 @@ import numpy as np
 from llvmlite import ir
 
 from .errors import CodegenError, Refusal
-from .index_expr import FloorDiv, Ix, Var
+from .index_expr import FloorDiv, Ix, Var, value_range
 from .kernel_ir import (LANE_TYPES, VECTOR_LANES, Accumulate, Barrier, BlockReduce, Compute,
                         Const, ConstArray, ConstLoad, DynamicIndex, GlobalLoad, GlobalStore, If,
                         IndexLet, IndexValue, Kernel, Loop, SharedArray, SharedLoad, SharedStore,
@@ -156,12 +156,26 @@ class ThreadLowering:
         for atom, c in e.terms:
             if isinstance(atom, Var):
                 v = self.vars[atom] if typ == I32 else b.zext(self.vars[atom], typ)
-            elif isinstance(atom, FloorDiv):  # indices are never negative: unsigned is floor
-                v = b.udiv(self.index(atom.arg, typ), ir.Constant(typ, atom.k))
+            elif value_range(atom.arg)[0] >= 0:  # unsigned division is floor division
+                arg, k = self.index(atom.arg, typ), ir.Constant(typ, atom.k)
+                v = b.udiv(arg, k) if isinstance(atom, FloorDiv) else b.urem(arg, k)
             else:
-                v = b.urem(self.index(atom.arg, typ), ir.Constant(typ, atom.k))
+                # An index is never negative, but a part of one can be: (d - 5*o + 155) // 160
+                # of ``160 * ((d - 5*o + 155) // 160) + ...`` (index_expr.div splits off the
+                # terms that divide). Floor, not the truncation of sdiv and srem.
+                v = self.floor_div_mod(self.index(atom.arg, typ), atom.k, typ,
+                                       isinstance(atom, FloorDiv))
             total = b.add(total, v if c == 1 else b.mul(v, ir.Constant(typ, c)))
         return total
+
+    def floor_div_mod(self, a: ir.Value, k: int, typ: ir.IntType, quotient: bool) -> ir.Value:
+        """floor(a / k), or a - k * floor(a / k), for a signed ``a`` and ``k`` > 0."""
+        b = self.builder
+        q, r = b.sdiv(a, ir.Constant(typ, k)), b.srem(a, ir.Constant(typ, k))
+        below = b.icmp_signed("<", r, ir.Constant(typ, 0))
+        if quotient:
+            return b.sub(q, b.zext(below, typ))
+        return b.select(below, b.add(r, ir.Constant(typ, k)), r)
 
     def element_pointer(self, base: ir.Value, dtype: str, offset: Ix) -> ir.Value:
         return self.builder.gep(base, [self.builder.sext(self.index(offset), I64)],
