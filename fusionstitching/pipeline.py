@@ -33,8 +33,9 @@ from .verification import stitched_steps, verify
 
 # The code generator's work a plan may ask for, in values computed (codegen.values_built):
 # this many per memory-intensive kernel of the module, at least the floor. Models' steps use
-# 1,500-6,000 per kernel; a log-depth scan's gradient asks for millions (minutes of planning).
-PLANNING_VALUES_PER_KERNEL = 10_000
+# 700-5,700 per kernel (the zoo's and the tier's training steps; transformers Llama the
+# most); a log-depth scan's gradient asks for millions (minutes of planning).
+PLANNING_VALUES_PER_KERNEL = 7_500
 MIN_PLANNING_VALUES = 100_000
 
 
