@@ -3,8 +3,9 @@
     python benchmarks/fuzz.py --count 2000 --workers 2 --out benchmarks/results/fuzz_DATE/fuzz.json
     python benchmarks/fuzz.py --table benchmarks/results/fuzz_DATE/fuzz.json   # the README's table
 
-The JSON holds the manifest, the summary and every program's verdicts (with its source when
-it failed or XLA differed); it is rewritten after each program, so a stopped run keeps them.
+The JSON holds the manifest, the summary, the verdict counts per route and, in full (with
+its source), every program that was not ok; it is rewritten after each program, so a
+stopped run keeps them.
 """
 from __future__ import annotations
 
@@ -44,35 +45,46 @@ def run(args) -> None:
 
 
 def _write(path: str, manifest: dict, outcomes: list, wall_s: float) -> None:
+    """The run's manifest, summary and verdict counts, and in full only the programs that
+    were not ok (a run's every verdict would be megabytes of "ok")."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    programs = [o.to_json() for o in sorted(outcomes, key=lambda o: o.program.seed)]
     body = {"manifest": manifest, "wall_s": round(wall_s, 1),
             "summary": fuzz_summary(outcomes, wall_s).splitlines(),
-            "programs": [o.to_json() for o in sorted(outcomes, key=lambda o: o.program.seed)]}
+            "counts": tally(programs),
+            "not_ok": [p for p in programs if p["verdict"] != "ok"]}
     with open(path + ".partial", "w") as f:
         json.dump(body, f, indent=1)
     os.replace(path + ".partial", path)
+
+
+def tally(programs: list[dict]) -> dict:
+    """Per route (and "program"): verdict -> count, and programs with stitched kernels."""
+    counts: dict = collections.defaultdict(lambda: {"verdicts": collections.Counter(),
+                                                    "stitched": 0})
+    for p in programs:
+        counts["program"]["verdicts"][p["verdict"]] += 1
+        for r in p["routes"]:
+            counts[r["route"]]["verdicts"][r["verdict"]] += 1
+            counts[r["route"]]["stitched"] += r["stitched"] > 0
+    return {route: {"verdicts": dict(c["verdicts"]), "stitched": c["stitched"]}
+            for route, c in counts.items()}
 
 
 def table(path: str) -> str:
     """A markdown table of verdicts per route, from a result file, and the manifest's line."""
     with open(path) as f:
         body = json.load(f)
-    m, programs = body["manifest"], body["programs"]
-    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    stitched: collections.Counter = collections.Counter()
-    for p in programs:
-        counts["program"][p["verdict"]] += 1
-        for r in p["routes"]:
-            counts[r["route"]][r["verdict"]] += 1
-            stitched[r["route"]] += r["stitched"] > 0
+    m, counts = body["manifest"], body["counts"]
     verdicts = ["ok", "no verdict", "XLA differs", "mismatch", "crash", "hang",
                 "invalid program"]
     lines = ["| | " + " | ".join(verdicts) + " | with stitched kernels |",
              "|---" * (len(verdicts) + 2) + "|"]
-    for route, tally in counts.items():
-        total = sum(tally.values())
-        lines.append(f"| {route} ({total}) | " + " | ".join(str(tally[v]) for v in verdicts)
-                     + f" | {stitched[route] if route != 'program' else ''} |")
+    for route, c in counts.items():
+        total = sum(c["verdicts"].values())
+        lines.append(f"| {route} ({total}) | "
+                     + " | ".join(str(c["verdicts"].get(v, 0)) for v in verdicts)
+                     + f" | {c['stitched'] if route != 'program' else ''} |")
     host = m["host"]
     lines.append("")
     lines.append(f"Commit {m['commit'][:7]}{'' if m['tree_clean'] else ' (modified)'}, "

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from fusionstitching.hlo.parser import parse_file, read_hlo_text
+from fusionstitching.pipeline import Options, stitch_module
 
 DATA = Path(__file__).parent / "data" / "hlo" / "third_party"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
@@ -136,8 +137,6 @@ def test_elided_file_is_its_full_twin_with_constants_elided(name):
 def test_replay_plans_and_builds_every_module(name):
     """What ``fusionstitching replay FILE --no-ptxas`` does, as a test: parse, graph, plan,
     code generation. Compiler defects show up here, not in the default run."""
-    from fusionstitching.pipeline import Options, stitch_module
-
     result = stitch_module(parse_file(DATA / name), Options(ptxas=False))
     assert result.report.ok
 
@@ -148,8 +147,6 @@ def test_replay_reads_elided_modules(name):
     """An elided module plans like its full twin: planning needs no constant values (an
     elided constant is a buffer the kernel reads; its full twin's is inlined, so only
     their bytes may differ, by at most the constants' own size)."""
-    from fusionstitching.pipeline import Options, stitch_module
-
     elided = stitch_module(parse_file(DATA / name), Options(ptxas=False))
     full = stitch_module(parse_file(DATA / _twin(name)), Options(ptxas=False))
     assert elided.report.ok and full.report.ok
@@ -162,8 +159,6 @@ def test_the_flax_resnet_training_step_verifies_against_xla():
     """Its H100 module holds forward cuDNN calls with a reversed window (filter gradients):
     XLA:CPU runs them, so the stitched plan is checked against XLA as well as the
     evaluator, and the drift rule decides what the 1e-5 tolerance alone cannot."""
-    from fusionstitching.pipeline import Options, stitch_module
-
     result = stitch_module(parse_file(DATA / "flax_resnet_train_h100.hlo.gz"),
                            Options(ptxas=False, verify=True))
     check = result.report.verify
