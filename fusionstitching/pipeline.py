@@ -414,8 +414,9 @@ def make_report(result: StitchResult, options: Options, device, times: Times) ->
 def _left_to_xla(result: StitchResult, device: costmodel.Device) -> list[LeftToXla]:
     """Why each memory-intensive XLA kernel outside the stitched kernels stays XLA's, grouped
     by reason: its pattern was given back (a fallback), the code generator cannot build it
-    even alone (asked only when the explorer rejected it with every neighbour), or the kind
-    of the plan's verdict on it and its neighbours (``explain.unstitched_kinds``)."""
+    even alone (asked only when the explorer rejected it with every neighbour, not for want
+    of planning budget), or the kind of the plan's verdict on it and its neighbours
+    (``explain.unstitched_kinds``)."""
     stitched = {n for k in result.kernels for n in k.pattern.nodes}
     given_back = {n: f.stage for f in result.fallbacks for n in f.nodes}
     verdicts = unstitched_kinds(GraphIndex(result.graph), result.plan)
@@ -429,7 +430,8 @@ def _left_to_xla(result: StitchResult, device: costmodel.Device) -> list[LeftToX
             kind = verdicts.get(node, Unrefused.NO_NEIGHBOUR)
             reason = f"code generator: {kind_text(kind)}" if isinstance(kind, codegen.Refusal) \
                 else kind_text(kind)
-            if not isinstance(kind, Unrefused):
+            # past the planning budget, asking alone would be the work the budget refused
+            if not isinstance(kind, Unrefused) and kind is not PlanRefusal.PLANNING_BUDGET:
                 try:
                     refusal = codegen.can_stitch(result.module, [node], device)
                 except Exception as exc:  # a defect of ours: say so instead of failing

@@ -178,6 +178,9 @@ def test_planning_stops_asking_when_its_budget_is_spent(monkeypatch, workers):
     assert not [n for n in unbounded.plan.notes if "planning stopped" in n]
     monkeypatch.setattr(pipeline, "MIN_PLANNING_VALUES", 2_000)
     monkeypatch.setattr(pipeline, "PLANNING_VALUES_PER_KERNEL", 0)
+    asked_alone = []
+    monkeypatch.setattr(pipeline.codegen, "can_stitch",
+                        lambda module, nodes, device: asked_alone.append(nodes))
     bounded = stitch_module(module, Options(target="h100", ptxas=False, workers=workers,
                                             verify=True))
     (note,) = [n for n in bounded.plan.notes if "planning stopped" in n]
@@ -187,3 +190,6 @@ def test_planning_stops_asking_when_its_budget_is_spent(monkeypatch, workers):
     assert len(bounded.plan.decisions) < len(unbounded.plan.decisions) or \
         len(bounded.kernels) < len(unbounded.kernels)
     assert bounded.report.verify.ok and bounded.report.verify.ran
+    # the Report says why those kernels stayed XLA's without asking the code generator again
+    (budget,) = [g for g in bounded.report.left_to_xla if "budget" in g.reason]
+    assert not [n for n in budget.nodes if [n] in asked_alone]
