@@ -4,7 +4,8 @@ manifest: the conformance run.
     python benchmarks/xla_suite.py --out benchmarks/results/xla_suite_DATE [--reports DIR]
     python benchmarks/xla_suite.py --table benchmarks/results/xla_suite_DATE   # README table
 
-Per folder: ``fusionstitching replay DIR --verify --workers 2 --json-dir OUT/DIR`` in a child
+Per folder: ``fusionstitching replay DIR --verify --workers 2 --json-dir OUT/DIR`` (for cpu
+with ``--cpu-schedule``: the kernels as the runtime builds them for a CPU, checked too) in a child
 process (its Reports, one JSON a module, go to --reports/DIR, outside the repository: they
 name XLA's test modules' instructions), its exit status, wall time and the largest resident
 memory of any of its processes; then each module's verdict, into OUT/summary.json beside
@@ -47,14 +48,17 @@ def verdict(report: dict) -> str:
 
 def run(out: Path, reports_dir: Path, workers: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    manifest = run_manifest({"workers": workers, "verify": True, "suite": str(SUITE)})
+    manifest = run_manifest({"workers": workers, "verify": True, "suite": str(SUITE),
+                             "cpu_schedule": ["cpu"]})
     summary = {}
     for folder in FOLDERS:
         shutil.rmtree(reports_dir / folder, ignore_errors=True)  # an earlier run's
         started = time.perf_counter()
+        # XLA:CPU's modules: the CPU schedule the runtime would run is verified too
+        cpu = ["--cpu-schedule"] if folder == "cpu" else []
         proc = subprocess.run([sys.executable, "-m", "fusionstitching.cli", "replay",
                                str(SUITE / folder), "--verify", "--workers", str(workers),
-                               "--json-dir", str(reports_dir / folder)],
+                               "--json-dir", str(reports_dir / folder)] + cpu,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         # the largest of any process waited for so far (replay and its workers): kB on Linux
         peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024

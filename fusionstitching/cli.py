@@ -38,7 +38,7 @@ def replay(args: argparse.Namespace) -> int:
         print("fusionstitching replay: no HLO files found", file=sys.stderr)
         return 1
     options = Options(target=args.target, explorer=args.explorer, verify=args.verify,
-                      emit_dir=args.emit, ptxas=not args.no_ptxas)
+                      emit_dir=args.emit, ptxas=not args.no_ptxas, host=args.cpu_schedule)
     paths = [str(f) for f in files]
     progress = Progress(len(paths))
     # --json-dir names each file by its path below the files' common folder
@@ -264,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--explorer", default="beam", choices=explorers, help="fusion strategy")
     rp.add_argument("--verify", action="store_true",
                     help="run XLA's plan and the stitched plan on random inputs and compare")
+    rp.add_argument("--cpu-schedule", action="store_true",
+                    help="also build each kernel's CPU schedule, as the runtime runs it on a "
+                         "CPU (an XLA:CPU dump), and with --verify check it too")
     rp.add_argument("--json", metavar="OUT", help="write the list of Reports as JSON")
     rp.add_argument("--emit", metavar="DIR", help="write kernel IR, LLVM IR, PTX and cubins")
     rp.add_argument("--no-ptxas", action="store_true", help="skip assembling with ptxas")

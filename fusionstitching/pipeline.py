@@ -46,7 +46,8 @@ class Options:
     verify: bool = False
     emit_dir: str | None = None
     ptxas: bool = True  # assemble each kernel (registers and spills come from ptxas)
-    host: bool = False  # build host kernels (always built when verifying)
+    host: bool = False  # build host kernels (always built when verifying); with ``verify``,
+    # the CPU schedule the runtime runs on a CPU is verified too
     seed: int = 0
     # Processes answering the explorer's capability queries: None, one per core for a module
     # of query_workers.MIN_KERNELS memory-intensive kernels or more; 0 or 1, none.
@@ -58,7 +59,8 @@ class StitchedKernel:
     pattern: Pattern
     spec: codegen.KernelSpec
     nvptx: codegen.NvptxKernel | None = None
-    host: codegen.HostKernel | None = None
+    host: codegen.HostKernel | None = None  # the GPU schedule emulated thread by thread
+    cpu_host: codegen.HostKernel | None = None  # the CPU schedule, as the runtime compiles it
 
 
 @dataclass
@@ -255,13 +257,23 @@ def _build_kernel(graph, pattern, name, options, device, times, fallbacks, probe
         fallbacks.append(Fallback("cost", list(pattern.nodes), slower))
         return None
     try:
-        host = codegen.compile_host(spec) if options.verify or options.host else None
+        host, cpu_host = _host_builds(spec, options)
     except Exception as exc:  # LLVM refused our host IR: a defect of ours
         fallbacks.append(Fallback("host", list(pattern.nodes), str(internal(exc))))
         return None
     finally:
         times.codegen += time.perf_counter() - t0
-    return StitchedKernel(pattern, spec, host=host)
+    return StitchedKernel(pattern, spec, host=host, cpu_host=cpu_host)
+
+
+def _host_builds(spec: codegen.KernelSpec, options: Options):
+    """The kernel's host builds that ``options`` ask for: the GPU schedule emulated (what
+    verification checks), and with ``verify`` and ``host`` the CPU schedule as the runtime
+    compiles it (``fast``), which verification then checks as well."""
+    host = codegen.compile_host(spec) if options.verify or options.host else None
+    cpu_host = codegen.compile_host(spec, fast=True) \
+        if options.verify and options.host and spec.host_kernel is not None else None
+    return host, cpu_host
 
 
 def lone_kernels(result: StitchResult, options: Options, fallbacks: list[Fallback]
@@ -323,8 +335,8 @@ def _assembled(graph, kernels: list[StitchedKernel], options, device, times, fal
                 raise nv
             if nv.spills:
                 spec, nv = _fewest_spills(graph, kernel.spec, nv, options, device)
-                host = kernel.host and codegen.compile_host(spec)
-                kernel = StitchedKernel(kernel.pattern, spec, host=host)
+                host, cpu_host = _host_builds(spec, options)
+                kernel = StitchedKernel(kernel.pattern, spec, host=host, cpu_host=cpu_host)
             kernel.nvptx = nv
             out.append(kernel)
         except Exception as exc:

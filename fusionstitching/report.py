@@ -40,6 +40,7 @@ class Verify:
     error: str = ""  # the stitched plan failed to run (ok is False)
     rounding_decides: str = ""  # outputs beyond XLA's own f32 distance, each element within
     # what f32 executions with other roundings reach (ok: a sign of rounding noise, say)
+    schedules: list[str] = field(default_factory=list)  # which builds of the kernels ran
 
 
 @dataclass

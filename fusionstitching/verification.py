@@ -191,6 +191,28 @@ VACUOUS_BELOW = 0.5  # a check where most outputs are NaN compares almost nothin
 
 
 def verify(module: Module, kernels: list, notes: list[Fallback], seed: int = 0) -> Verify:
+    """``verify_schedule`` of the GPU schedule emulated, then, where the kernels have CPU
+    builds (``cpu_host``: what the runtime runs on a CPU, a schedule and code of its own),
+    of those: the check holds only if both do."""
+    outcome = verify_schedule(module, kernels, notes, seed)
+    if outcome.ran:
+        outcome.schedules = ["GPU (emulated)"]
+    if not outcome.ran or not outcome.ok or not any(k.cpu_host for k in kernels):
+        return outcome
+    on_cpu = [dataclasses.replace(k, host=k.cpu_host) for k in kernels if k.cpu_host]
+    cpu = verify_schedule(module, on_cpu + [k for k in kernels if not k.cpu_host], notes, seed)
+    cpu.schedules = ["GPU (emulated)", "CPU"]
+    if cpu.ran and not cpu.ok:
+        _note_once(notes, "the CPU schedule's kernels (the runtime's on a CPU) differ where "
+                          "the GPU schedule's agree")
+    return cpu if not cpu.ok or cpu.vacuous else dataclasses.replace(
+        outcome, schedules=cpu.schedules,
+        max_abs_err=max(outcome.max_abs_err, cpu.max_abs_err),
+        max_rel_err=max(outcome.max_rel_err, cpu.max_rel_err))
+
+
+def verify_schedule(module: Module, kernels: list, notes: list[Fallback],
+                    seed: int = 0) -> Verify:
     """Run XLA's plan and the stitched plan (``kernels``: pipeline.StitchedKernel with host
     builds) on the same random inputs and compare; notes about the check go to ``notes``.
 

@@ -10,6 +10,7 @@ import pytest
 
 import fusionstitching
 from fusionstitching.capture import jax_hlo
+from fusionstitching.codegen.host import HostLowering
 from fusionstitching.codegen.llvm_lowering import ThreadLowering
 from fusionstitching.fuzz.differential import Verdict, run_program
 from fusionstitching.fuzz.programs import Input, Program
@@ -54,6 +55,30 @@ def test_replay_verify_names_the_wrong_kernel(tanh_as_sine):
     assert report.verify.ran and not report.verify.ok
     notes = [f.reason for f in report.fallbacks if f.stage == "verify"]
     assert any("fusionstitching_" in n and "differs" in n for n in notes), notes
+
+
+def test_replay_verify_checks_the_cpu_schedule_too(monkeypatch):
+    """A defect only in the CPU schedule's build (tanh as sine where the runtime's CPU
+    kernels compute it): the emulated GPU schedule agrees, the CPU one does not, and verify
+    with the CPU schedule says so. The kernel cache keys on the IR, not the lowering: none."""
+    math_call = HostLowering.math_call
+
+    def wrong(self, op, args):
+        return math_call(self, "sine" if self.fast and op == "tanh" else op, args)
+
+    monkeypatch.setattr(HostLowering, "math_call", wrong)
+    x = np.zeros((32, 128), np.float32)
+    module = parse_module(jax_hlo(scaled_tanh, x, target="h100"))
+    gpu_only = stitch_module(module, Options(verify=True, ptxas=False, workers=0)).report
+    assert gpu_only.verify.ok and gpu_only.verify.schedules == ["GPU (emulated)"]
+    both = stitch_module(module, Options(verify=True, ptxas=False, workers=0, host=True)).report
+    assert both.verify.ran and not both.verify.ok
+    assert both.verify.schedules == ["GPU (emulated)", "CPU"]
+    notes = [f.reason for f in both.fallbacks if f.stage == "verify"]
+    assert any("CPU schedule" in n for n in notes), notes
+    monkeypatch.setattr(HostLowering, "math_call", math_call)
+    fixed = stitch_module(module, Options(verify=True, ptxas=False, workers=0, host=True)).report
+    assert fixed.verify.ok and fixed.verify.schedules == ["GPU (emulated)", "CPU"]
 
 
 def test_the_fuzzer_reports_a_wrong_kernel_on_both_routes(tanh_as_sine):

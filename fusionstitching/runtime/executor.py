@@ -320,7 +320,7 @@ class Executor:
                 rounding_decides = detail
         return Verify(ran=True, ok=ok, max_abs_err=max_abs, max_rel_err=max_rel, against=against,
                       finite=verification.finite_fraction(leaves(expected)),
-                      rounding_decides=rounding_decides)
+                      rounding_decides=rounding_decides, schedules=["the stitched executable"])
 
     def _finite_inputs(self, inputs):
         """(what, inputs, the reference's outputs on them) for the first of: the trial call's
