@@ -157,6 +157,10 @@ def plan_module(graph: OpGraph, options: Options, device,
     budget = max(MIN_PLANNING_VALUES, PLANNING_VALUES_PER_KERNEL
                  * sum(1 for _ in graph.memory_intensive_nodes()))
     spent = 0
+    # Patterns whose expression was too large: a pattern holding one computes its values at
+    # as many indices or more (a log-depth scan's gradient grown one kernel at a time asked
+    # 17 such patterns, 340,000 values, none of them buildable), so it is refused unasked.
+    too_large: list[frozenset[str]] = []
 
     def can_stitch(nodes: list[str]) -> Refusal | None:
         nonlocal spent
@@ -164,6 +168,10 @@ def plan_module(graph: OpGraph, options: Options, device,
             return Refusal(PlanRefusal.PLANNING_BUDGET,
                            f"{spent:,} values computed for the module's queries, its budget "
                            f"{budget:,}: the pattern is left to XLA unasked")
+        holds = next((p for p in too_large if p.issubset(nodes)), None)
+        if holds is not None:
+            return Refusal(codegen.Refusal.EXPRESSION_TOO_LARGE,
+                           f"it holds {len(holds)} kernels whose expression was too large")
         answered = None
         if workers is not None:
             try:
@@ -180,6 +188,8 @@ def plan_module(graph: OpGraph, options: Options, device,
                          f"computed (budget {budget:,}: {PLANNING_VALUES_PER_KERNEL:,} per "
                          f"memory-intensive kernel); patterns not asked were left to XLA")
         if isinstance(answer, Refusal):
+            if answer.kind is codegen.Refusal.EXPRESSION_TOO_LARGE:
+                too_large.append(frozenset(nodes))
             return answer
         built[frozenset(nodes)] = answer
         return None

@@ -1,6 +1,7 @@
 """Capability queries in worker processes (issue 27): the same answers, plan and PTX as in the
 planning process, whatever order the explorer's patterns are built in; planning that goes on
 in its own process when a worker dies; workers started by the runtime inside a JAX process."""
+import collections
 import os
 
 import jax
@@ -193,3 +194,32 @@ def test_planning_stops_asking_when_its_budget_is_spent(monkeypatch, workers):
     # the Report says why those kernels stayed XLA's without asking the code generator again
     (budget,) = [g for g in bounded.report.left_to_xla if "budget" in g.reason]
     assert not [n for n in budget.nodes if [n] in asked_alone]
+
+
+def test_a_pattern_holding_a_too_large_one_is_refused_unasked(monkeypatch):
+    """A pattern whose expression was too large makes every pattern holding it too large
+    without asking the code generator again (a scan's gradient grown one kernel at a time)."""
+    from fusionstitching.codegen.errors import Refusal as CodegenRefusal
+    from fusionstitching.codegen.schedules import emitter
+
+    monkeypatch.setattr(emitter, "MAX_VALUES", 60)
+    asked = []
+    ask_counted = capability.ask_counted
+
+    def recording(graph, nodes, *rest):
+        answer, work = ask_counted(graph, nodes, *rest)
+        asked.append((frozenset(nodes), getattr(answer, "kind", None)))
+        return answer, work
+
+    monkeypatch.setattr(pipeline.capability, "ask_counted", recording)
+    result = stitch_module(parse_file(FILE), Options(target="h100", ptxas=False, workers=0,
+                                                     verify=True))
+    too_large = []
+    for nodes, kind in asked:  # never asked about a pattern holding one found too large
+        assert not [t for t in too_large if t < nodes]
+        if kind is CodegenRefusal.EXPRESSION_TOO_LARGE:
+            too_large.append(nodes)
+    assert too_large, collections.Counter(kind for _, kind in asked)
+    inherited = [d for d in result.plan.decisions if "whose expression was too large" in d.reason]
+    assert inherited and all(d.kind is CodegenRefusal.EXPRESSION_TOO_LARGE for d in inherited)
+    assert result.report.verify.ok
