@@ -98,7 +98,9 @@ def table(out: Path) -> str:
     lines.append(f"Commit {m['commit'][:7]}{'' if m['tree_clean'] else ' (modified)'}, "
                  f"{m['date']}, {host['processor']} ({host['cores']} cores), jax "
                  f"{m['versions']['jax']}, jaxlib {m['versions']['jaxlib']}, "
-                 f"`replay --verify --workers {m['flags']['workers']}`.")
+                 f"`replay --verify --workers {m['flags']['workers']}`"
+                 + "".join(f", {f} with `--cpu-schedule`"
+                           for f in m["flags"].get("cpu_schedule", [])) + ".")
     for folder, s in summary.items():
         for name, what in s["not_verified"].items():
             lines.append(f"- {folder}: `{Path(name).name}`: {what}")
