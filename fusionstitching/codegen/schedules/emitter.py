@@ -79,6 +79,7 @@ class Emitter(IndexMaps):
         # kernels compute scatters in the gather form.
         self.host, self.one_thread = host, one_thread
         self.prologue: list = []
+        self.building_prologue = False  # the prologue runs first: nothing computed once yet
         self.scratch: dict[str, SharedArray] = {}
         self.once_in_output: dict[str, int] = {}  # value computed once -> the output holding it
         # One-thread host kernels: values several ops read, computed once into scratch
@@ -363,7 +364,10 @@ class Emitter(IndexMaps):
 
     def computed_once(self, op: FlatOp, index: tuple[Ix, ...]) -> tuple[Value, int] | None:
         """Element ``index`` of ``op`` from a scratch array filled before the loop that first
-        reads it (None where a reduction it needs is not staged yet)."""
+        reads it (None where a reduction it needs is not staged yet, or in the prologue: it
+        runs before the loops that fill those arrays, so it computes its values itself)."""
+        if self.building_prologue:
+            return None
         array = self.scratch.get(op.name, self.once_in_output.get(op.name))
         if array is None:
             if not producing_reductions(self.ops, op) <= self.staged.keys():

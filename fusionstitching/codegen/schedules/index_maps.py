@@ -183,7 +183,11 @@ class IndexMaps:
         if array is None:
             reductions = producing_reductions(self.ops, op)
             if not reductions:
-                array, statements = self.scatter_into_scratch(op)
+                outer, self.building_prologue = self.building_prologue, True
+                try:
+                    array, statements = self.scatter_into_scratch(op)
+                finally:
+                    self.building_prologue = outer
                 self.prologue += statements
             elif self.one_thread and reductions <= self.staged.keys():
                 array, statements = self.scatter_into_scratch(op)
