@@ -486,9 +486,10 @@ def _splits_row_of(op: FlatOp, inner: FlatOp | None, by_name: dict[str, FlatOp])
             s.minor_to_major == tuple(range(s.rank - 1, -1, -1)) for s in (split.shape, x.shape)):
         return False
     dims, split_dims = x.shape.dims, split.shape.dims
+    if len(split_dims) != len(dims) + 1:  # a reshape that merges dimensions splits none
+        return False
     k = next((d for d in range(len(dims)) if dims[d] != split_dims[d]), len(dims))
-    return len(split_dims) == len(dims) + 1 and k < len(dims) and \
-        split_dims[:k] == dims[:k] and split_dims[k + 2:] == dims[k + 1:] and \
+    return k < len(dims) and split_dims[:k] == dims[:k] and split_dims[k + 2:] == dims[k + 1:] and \
         split_dims[k] * split_dims[k + 1] == dims[k] and \
         tuple(inner.dimensions) == (k + 1,) and tuple(op.dimensions) == (k,)
 
