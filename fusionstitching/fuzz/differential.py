@@ -98,13 +98,19 @@ class _TimeLimit(BaseException):  # not an Exception: no stage may catch it as i
     pass
 
 
+# After the limit, the alarm comes again this often: Python swallows an exception raised in
+# a weakref or __del__ callback ("Exception ignored in ..."), and with it a one-shot alarm.
+REALARM_S = 1.0
+
+
 def _limited(seconds: float, fn, *args):
-    """``fn(*args)``, raising _TimeLimit after ``seconds`` (in the main thread: SIGALRM)."""
+    """``fn(*args)``, raising _TimeLimit after ``seconds`` (in the main thread: SIGALRM), and
+    again every REALARM_S until it reaches this frame."""
     def expire(signum, frame):
         raise _TimeLimit()
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, REALARM_S)
     try:
         return fn(*args)
     finally:
