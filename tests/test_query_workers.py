@@ -11,6 +11,8 @@ import pytest
 from costmodel import load_device
 from fusionstitching import capability, pipeline
 from fusionstitching.capability import PlanRefusal
+from fusionstitching.codegen.errors import Refusal as CodegenRefusal
+from fusionstitching.codegen.schedules import emitter
 from fusionstitching.explorer import explore
 from fusionstitching.graph import build_graph
 from fusionstitching.graph.refusal import Refusal
@@ -199,9 +201,6 @@ def test_planning_stops_asking_when_its_budget_is_spent(monkeypatch, workers):
 def test_a_pattern_holding_a_too_large_one_is_refused_unasked(monkeypatch):
     """A pattern whose expression was too large makes every pattern holding it too large
     without asking the code generator again (a scan's gradient grown one kernel at a time)."""
-    from fusionstitching.codegen.errors import Refusal as CodegenRefusal
-    from fusionstitching.codegen.schedules import emitter
-
     monkeypatch.setattr(emitter, "MAX_VALUES", 60)
     asked = []
     ask_counted = capability.ask_counted
