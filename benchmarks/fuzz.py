@@ -19,7 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.manifest import run_manifest  # noqa: E402
-from fusionstitching.fuzz.differential import fuzz_summary  # noqa: E402
+from fusionstitching.fuzz.differential import PLAN_LIMIT_S, fuzz_summary  # noqa: E402
 from fusionstitching.fuzz.pool import fuzz_in_workers  # noqa: E402
 
 
@@ -52,6 +52,7 @@ def _write(path: str, manifest: dict, outcomes: list, wall_s: float) -> None:
     body = {"manifest": manifest, "wall_s": round(wall_s, 1),
             "summary": fuzz_summary(outcomes, wall_s).splitlines(),
             "counts": tally(programs),
+            "plan_s": plan_times(programs),
             "not_ok": [p for p in programs if p["verdict"] != "ok"]}
     with open(path + ".partial", "w") as f:
         json.dump(body, f, indent=1)
@@ -71,12 +72,29 @@ def tally(programs: list[dict]) -> dict:
             for route, c in counts.items()}
 
 
+def plan_times(programs: list[dict]) -> dict:
+    """Per route: the longest planning, the 99th percentile, and how many routes planned
+    for longer than ten, twenty and PLAN_LIMIT_S seconds."""
+    by_route: dict[str, list[float]] = collections.defaultdict(list)
+    for p in programs:
+        for r in p["routes"]:
+            if r.get("plan_s"):
+                by_route[r["route"]].append(r["plan_s"])
+    out = {}
+    for route, times in by_route.items():
+        times.sort()
+        out[route] = {"max": times[-1], "p99": times[min(len(times) - 1, int(0.99 * len(times)))],
+                      **{f"over_{int(limit)}": sum(t > limit for t in times)
+                         for limit in (10, 20, PLAN_LIMIT_S)}}
+    return out
+
+
 def table(path: str) -> str:
     """A markdown table of verdicts per route, from a result file, and the manifest's line."""
     with open(path) as f:
         body = json.load(f)
     m, counts = body["manifest"], body["counts"]
-    verdicts = ["ok", "no verdict", "XLA differs", "mismatch", "crash", "hang",
+    verdicts = ["ok", "no verdict", "XLA differs", "mismatch", "crash", "hang", "slow plan",
                 "invalid program"]
     lines = ["| | " + " | ".join(verdicts) + " | with stitched kernels |",
              "|---" * (len(verdicts) + 2) + "|"]
@@ -85,6 +103,11 @@ def table(path: str) -> str:
         lines.append(f"| {route} ({total}) | "
                      + " | ".join(str(c["verdicts"].get(v, 0)) for v in verdicts)
                      + f" | {c['stitched'] if route != 'program' else ''} |")
+    for route, t in body.get("plan_s", {}).items():
+        lines.append("")
+        lines.append(f"{route}: planned in at most {t['max']:.1f} s (99th percentile "
+                     f"{t['p99']:.1f} s); over 10 s: {t['over_10']}, over 20 s: {t['over_20']}, "
+                     f"over {PLAN_LIMIT_S:g} s: {t[f'over_{int(PLAN_LIMIT_S)}']}.")
     host = m["host"]
     lines.append("")
     lines.append(f"Commit {m['commit'][:7]}{'' if m['tree_clean'] else ' (modified)'}, "

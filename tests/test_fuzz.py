@@ -1,7 +1,7 @@
 """The differential fuzzer in the default suite: 100 seeded random JAX programs (200 more with
 ``-m slow``) through ``jax.jit`` and ``fusionstitching.jit(keep="stitched")`` on XLA:CPU and
 through H100 replay with ``--verify``, judged by the same programs run in f64: no mismatch,
-crash or hang, and no program the generator got wrong. (``fusionstitching fuzz`` runs any
+crash, hang or slow plan, and no program the generator got wrong. (``fusionstitching fuzz`` runs any
 number; the large run is benchmarks/fuzz.py.)"""
 from __future__ import annotations
 
@@ -71,6 +71,17 @@ def test_programs_that_once_failed():
         (cpu,) = [r for r in outcomes[seed].routes if r.route == "cpu"]
         assert cpu.verdict is Verdict.OK, outcomes[seed].describe()
     assert outcomes[11245].routes[1].stitched
+
+
+def test_a_route_planning_past_its_limit_is_a_slow_plan(monkeypatch):
+    """The planning time is the Report's, kept apart from the route's compiles: a route that
+    plans for longer than PLAN_LIMIT_S fails as a slow plan, though its numbers are right."""
+    monkeypatch.setattr(differential, "PLAN_LIMIT_S", 1e-6)
+    outcome = differential.run_program(generate(12), ("cpu",))
+    (cpu,) = outcome.routes
+    assert 0 < cpu.plan_s < cpu.seconds, outcome.describe()
+    assert cpu.verdict is Verdict.SLOW_PLAN and outcome.failed, outcome.describe()
+    assert "planned in" in cpu.detail
 
 
 def test_a_swallowed_time_limit_comes_again():

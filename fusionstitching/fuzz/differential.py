@@ -27,7 +27,10 @@ from ..stitched_jit import jit as stitched_jit
 from ..verification import Drift, drift_verdict
 from .programs import Program
 
-PLAN_LIMIT_S = 30.0  # a program's stitching (plan and build) on one route, at most
+PLAN_LIMIT_S = 30.0  # a route's planning (explorer and code generator), at most
+# A route in all (XLA's compiles, planning, host builds, verify), at most: a time limit that
+# catches a hang without taking a slow compile for one.
+ROUTE_LIMIT_S = 2 * PLAN_LIMIT_S
 ORACLE_RTOL = 1e-6  # two f64 results of one program further apart than this: not rounding
 
 
@@ -36,6 +39,7 @@ class Verdict(str, enum.Enum):
     MISMATCH = "mismatch"  # beyond the drift rule, or replay's verify failed
     CRASH = "crash"  # an exception of ours, or a defect stopped at a stage's boundary
     HANG = "hang"  # a route ran past its time limit
+    SLOW_PLAN = "slow plan"  # a route planned for longer than PLAN_LIMIT_S
     NO_VERDICT = "no verdict"  # rounding decides the outputs: nothing to compare
     INVALID = "invalid program"  # jax.jit itself refuses it: a defect of the generator
     XLA_DIFFERS = "XLA differs"  # XLA's f64 result is not the program's: no yardstick
@@ -48,6 +52,7 @@ class RouteOutcome:
     detail: str = ""
     stitched: int = 0  # stitched kernels in the plan (0: XLA's plan kept)
     seconds: float = 0.0
+    plan_s: float = 0.0  # of ``seconds``, the planning (the Report's explore and codegen)
 
 
 @dataclasses.dataclass
@@ -58,19 +63,21 @@ class ProgramOutcome:
     @property
     def verdict(self) -> Verdict:
         """The worst route's verdict."""
-        order = [Verdict.CRASH, Verdict.HANG, Verdict.MISMATCH, Verdict.INVALID,
-                 Verdict.XLA_DIFFERS, Verdict.NO_VERDICT, Verdict.OK]
+        order = [Verdict.CRASH, Verdict.HANG, Verdict.MISMATCH, Verdict.SLOW_PLAN,
+                 Verdict.INVALID, Verdict.XLA_DIFFERS, Verdict.NO_VERDICT, Verdict.OK]
         return min((r.verdict for r in self.routes), key=order.index, default=Verdict.OK)
 
     @property
     def failed(self) -> bool:
-        return self.verdict in (Verdict.CRASH, Verdict.HANG, Verdict.MISMATCH)
+        return self.verdict in (Verdict.CRASH, Verdict.HANG, Verdict.MISMATCH,
+                                Verdict.SLOW_PLAN)
 
     def to_json(self) -> dict:
         return {"seed": self.program.seed, "verdict": self.verdict.value,
                 "gradient": self.program.gradient,
                 "routes": [{"route": r.route, "verdict": r.verdict.value, "detail": r.detail,
-                            "stitched": r.stitched, "seconds": round(r.seconds, 2)}
+                            "stitched": r.stitched, "seconds": round(r.seconds, 2),
+                            "plan_s": round(r.plan_s, 2)}
                            for r in self.routes],
                 **({"source": self.program.source}
                    if self.failed or self.verdict is Verdict.XLA_DIFFERS else {})}
@@ -79,7 +86,8 @@ class ProgramOutcome:
         """The routes' verdicts, then the program's seed and source: what a failure prints."""
         lines = [f"program {self.program.seed}: {self.verdict.value}"]
         lines += [f"  {r.route}: {r.verdict.value} ({r.stitched} stitched kernels, "
-                  f"{r.seconds:.1f} s){': ' + r.detail if r.detail else ''}" for r in self.routes]
+                  f"{r.seconds:.1f} s, planned in {r.plan_s:.1f} s)"
+                  f"{': ' + r.detail if r.detail else ''}" for r in self.routes]
         return "\n".join(lines + ["", self.program.source])
 
 
@@ -119,8 +127,9 @@ def _limited(seconds: float, fn, *args):
 
 
 def run_program(program: Program, routes=("cpu", "h100"),
-                limit_s: float = PLAN_LIMIT_S) -> ProgramOutcome:
-    """The program's verdict on each route."""
+                limit_s: float = ROUTE_LIMIT_S) -> ProgramOutcome:
+    """The program's verdict on each route: a route running past ``limit_s`` is a hang, one
+    planning for longer than PLAN_LIMIT_S a slow plan (judged otherwise as usual)."""
     import jax
     import jax.numpy as jnp
 
@@ -173,6 +182,9 @@ def run_program(program: Program, routes=("cpu", "h100"),
             outcome = dataclasses.replace(outcome, verdict=Verdict.CRASH,
                                           detail="; ".join(defects.seen[:3]))
         outcome.seconds = time.perf_counter() - started
+        if outcome.plan_s > PLAN_LIMIT_S and outcome.verdict is Verdict.OK:
+            outcome = dataclasses.replace(outcome, verdict=Verdict.SLOW_PLAN, detail=(
+                f"planned in {outcome.plan_s:.1f} s (at most {PLAN_LIMIT_S:g} s)"))
         outcomes.append(outcome)
     return ProgramOutcome(program, outcomes)
 
@@ -215,6 +227,11 @@ def _cpu_route(program: Program, f32, args, compiled, xla, exacts) -> RouteOutco
     stitched = stitched_jit(f32, keep="stitched", verify=False, cache_dir=None)
     ours = [np.asarray(x) for x in jax.tree_util.tree_leaves(stitched(*args))]
     report = stitched.reports()[0]
+    outcome = _cpu_judged(program, report, ours, compiled, args, xla, exacts)
+    return dataclasses.replace(outcome, plan_s=_plan_seconds(report))
+
+
+def _cpu_judged(program: Program, report, ours, compiled, args, xla, exacts) -> RouteOutcome:
     kernels = report.fs.patterns or 0
     internal = [f"{f.stage}: {f.reason}" for f in report.fallbacks if "internal error" in f.reason]
     if internal:
@@ -239,6 +256,10 @@ def _gpu_route(f32, args, target: str) -> RouteOutcome:
     text = jax_hlo(f32, *args, target=target)
     result = stitch_module(parse_module(text, "fuzz"), Options(target=target, verify=True,
                                                                ptxas=False, workers=0))
+    return dataclasses.replace(_gpu_judged(result, target), plan_s=_plan_seconds(result.report))
+
+
+def _gpu_judged(result, target: str) -> RouteOutcome:
     report = result.report
     kernels = len(result.kernels)
     internal = [f"{f.stage}: {f.reason}" for f in report.fallbacks if "internal error" in f.reason]
@@ -259,12 +280,19 @@ def _gpu_route(f32, args, target: str) -> RouteOutcome:
     return RouteOutcome(target, Verdict.OK, check.rounding_decides, kernels)
 
 
+def _plan_seconds(report) -> float:
+    """A Report's planning: the explorer's and the code generator's seconds."""
+    times = report.times_s
+    return times.explore + times.codegen + times.ptxas
+
+
 def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:500]}"
 
 
 def fuzz_summary(outcomes: list[ProgramOutcome], wall_s: float) -> str:
-    """The count of each verdict, overall and per route, and how many programs were stitched."""
+    """The count of each verdict, overall and per route, how many programs were stitched,
+    and the longest planning."""
     def counts(verdicts) -> str:
         tally = {v: 0 for v in Verdict}
         for v in verdicts:
@@ -277,6 +305,8 @@ def fuzz_summary(outcomes: list[ProgramOutcome], wall_s: float) -> str:
     for route in routes:
         mine = [r for o in outcomes for r in o.routes if r.route == route]
         stitched = sum(r.stitched > 0 for r in mine)
+        planned = max((r.plan_s for r in mine), default=0.0)
         lines.append(f"  {route}: {counts(r.verdict for r in mine)}; {stitched} of {len(mine)} "
-                     f"with stitched kernels")
+                     f"with stitched kernels" + (f"; planned in at most {planned:.1f} s"
+                                                 if planned else ""))
     return "\n".join(lines)

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 
 from .. import child_processes
-from .differential import PLAN_LIMIT_S, ProgramOutcome, RouteOutcome, Verdict, run_program
+from .differential import ROUTE_LIMIT_S, ProgramOutcome, RouteOutcome, Verdict, run_program
 from .programs import generate
 
-# A program's wall-time limit in a worker: each route's own limit, and its compiles.
-PROGRAM_LIMIT_S = 3 * PLAN_LIMIT_S + 60
+# A program's wall-time limit in a worker: each route's own limit, and XLA's compiles.
+PROGRAM_LIMIT_S = 2 * ROUTE_LIMIT_S + 60
 
 
 def fuzz_in_process(seeds: list[int], routes: tuple[str, ...],
