@@ -6,6 +6,7 @@ generator read them through these parsers (each takes the attribute text, or the
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ class Window:
     reversal: tuple[int, ...]  # rhs_reversal
 
     @staticmethod
+    @functools.lru_cache(maxsize=4096)  # the code generator asks once per value
     def parse(text: str | None, rank: int) -> Window:
         fields = dict(item.split("=", 1) for item in (text or "").strip("{} ").split())
 
@@ -66,6 +68,7 @@ class SliceDim(NamedTuple):
     stride: int
 
 
+@functools.lru_cache(maxsize=4096)  # the code generator asks once per value
 def parse_slice(text: str | None) -> tuple[SliceDim, ...]:
     return tuple(SliceDim(int(a), int(b), int(s or 1)) for a, b, s in _SLICE.findall(text or ""))
 
@@ -78,6 +81,7 @@ class PaddingDim(NamedTuple):
     interior: int
 
 
+@functools.lru_cache(maxsize=4096)  # the code generator asks once per value
 def parse_padding(text: str | None) -> tuple[PaddingDim, ...]:
     dims = []
     for part in (text or "").split("x"):

@@ -18,8 +18,8 @@ from costmodel.latency import chain_latency
 from ..index_expr import Ix, Var
 from ..kernel_ir import (WARP, Barrier, BlockReduce, Compute, Const, DynamicIndex, GlobalLoad,
                          GlobalStore, If, IndexLet, IndexValue, Kernel, Loop, SharedLoad,
-                         SharedStore, Value, WarpReduce, defined_values, nested_body,
-                         used_values)
+                         SharedStore, Value, VectorExtract, WarpReduce, defined_values,
+                         nested_body, used_values)
 from ..ops import INTS
 from .lowered import REGISTER_WIDTH, compute_dtype, trip_count, unrolled_trips, used_lanes
 
@@ -99,9 +99,10 @@ def chain_counts(link: tuple | None) -> dict[str, float]:
 class _InstructionCounter:
     """The instructions one thread executes, by op class (``count_instructions``)."""
 
-    def __init__(self, kernel: Kernel, counts: dict[str, float], load_window: float):
+    def __init__(self, kernel: Kernel, counts: dict[str, float], load_window: float,
+                 lanes: dict[Value, int] | None = None):
         self.kernel, self.counts, self.window = kernel, counts, load_window
-        self.lanes = used_lanes(kernel.body)
+        self.lanes = used_lanes(kernel.body) if lanes is None else lanes
         # Index arithmetic (see `index`): how often each variable takes a new value, the
         # variables that are constants in each copy of an unrolled loop (which take a new
         # value per copy), and the sub-expressions already computed.
@@ -193,7 +194,17 @@ class _InstructionCounter:
         unrolls, one straight-line block whose iterations' loads are independent."""
         block, each = _Block(), times * copies
         for s in body:
-            match s:
+            match s:  # the most frequent first: Compute, then VectorExtract
+                case Compute():
+                    instructions, latency = _NO_INSTRUCTIONS if self.renames_registers(s) \
+                        else _op_instructions(s.op, compute_dtype(s))
+                    # An accumulator carried through unrolled copies joins them in a chain.
+                    repeat = copies if self.carried.intersection(s.args) else 1
+                    block.extend(s.dst, s.args, instructions, latency, copies, repeat)
+                    block.level[s.dst] = block.of(s.args)
+                case VectorExtract():  # as the generic case below counts it
+                    self.add(_GENERIC, each)
+                    block.level[s.dst] = block.of((s.src,))
                 case Const():
                     self.known[s.dst] = s.value  # an immediate
                 case IndexValue():
@@ -205,13 +216,6 @@ class _InstructionCounter:
                     if not s.index.vars() - self.constant:
                         self.constant.add(s.var)
                     block.level[s.var] = block.of(index=s.index)
-                case Compute():
-                    instructions, latency = _NO_INSTRUCTIONS if self.renames_registers(s) \
-                        else _op_instructions(s.op, compute_dtype(s))
-                    # An accumulator carried through unrolled copies joins them in a chain.
-                    repeat = copies if self.carried.intersection(s.args) else 1
-                    block.extend(s.dst, s.args, instructions, latency, copies, repeat)
-                    block.level[s.dst] = block.of(s.args)
                 case GlobalLoad():
                     self.index(s.offset)
                     self.address(block, s.buffer, s.offset, times)
@@ -254,7 +258,9 @@ class _InstructionCounter:
                     if isinstance(s, DynamicIndex):
                         block.level[s.var] = level
                         self.var_times[s.var] = each
-                    self.walk(nested_body(s), each)
+                    inner = nested_body(s)
+                    if inner:  # an empty body would only flush an empty block
+                        self.walk(inner, each)
         self.flush(block, times)
 
     def loop(self, s: Loop, times: float) -> None:
@@ -277,7 +283,8 @@ class _InstructionCounter:
 
 
 def count_instructions(kernel: Kernel, counts: dict[str, float],
-                       load_window: float = math.inf) -> None:
+                       load_window: float = math.inf,
+                       lanes: dict[Value, int] | None = None) -> None:
     """Add the instructions one thread executes to ``counts`` (by op class).
 
     Loads: ptxas issues a straight-line block's independent loads back to back, so a block
@@ -287,11 +294,13 @@ def count_instructions(kernel: Kernel, counts: dict[str, float],
     issues the rest as registers free up). A loop LLVM unrolls is one such block.
 
     Other instructions: a block waits the latency of the instructions on its longest
-    dependency chain and issues the others behind them (``_Block``)."""
-    _InstructionCounter(kernel, counts, load_window).walk(kernel.body, 1.0)
+    dependency chain and issues the others behind them (``_Block``). ``lanes``: the
+    kernel's `used_lanes`, where the caller has them."""
+    _InstructionCounter(kernel, counts, load_window, lanes).walk(kernel.body, 1.0)
 
 
 _NO_INSTRUCTIONS: tuple[dict[str, float], float] = ({}, 0.0)
+_GENERIC = {GENERIC_CLASS: 1}
 _SHARED_LOAD = {"ld_shared": 1}
 _SHARED_LOAD_LATENCY = chain_latency(_SHARED_LOAD)
 

@@ -4,6 +4,7 @@ which loops LLVM unrolls and their trip counts, registers per value, the vector 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from ..index_expr import Ix, Mod, Var, value_range
 from ..kernel_ir import (UNROLL_FACTOR, Compute, GlobalStore, If, Kernel, Loop, Value,
@@ -63,11 +64,19 @@ def _read(body: list, used: set[Value], extracts: list[VectorExtract], whole: se
                 whole.update(v for v in values if v.dtype in VECTOR_WIDTHS)
 
 
+@functools.lru_cache(maxsize=None)
+def statement_fields(kind: type) -> tuple[str, ...]:
+    """A statement type's field names (none for a type that is not a dataclass): the walks
+    read them per statement, where ``dataclasses.fields`` is slow."""
+    return tuple(f.name for f in dataclasses.fields(kind)) if dataclasses.is_dataclass(kind) \
+        else ()
+
+
 def _reads_var(body: list, var: Var) -> bool:
     """Whether any index expression in ``body`` reads ``var``."""
     return any(isinstance(value, Ix) and var in value.vars()
-               for s in all_statements(body) if dataclasses.is_dataclass(s)
-               for value in (getattr(s, f.name) for f in dataclasses.fields(s)))
+               for s in all_statements(body)
+               for value in (getattr(s, name) for name in statement_fields(type(s))))
 
 
 def _known_range(index: Ix, kernel: Kernel) -> tuple[int, int] | None:

@@ -22,9 +22,10 @@ from costmodel.occupancy import ARCH_LIMITS
 from ..index_expr import Ix, Var
 from ..kernel_ir import (Barrier, BlockReduce, Compute, Const, ConstLoad, GlobalLoad,
                          GlobalStore, If, IndexLet, IndexValue, Kernel, Loop, SharedLoad,
-                         SharedStore, Value, WarpReduce, all_statements, defined_values,
-                         expand_block_reduce, nested_body, used_values)
-from .lowered import REGISTER_WIDTH, compute_dtype, trip_bounds, unrolled_trips, used_lanes
+                         SharedStore, Value, VectorExtract, WarpReduce, all_statements,
+                         defined_values, expand_block_reduce, nested_body, used_values)
+from .lowered import (REGISTER_WIDTH, compute_dtype, statement_fields, trip_bounds,
+                      unrolled_trips, used_lanes)
 
 POINTER_WIDTH = 2  # 64-bit addresses
 REGISTERS_PER_SM = 65536  # sm_80, sm_90
@@ -61,7 +62,8 @@ class _RolledLoop:
 class _Lifetimes:
     """Walks the kernel body in program order, recording when each register is born and dies."""
 
-    def __init__(self, kernel: Kernel, hoist_loads: bool = True, hoist_stores: bool = True):
+    def __init__(self, kernel: Kernel, lanes: dict[Value, int], hoist_loads: bool = True,
+                 hoist_stores: bool = True):
         self.kernel = kernel
         self.hoist_loads = hoist_loads
         self.hoist_stores = hoist_loads and hoist_stores
@@ -76,7 +78,7 @@ class _Lifetimes:
         self.known: dict[Value, int | float] = {}  # immediates' values (shift amounts)
         self.narrow: set[Value] = set()  # 64-bit integers whose upper half is known zero
         self.remat: dict[Value, Value] = {}  # register + immediate: recomputed at each use
-        self.lanes = used_lanes(kernel.body)
+        self.lanes = lanes  # the kernel's `used_lanes`
         self.lets: dict = {}  # index variables let but not read yet -> (position, index)
         self.var_key: dict[Var, object] = {}
         self.unrolled: dict[Var, tuple[Ix, int, int]] = {}  # var -> (start, step, iteration)
@@ -154,8 +156,10 @@ class _Lifetimes:
         self.pos, self.rolled = here, rolled
 
     def lookup(self, cse_key):
-        return next((scope[cse_key] for scope in reversed(self.available) if cse_key in scope),
-                    None)
+        for scope in reversed(self.available):
+            if cse_key in scope:
+                return scope[cse_key]
+        return None
 
     def operand(self, v: Value):
         if v in self.immediates:  # equal immediates are equal operands, whichever Value
@@ -222,7 +226,12 @@ class _Lifetimes:
         self.region, self.first_reduce = outer_region, outer_reduce
 
     def statement(self, s) -> None:
-        match s:
+        match s:  # the most frequent first: Compute, then VectorExtract
+            case Compute():
+                self.compute(s)
+            case VectorExtract():  # a rename of one lane (`generic`, without its search)
+                self.use_value(s.src)
+                self.define_value(s.dst)
             case Const():
                 self.immediates.add(s.dst)
                 self.known[s.dst] = s.value
@@ -251,23 +260,6 @@ class _Lifetimes:
                 # a dead let: a guarded store of a scalar to a constant address).
                 key = self.var_key[s.var] = ("var", s.var.name, next(self.fresh))
                 self.lets[key] = (self.pos, s.index)
-            case Compute():
-                cse_key = ("compute", s.op, s.attr, tuple(self.operand(a) for a in s.args))
-                if self.reuse(s.dst, cse_key):
-                    return
-                if self.rematerialized(s):
-                    return
-                for i, a in enumerate(s.args):
-                    self.use_value(a, self.half_read(s, i))
-                if s.op in OP_TEMPORARIES and compute_dtype(s) == "f32":
-                    self.define(("sequence", next(self.fresh)), OP_TEMPORARIES[s.op])
-                elif sum(op_instructions(s.op, compute_dtype(s)).values()) > 2:
-                    # A multi-instruction sequence (libdevice, IEEE division and square root)
-                    # holds intermediate results besides its operands and result.
-                    self.define(("sequence", next(self.fresh)), SEQUENCE_TEMPORARIES)
-                if self.upper_half_zero(s):
-                    self.narrow.add(s.dst)
-                self.define_reusable(s.dst, cse_key)
             case GlobalLoad():
                 reusable = not self.kernel.buffers[s.buffer].is_output
                 cse_key = self.load_key(s) if reusable else None
@@ -307,6 +299,26 @@ class _Lifetimes:
                         del scope[key]
             case _:
                 self.generic(s)
+
+    def compute(self, s: Compute) -> None:
+        """An elementwise op's registers: none where GVN finds it computed before, or where
+        ptxas recomputes it at each use."""
+        cse_key = ("compute", s.op, s.attr, tuple(map(self.operand, s.args)))
+        if self.reuse(s.dst, cse_key):
+            return
+        if self.rematerialized(s):
+            return
+        for i, a in enumerate(s.args):
+            self.use_value(a, self.half_read(s, i))
+        if s.op in OP_TEMPORARIES and compute_dtype(s) == "f32":
+            self.define(("sequence", next(self.fresh)), OP_TEMPORARIES[s.op])
+        elif sum(op_instructions(s.op, compute_dtype(s)).values()) > 2:
+            # A multi-instruction sequence (libdevice, IEEE division and square root)
+            # holds intermediate results besides its operands and result.
+            self.define(("sequence", next(self.fresh)), SEQUENCE_TEMPORARIES)
+        if self.upper_half_zero(s):
+            self.narrow.add(s.dst)
+        self.define_reusable(s.dst, cse_key)
 
     def hoist_to(self) -> int | None:
         """Where a load is issued in the hoisted view: its block's start, or the block's first
@@ -372,8 +384,8 @@ class _Lifetimes:
             self.available[-1][cse_key] = key
 
     def generic(self, s) -> None:
-        for field in dataclasses.fields(s) if dataclasses.is_dataclass(s) else ():
-            value = getattr(s, field.name)
+        for name in statement_fields(type(s)):
+            value = getattr(s, name)
             if isinstance(value, Ix):
                 self.use_index(value)
             elif isinstance(value, Var):  # the node defines an index variable
@@ -383,7 +395,9 @@ class _Lifetimes:
             self.use_value(v)
         for v in defined_values(s):
             self.define_value(v)
-        self.walk(nested_body(s))
+        inner = nested_body(s)
+        if inner:
+            self.walk(inner)
 
     def loop(self, s: Loop) -> None:
         trips = unrolled_trips(s, self.kernel)
@@ -460,15 +474,19 @@ class _Lifetimes:
         for key in loop.extend:
             self.end[key] = max(self.end.get(key, self.start[key]), self.pos)
 
-    def live_counts(self) -> list[int]:
-        events = []
-        for key, born in self.start.items():
-            events += [(born, self.width[key]), (self.end.get(key, born) + 0.5, -self.width[key])]
-        live, counts = 0, []
-        for _, change in sorted(events):
-            live += change
-            counts.append(live)
-        return counts
+    def peak_live(self) -> int:
+        """The most registers live at once: each register's width from its birth to just
+        after its last use, a death before a birth at the same point."""
+        if not self.start:
+            return 0
+        n = len(self.start)
+        born = np.fromiter(self.start.values(), np.float64, n)
+        width = np.fromiter((self.width[key] for key in self.start), np.int64, n)
+        died = np.fromiter((self.end.get(key, at) for key, at in self.start.items()),
+                           np.float64, n) + 0.5
+        times, changes = np.concatenate([born, died]), np.concatenate([width, -width])
+        live = np.cumsum(changes[np.lexsort((changes, times))])  # by time, then change
+        return int(live.max())
 
 
 def _bare_var(index: Ix) -> Var | None:
@@ -511,7 +529,8 @@ def occupancy_registers(threads_per_block: int, min_blocks_per_sm: int = 0) -> i
     return min(per_thread - per_thread % 8, OCCUPANCY_ARCH.max_regs_per_thread)
 
 
-def registers_and_load_window(kernel: Kernel) -> tuple[int, float]:
+def registers_and_load_window(kernel: Kernel, lanes: dict[Value, int] | None = None
+                              ) -> tuple[int, float]:
     """(registers per thread, registers left for loads in flight): see ``register_model``.
     The window is unbounded when every load is hoisted to its block's start, else what the
     occupancy's registers leave beside the kernel with its loads issued where they are used.
@@ -519,25 +538,26 @@ def registers_and_load_window(kernel: Kernel) -> tuple[int, float]:
     registers: at most 16-17 loads pending at once, ~4.5 load latencies when replayed at one
     instruction per cycle; modeled: windows of 11-12 registers, 6-7 latencies."""
     body = expand_block_reduce(kernel)
-    hoisted = _Lifetimes(kernel)
+    lanes = used_lanes(kernel.body) if lanes is None else lanes  # the same for every walk
+    hoisted = _Lifetimes(kernel, lanes)
     hoisted.walk(body)
-    regs = costmodel.estimate_registers(hoisted.live_counts())
+    regs = costmodel.estimate_registers([hoisted.peak_live()])
     keeps_occupancy = occupancy_registers(math.prod(kernel.block), kernel.min_blocks_per_sm)
     full_occupancy = occupancy_registers(math.prod(kernel.block))
     if full_occupancy < regs <= keeps_occupancy:
         # Store addresses are hoisted only up to the full occupancy's registers, even where
         # ``minctasm`` allows more (docs/ARCHITECTURE.md); beyond, each waits for its store.
-        loads_only = _Lifetimes(kernel, hoist_stores=False)
+        loads_only = _Lifetimes(kernel, lanes, hoist_stores=False)
         loads_only.walk(body)
-        regs = max(full_occupancy, costmodel.estimate_registers(loads_only.live_counts()))
+        regs = max(full_occupancy, costmodel.estimate_registers([loads_only.peak_live()]))
     if regs <= keeps_occupancy:
         return regs, math.inf
     # ptxas hoists loads only while that keeps the occupancy the block size allows; beyond,
     # it issues them where they are used (seen: blocks of 64+ threads at 40-89 modeled with
     # hoisting are 32 in ptxas; one-warp blocks go up to 64 with the loads hoisted).
-    in_place = _Lifetimes(kernel, hoist_loads=False)
+    in_place = _Lifetimes(kernel, lanes, hoist_loads=False)
     in_place.walk(body)
-    in_place_regs = costmodel.estimate_registers(in_place.live_counts())
+    in_place_regs = costmodel.estimate_registers([in_place.peak_live()])
     return max(keeps_occupancy, in_place_regs), keeps_occupancy - in_place_regs
 
 

@@ -20,6 +20,7 @@ from costmodel.devices import Device
 
 from ..cost.kernel_profile import (kernel_profile, latency_lower_bound_us,
                                    unbounded_instructions)
+from ..cost.lowered import used_lanes
 from ..errors import CodegenError, NotFaster, Refusal
 from ..flatten import Pattern
 from ..index_expr import strides as _element_strides
@@ -204,7 +205,7 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
         numbered = [(next(numbers), sched) for sched in schedules]
         memory = {sched: memory_bound_us(sched, read + written, device) for _, sched in numbered}
         most_memory = max(memory.values(), default=0.0)
-        kernels = []  # (least us, number, schedule, kernel, schemes, no_reuse, counts)
+        kernels = []  # (least us, number, schedule, kernel, schemes, no_reuse, counts, lanes)
         # A one-space schedule refused for cross-block communication: the reduction is read
         # at another thread group's result under any one-space schedule (all partition the
         # same reduction space into the same groups), so the others are refused unbuilt.
@@ -249,9 +250,10 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
                     too_large = outcome
                 continue
             kernel, schemes, no_reuse = outcome
-            counts = unbounded_instructions(kernel)
+            lanes = used_lanes(kernel.body)  # both counts read them
+            counts = unbounded_instructions(kernel, lanes)
             least = latency_lower_bound_us(kernel, counts, read + written, device)
-            entry = (least, number, sched, kernel, schemes, no_reuse, counts)
+            entry = (least, number, sched, kernel, schemes, no_reuse, counts, lanes)
             if cutoff < (least, number):
                 not_below.append((least, sched))  # the caller would not take it
             elif not built and (not fastest or most_memory > least):
@@ -267,8 +269,8 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
             price(entry)
 
     def price(entry) -> None:
-        least, number, sched, kernel, schemes, no_reuse, counts = entry
-        outcome = _priced(kernel, sched, read, written, device, counts)
+        least, number, sched, kernel, schemes, no_reuse, counts, lanes = entry
+        outcome = _priced(kernel, sched, read, written, device, counts, lanes)
         if isinstance(outcome, Refused):
             refused.append((number, outcome))
             return
@@ -403,10 +405,10 @@ def _build_and_price(pattern: Pattern, sched: Schedule, name: str, device: Devic
 
 
 def _priced(kernel: Kernel, sched: Schedule, read: int, written: int, device: Device,
-            unbounded_counts: dict[str, float] | None = None
+            unbounded_counts: dict[str, float] | None = None, lanes: dict | None = None
             ) -> tuple[KernelProfile, float] | Refused:
     """(profile, modeled us) of a built kernel, or why it cannot launch."""
-    profile = kernel_profile(kernel, read, written, unbounded_counts)
+    profile = kernel_profile(kernel, read, written, unbounded_counts, lanes)
     try:
         return profile, kernel_latency_us(profile, device).total_us
     except ValueError as e:  # cannot launch (occupancy 0)
