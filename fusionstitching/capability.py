@@ -28,10 +28,11 @@ class PlanRefusal(enum.Enum):
 
 def ask_counted(graph: OpGraph, nodes: list[str], device, target: str, ptxas: bool,
                 chosen: MutableMapping) -> tuple[codegen.KernelSpec | Refusal, int]:
-    """``ask``'s answer and its work: the values the code generator computed for it."""
-    before = codegen.values_built()
+    """``ask``'s answer and its work: the values the code generator computed for it, or the
+    statements it placed where those are more (their pricing is then most of the time)."""
+    values, statements = codegen.values_built(), codegen.statements_placed()
     answer = ask(graph, nodes, device, target, ptxas, chosen)
-    return answer, codegen.values_built() - before
+    return answer, max(codegen.values_built() - values, codegen.statements_placed() - statements)
 
 
 def ask(graph: OpGraph, nodes: list[str], device, target: str, ptxas: bool,

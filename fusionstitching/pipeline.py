@@ -31,8 +31,9 @@ from .report import Fallback, KernelReport, LeftToXla, PlanSummary, Report, Time
 from .verification import stitched_steps, verify
 
 
-# The code generator's work a plan may ask for, in values computed (codegen.values_built):
-# this many per memory-intensive kernel of the module, at least the floor. Models' steps use
+# The code generator's work a plan may ask for, in values computed (codegen.values_built), or
+# statements placed where a query places more (capability.ask_counted): this many per
+# memory-intensive kernel of the module, at least the floor. Models' steps use
 # 700-5,700 per kernel (the zoo's and the tier's training steps; transformers Llama the
 # most); a log-depth scan's gradient asks for millions (minutes of planning).
 PLANNING_VALUES_PER_KERNEL = 7_500
@@ -166,7 +167,8 @@ def plan_module(graph: OpGraph, options: Options, device,
         nonlocal spent
         if spent >= budget:
             return Refusal(PlanRefusal.PLANNING_BUDGET,
-                           f"{spent:,} values computed for the module's queries, its budget "
+                           f"{spent:,} values computed (or statements placed) for the module's "
+                           f"queries, its budget "
                            f"{budget:,}: the pattern is left to XLA unasked")
         holds = next((p for p in too_large if p.issubset(nodes)), None)
         if holds is not None:
@@ -185,8 +187,9 @@ def plan_module(graph: OpGraph, options: Options, device,
         spent += work
         if spent >= budget:
             notes.append(f"planning stopped asking the code generator after {spent:,} values "
-                         f"computed (budget {budget:,}: {PLANNING_VALUES_PER_KERNEL:,} per "
-                         f"memory-intensive kernel); patterns not asked were left to XLA")
+                         f"computed or statements placed (budget {budget:,}: "
+                         f"{PLANNING_VALUES_PER_KERNEL:,} per memory-intensive kernel); "
+                         f"patterns not asked were left to XLA")
         if isinstance(answer, Refusal):
             if answer.kind is codegen.Refusal.EXPRESSION_TOO_LARGE:
                 too_large.append(frozenset(nodes))

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from costmodel import load_device
-from fusionstitching import capability, pipeline
+from fusionstitching import capability, codegen, pipeline
 from fusionstitching.capability import PlanRefusal
 from fusionstitching.codegen.errors import Refusal as CodegenRefusal
 from fusionstitching.codegen.schedules import emitter
 from fusionstitching.explorer import explore
 from fusionstitching.graph import build_graph
 from fusionstitching.graph.refusal import Refusal
-from fusionstitching.hlo.parser import parse_file
+from fusionstitching.hlo.parser import parse_file, parse_module
 from fusionstitching.pipeline import Options, stitch_module
 from fusionstitching.query_workers import QueryWorkers
 from fusionstitching.stitched_jit import jit
@@ -222,3 +222,44 @@ def test_a_pattern_holding_a_too_large_one_is_refused_unasked(monkeypatch):
     inherited = [d for d in result.plan.decisions if "whose expression was too large" in d.reason]
     assert inherited and all(d.kind is CodegenRefusal.EXPRESSION_TOO_LARGE for d in inherited)
     assert result.report.verify.ok
+
+
+# A running sum over windows of 32 (straight-line code): 32 positions combined per value.
+WINDOWS = """HloModule windows
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(f32[] %a, f32[] %b)
+}
+
+%fused_window (p0: f32[1024]) -> f32[1024] {
+  %p0 = f32[1024]{0} parameter(0)
+  %zero = f32[] constant(0)
+  ROOT %rw = f32[1024]{0} reduce-window(f32[1024]{0} %p0, f32[] %zero), window={size=32 pad=31_0}, to_apply=%add
+}
+
+%fused_square (p0: f32[1024]) -> f32[1024] {
+  %p0 = f32[1024]{0} parameter(0)
+  ROOT %m = f32[1024]{0} multiply(f32[1024]{0} %p0, f32[1024]{0} %p0)
+}
+
+ENTRY %main (x: f32[1024]) -> f32[1024] {
+  %x = f32[1024]{0} parameter(0)
+  %w = f32[1024]{0} fusion(f32[1024]{0} %x), kind=kLoop, calls=%fused_window
+  ROOT %sq = f32[1024]{0} fusion(f32[1024]{0} %w), kind=kLoop, calls=%fused_square
+}
+"""
+
+
+def test_a_querys_work_is_the_statements_it_placed_where_those_are_more():
+    """The planning budget bounds pricing too: a query whose kernels place more statements
+    than they compute values (a gradient of cummin placed 11.5 per value, and planned for 54 s
+    under a budget of values) counts the statements."""
+    graph = build_graph(parse_module(WINDOWS, "windows"))
+    values, statements = codegen.values_built(), codegen.statements_placed()
+    answer, work = capability.ask_counted(graph, ["w", "sq"], H100, "h100", False, {})
+    placed = codegen.statements_placed() - statements
+    assert not isinstance(answer, Refusal), answer
+    assert placed > 4 * (codegen.values_built() - values)
+    assert work == placed

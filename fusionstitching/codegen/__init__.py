@@ -13,9 +13,9 @@ from .host import HostKernel, Traffic, compile_host, count_traffic
 from .nvptx import NvptxKernel, compile_nvptx, find_ptxas
 from .schedules.candidates import Schedule
 from .schedules.choose import Refused
-from .schedules.emitter import values_built
+from .schedules.emitter import statements_placed, values_built
 
 __all__ = ["CodegenError", "HostKernel", "KernelSpec", "NotFaster", "NvptxKernel", "Refusal",
            "Refused", "Schedule", "Traffic", "add_host_kernel", "can_stitch", "compile_host",
            "compile_nvptx", "count_traffic", "find_ptxas", "generate", "modeled_kernel_us",
-           "other_space_nodes", "values_built", "with_own_names"]
+           "other_space_nodes", "statements_placed", "values_built", "with_own_names"]

@@ -30,12 +30,20 @@ from .space import result_shape
 # scan (cummax's gradient) asks 2^depth of them. Past this the kernel is left to XLA.
 MAX_VALUES = 20_000
 _values_built = 0  # by every emitter of this process
+_statements_placed = 0  # likewise
 
 
 def values_built() -> int:
     """(op, index) pairs every emitter of this process has computed: the code generator's
     work, by which the planner bounds its own (pipeline.py)."""
     return _values_built
+
+
+def statements_placed() -> int:
+    """Kernel IR statements every emitter of this process has placed: the work of pricing
+    the kernels, which a value can multiply (a reduce-window's positions combined in
+    straight-line code place several statements per value)."""
+    return _statements_placed
 
 
 def scalar_value(op: FlatOp) -> float | int | bool:
@@ -155,6 +163,8 @@ class Emitter(IndexMaps):
                 self.place(GlobalStore(key[0], offset, value), depth)
 
     def place(self, stmt, depth: int) -> None:
+        global _statements_placed
+        _statements_placed += 1
         self.scopes[depth].append(stmt)
 
     # -- small value builders --------------------------------------------------------------
