@@ -182,9 +182,12 @@ def run_program(program: Program, routes=("cpu", "h100"),
             outcome = dataclasses.replace(outcome, verdict=Verdict.CRASH,
                                           detail="; ".join(defects.seen[:3]))
         outcome.seconds = time.perf_counter() - started
-        if outcome.plan_s > PLAN_LIMIT_S and outcome.verdict is Verdict.OK:
-            outcome = dataclasses.replace(outcome, verdict=Verdict.SLOW_PLAN, detail=(
-                f"planned in {outcome.plan_s:.1f} s (at most {PLAN_LIMIT_S:g} s)"))
+        # A slow plan fails whatever else the route found, unless that is a failure already.
+        if outcome.plan_s > PLAN_LIMIT_S and outcome.verdict in (Verdict.OK,
+                                                                  Verdict.NO_VERDICT):
+            outcome = dataclasses.replace(outcome, verdict=Verdict.SLOW_PLAN, detail="; ".join(
+                filter(None, [f"planned in {outcome.plan_s:.1f} s (at most {PLAN_LIMIT_S:g} s)",
+                              outcome.detail])))
         outcomes.append(outcome)
     return ProgramOutcome(program, outcomes)
 
