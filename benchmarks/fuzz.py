@@ -19,7 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.manifest import run_manifest  # noqa: E402
-from fusionstitching.fuzz.differential import PLAN_LIMIT_S, fuzz_summary  # noqa: E402
+from fusionstitching.fuzz.differential import PLAN_LIMIT_S, Verdict, fuzz_summary  # noqa: E402
 from fusionstitching.fuzz.pool import fuzz_in_workers  # noqa: E402
 
 
@@ -94,8 +94,7 @@ def table(path: str) -> str:
     with open(path) as f:
         body = json.load(f)
     m, counts = body["manifest"], body["counts"]
-    verdicts = ["ok", "no verdict", "XLA differs", "mismatch", "crash", "hang", "slow plan",
-                "invalid program"]
+    verdicts = [v.value for v in Verdict]
     lines = ["| | " + " | ".join(verdicts) + " | with stitched kernels |",
              "|---" * (len(verdicts) + 2) + "|"]
     for route, c in counts.items():
