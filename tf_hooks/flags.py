@@ -13,7 +13,6 @@ import atexit
 import contextlib
 import fcntl
 import json
-import logging
 import os
 import shlex
 import socket
@@ -21,7 +20,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-log = logging.getLogger("fusionstitching")
+from fusionstitching.logs import log
+
 _STARTED = time.time()  # this module is imported at start-up (the .pth hook)
 
 _FALSE = ("", "0", "false", "no", "off")
@@ -74,7 +74,7 @@ def enabled(environ=None) -> bool:
     if value in _TRUE:
         return True
     if value not in _FALSE:
-        log.warning("fusionstitching: FUSIONSTITCHING=%r is not one of %s; stitching stays "
+        log.warning("FUSIONSTITCHING=%r is not one of %s; stitching stays "
                     "off", environ.get("FUSIONSTITCHING"), "/".join(_TRUE + _FALSE[1:]))
     return False
 
@@ -131,7 +131,7 @@ def from_environment(environ=None) -> Flags:
     environ = os.environ if environ is None else environ
     flags, problems = parse(environ.get("FUSIONSTITCHING_FLAGS", ""))
     if problems:
-        log.warning("fusionstitching: ignoring part of FUSIONSTITCHING_FLAGS: %s "
+        log.warning("ignoring part of FUSIONSTITCHING_FLAGS: %s "
                     "(known: %s)", "; ".join(problems), ", ".join("--" + f for f in _FLAGS))
     if flags.report:
         atexit.register(write_reports, flags.report)
@@ -175,7 +175,7 @@ def write_reports(path: str) -> None:
             others = [r for r in _reports_of_this_job(path) if r.get("process") != me]
             files.write_atomic(path, json.dumps(others + reports, indent=1) + "\n")
     except (OSError, ValueError, TypeError) as exc:
-        log.warning("fusionstitching: could not write the report to %s: %s: %s", path,
+        log.warning("could not write the report to %s: %s: %s", path,
                     type(exc).__name__, exc)
 
 

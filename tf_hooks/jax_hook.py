@@ -12,12 +12,11 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
-import logging
 import sys
 
-from . import flags as flag_parsing
+from fusionstitching.logs import log
 
-log = logging.getLogger("fusionstitching")
+from . import flags as flag_parsing
 
 # jax.jit keywords fusionstitching.jit takes (keep_unused: it always keeps them).
 SUPPORTED = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames",
@@ -76,7 +75,7 @@ def _left_to_jax(fun, options: list[str], warned: set[str]) -> None:
     warned.update(new)
     # A job whose functions silently run unstitched reports nothing: say so, once per option.
     (log.warning if new else log.info)(
-        "fusionstitching: %s is left to jax.jit, not stitched: %s%s", name, "; ".join(
+        "%s is left to jax.jit, not stitched: %s%s", name, "; ".join(
             f"jax.jit({k}=...) is not supported ({UNSUPPORTED.get(k, 'not known here')})"
             for k in options),
         " (warned once per option)" if new else "")
@@ -127,7 +126,7 @@ class _AfterImport:
             try:
                 callback()
             except Exception as exc:  # the user's import must not fail because of us
-                log.warning("fusionstitching: could not install the jax hook: %s", exc)
+                log.warning("could not install the jax hook: %s", exc)
 
         spec.loader.exec_module = exec_then_install
         return spec

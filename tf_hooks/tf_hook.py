@@ -11,18 +11,18 @@ would, with one warning and a ``fallbacks`` entry.
 from __future__ import annotations
 
 import functools
-import logging
 import sys
 import threading
 import time
 from dataclasses import dataclass
+
+from fusionstitching.logs import log
 
 from . import flags as flag_parsing
 from .hlo_function import hlo_function, module_avals, numpy_dtype
 from .stitched_call import NotCallable, stitched_step
 from .tf_executor import tf_executor
 
-log = logging.getLogger("fusionstitching")
 _hook: "Hook | None" = None  # the installed hook
 
 # -- installation ---------------------------------------------------------------------------
@@ -358,7 +358,7 @@ class TfCompiled:
         try:
             gpu = hlo_for_gpu(tf_hlo, target=self.flags.target)
         except (CaptureError, ValueError, RuntimeError) as exc:
-            log.info("fusionstitching: %s: no XLA:GPU plan dumped: %s", self.name,
+            log.info("%s: no XLA:GPU plan dumped: %s", self.name,
                      _first_line(exc))
         else:
             self.lifecycle.write_dump(
@@ -368,7 +368,7 @@ class TfCompiled:
     def _unsupported(self, stage: str, why: str) -> None:
         from fusionstitching.report import Fallback
 
-        log.warning("fusionstitching: %s runs as TF (%s): %s", self.name, stage, why)
+        log.warning("%s runs as TF (%s): %s", self.name, stage, why)
         self.unsupported = why
         self.lifecycle.fallbacks.append(Fallback(stage, [], why))
         self.info.state, self.info.kept, self.info.why = "fallback", "tf", f"{stage}: {why}"
@@ -379,7 +379,7 @@ class TfCompiled:
 
         if why not in self._noted:
             self._noted.add(why)
-            log.warning("fusionstitching: %s: a call runs as TF: %s", self.name, why)
+            log.warning("%s: a call runs as TF: %s", self.name, why)
             self.lifecycle.fallbacks.append(Fallback("call", [], why))
 
     # -- calls ------------------------------------------------------------------------

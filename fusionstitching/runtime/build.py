@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import re
 import time
@@ -26,11 +25,11 @@ from ..hlo.parser import parse_module
 from ..hlo.unroll import unroll_loops
 from ..hlo.ir import print_module
 from ..hlo.xla_runner import optimized_hlo_text
+from ..logs import log
 from ..report import Fallback, KernelReport, LeftToXla, PlanSummary, Report, Times, Verify
 from . import cache as kernel_cache
 from . import cpu_speed, crash_check, ffi, gpu, rewrite, xla
 
-log = logging.getLogger("fusionstitching")
 
 
 class BuildError(RuntimeError):
@@ -167,11 +166,11 @@ def plan_on_host(module, result, options, cache, stats, measure: bool) -> HostPl
     before_host = len(fallbacks)
     fallbacks.extend(fallback for _, fallback in left)
     if slower:
-        log.info("fusionstitching: %d kernels measured slower than XLA:CPU left to XLA",
+        log.info("%d kernels measured slower than XLA:CPU left to XLA",
                  len(slower))
     if left:
         (name, first), more = left[0], f" (and {len(left) - 1} more)" if len(left) > 1 else ""
-        log.warning("fusionstitching: kernel %s left to XLA (%s): %s%s", name, first.stage,
+        log.warning("kernel %s left to XLA (%s): %s%s", name, first.stage,
                     first.reason, more)
     stitched_report = _recount(result, kernels, options)
     xla_report = _recount(result, [], options)
@@ -274,7 +273,7 @@ def _host_target(module, kernel, cache, stats, donated: dict):
         if outcome in failed:
             raise _GivenBack(Fallback("trial", nodes, why))
         if outcome is crash_check.Outcome.DIFFERS:
-            log.warning("fusionstitching: kernel %s, vectorized by LLVM, %s; its build "
+            log.warning("kernel %s, vectorized by LLVM, %s; its build "
                         "without the loop vectorizer runs instead", kernel.spec.name, why)
         return outcome is not crash_check.Outcome.DIFFERS
 
@@ -469,7 +468,7 @@ def _note_corrupt_entries(stats, fallbacks: list) -> None:
         fallbacks.append(Fallback("cache", [], f"corrupt entry rebuilt: {note}"))
     if stats.corrupt:
         more = f" (and {len(stats.corrupt) - 1} more)" if len(stats.corrupt) > 1 else ""
-        log.warning("fusionstitching: corrupt kernel cache entry rebuilt: %s%s",
+        log.warning("corrupt kernel cache entry rebuilt: %s%s",
                     stats.corrupt[0], more)
 
 
@@ -490,7 +489,7 @@ def _stage(stage: str, fn, *args, **kwargs):
 
 
 def _leave_to_xla(fallbacks: list, stage: str, nodes: list[str], name: str, why: str) -> None:
-    log.warning("fusionstitching: kernel %s left to XLA (%s): %s", name, stage, why)
+    log.warning("kernel %s left to XLA (%s): %s", name, stage, why)
     fallbacks.append(Fallback(stage, nodes, why))
 
 

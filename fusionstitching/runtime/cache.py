@@ -14,7 +14,6 @@ import enum
 import grp
 import hashlib
 import json
-import logging
 import os
 import stat
 import threading
@@ -30,6 +29,7 @@ from ..codegen import host
 from ..codegen.host import HostKernel
 from ..codegen.schedules.space import Space
 from ..codegen.llvm_lowering import optimize
+from ..logs import log
 from .cache_files import (MAX_BYTES, clean, create_entry_file, private_group, touch,
                           why)
 from .cache_redis import BadSignature, RedisTier, Unavailable, redacted
@@ -39,7 +39,6 @@ from .cache_redis import BadSignature, RedisTier, Unavailable, redacted
 # 5: object code checked against the build without the loop vectorizer (LLVM miscompiled
 # kernels that format 4 stored), and host plans with XLA kernels replaced alone
 FORMAT = "fusionstitching.kernel/5"
-log = logging.getLogger("fusionstitching")
 
 
 def default_dir() -> str:
@@ -224,7 +223,7 @@ class KernelCache:
             _refused.setdefault(url, refusal)
         self.remote, self.remote_refusal = None, refusal
         if first:
-            log.warning("fusionstitching: running without the remote kernel cache %s (%s: %s)",
+            log.warning("running without the remote kernel cache %s (%s: %s)",
                         refusal.path, refusal.kind.value, refusal.detail)
 
     def note_refusals(self, stats: CacheStats) -> None:
@@ -320,7 +319,7 @@ class KernelCache:
         if stats is not None:
             stats.refused = dataclasses.asdict(refusal)
         if first:
-            log.warning("fusionstitching: running without the kernel cache %s (%s: %s); "
+            log.warning("running without the kernel cache %s (%s: %s); "
                         "kernels are built in memory. See --cache_dir/--cache_group in "
                         "README.md", self.root, refusal.kind.value, refusal.detail)
 

@@ -11,7 +11,6 @@ States: building -> pending -> trial -> timing -> settled, or fallback. A front 
 """
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import threading
@@ -24,11 +23,11 @@ from .. import verification
 from ..hlo.parser import parse_module
 from ..hlo.drift import widened_args, widened_to_f64
 from ..hlo.xla_runner import optimized_hlo_text, run_hlo_with_xla
+from ..logs import log
 from ..report import Fallback, Verify
 from .build import BuildError, Built, reason
 from .coordination import Coordinator
 
-log = logging.getLogger("fusionstitching")
 
 # Samples per executable in the trial (best of each). 5, not 3: a few more calls, against
 # single steps that vary by 10% on a shared CPU (no measurement here separates 3 from 5).
@@ -153,7 +152,7 @@ class Executor:
         return value if self.coordinator is None else self.coordinator.first_says(what, value)
 
     def fail(self, stage: str, nodes: list[str], why: str) -> None:
-        log.warning("fusionstitching: %s runs on %s's own kernels (%s): %s",
+        log.warning("%s runs on %s's own kernels (%s): %s",
                     self.name, self.reference.upper(), stage, why)
         self.fallbacks.append(Fallback(stage, nodes, why))
         self.candidate = None
@@ -362,7 +361,7 @@ class Executor:
                                                              widened_args(flat))]
             module = parse_module(text, self.name)
         except Exception as exc:  # the fixed tolerance's verdict stands
-            log.info("fusionstitching: %s: no f64 reference: %s", self.name, reason(exc))
+            log.info("%s: no f64 reference: %s", self.name, reason(exc))
             return None, ""
         return verification.drift_verdict(module, flat, got, expected, exact)
 
@@ -470,7 +469,7 @@ def lower_thread_priority() -> None:
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
         except OSError as exc:  # e.g. a sandbox without setpriority: run at normal priority
-            log.info("fusionstitching: background thread keeps its priority: %s", exc)
+            log.info("background thread keeps its priority: %s", exc)
 
 
 def _is_float(leaf) -> bool:

@@ -8,13 +8,12 @@ the user's job. Kept free of heavy imports: the start-up hook (tf_hooks) uses it
 """
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 import shutil
 import threading
 
-log = logging.getLogger("fusionstitching")
+from ..logs import log
 
 _warned: set = set()
 _warned_lock = threading.Lock()

@@ -10,7 +10,6 @@ order (inputs, then outputs). Targets are registered before XLA:GPU compiles
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import re
 import sys
@@ -23,11 +22,11 @@ from costmodel import WARP
 from .. import child_processes
 from ..codegen import compile_nvptx
 from ..hlo.ir import Module, Shape, print_module
+from ..logs import log
 from ..report import Fallback
 from .ffi import TARGET_PREFIX
 from .rewrite import RewriteError, rewrite_module
 
-log = logging.getLogger("fusionstitching")
 
 LAUNCHER = "triton_kernel_call_ffi"  # jaxlib's FFI handler that launches a PTX kernel
 MAX_THREADS_PER_BLOCK = 1024
@@ -226,7 +225,7 @@ def launchable(result, arch: str | None = None) -> tuple[list, list[Launch]]:
             launches.append(launch_for(kernel.spec, nvptx))
         except Exception as exc:  # that pattern stays XLA's
             why = f"{type(exc).__name__}: {exc}"
-            log.warning("fusionstitching: kernel %s left to XLA (gpu-launch): %s",
+            log.warning("kernel %s left to XLA (gpu-launch): %s",
                         kernel.spec.name, why)
             result.report.fallbacks.append(Fallback("gpu-launch", list(kernel.pattern.nodes),
                                                     why))

@@ -54,7 +54,7 @@ def share_cache(cache_dir: str, group) -> None:
     try:
         share_with_group(cache_dir, group)
     except (KeyError, ValueError) as exc:
-        files.warn_once(("cache_group", str(group)), "fusionstitching: unknown cache group "
+        files.warn_once(("cache_group", str(group)), "unknown cache group "
                         "%r (%s); the kernel cache stays private", group, exc)
 
 
@@ -190,7 +190,7 @@ class Lifecycle:
 
     def _dump_failed(self, exc: BaseException) -> None:
         files.warn_once(("dump_to", self.dump_to),
-                        "fusionstitching: cannot write dumps to %s (%s: %s); the job goes on "
+                        "cannot write dumps to %s (%s: %s); the job goes on "
                         "without them", self.dump_to, type(exc).__name__, exc)
 
 
