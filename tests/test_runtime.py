@@ -429,6 +429,28 @@ def test_jit_pytrees_in_and_out():
         np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-5, atol=1e-4)
 
 
+@needs_codegen
+def test_the_trial_checks_a_step_that_carries_a_typed_prng_key():
+    """flax nnx carries ``rngs`` state as typed keys: the trial compares their key data."""
+    import jax
+
+    from fusionstitching.stitched_jit import jit
+
+    def fn(key, x, g, b):
+        key, sub = jax.random.split(key)
+        return key, layernorm(x + jax.random.normal(sub, x.shape), g, b)
+
+    args = (jax.random.key(0), *layernorm_args())
+    stitched = jit(fn, cache_dir=None, keep="stitched", verify=True)
+    for _ in range(2):
+        (key, y), (want_key, want_y) = stitched(*args), jax.jit(fn)(*args)
+    (report,) = stitched.reports()
+    assert report.fs.patterns >= 1 and not report.fallbacks
+    assert report.runtime["kept"] == "stitched" and report.verify.ran and report.verify.ok
+    np.testing.assert_array_equal(jax.random.key_data(key), jax.random.key_data(want_key))
+    np.testing.assert_allclose(np.asarray(y), np.asarray(want_y), rtol=1e-5, atol=1e-4)
+
+
 def test_jit_falls_back_to_xla_with_one_warning(monkeypatch, caplog):
     import jax
 

@@ -304,21 +304,18 @@ class Executor:
         """``got`` against ``expected`` (the reference's outputs on ``inputs``, described by
         ``what``): within rtol/atol, or as close to the exact result as the reference's own
         f32 result is."""
-        import jax
-
-        leaves = lambda tree: jax.tree_util.tree_leaves(jax.device_get(tree))  # noqa: E731
-        ok, max_abs, max_rel = verification.compare(leaves(expected), leaves(got), self.rtol,
-                                                    self.atol)
+        expected, got = numpy_leaves(expected), numpy_leaves(got)
+        ok, max_abs, max_rel = verification.compare(expected, got, self.rtol, self.atol)
         against, rounding_decides = [f"{self.reference} ({what})"], ""
         if not ok:
-            drift, detail = self._f64_drift(inputs, leaves(expected), leaves(got))
+            drift, detail = self._f64_drift(inputs, expected, got)
             if drift in (verification.Drift.WITHIN_XLAS, verification.Drift.WITHIN_ROUNDING):
                 ok = True  # as close to the exact result as the reference's own f32 is
                 against.append("XLA in f64 (the reference's own f32 drift)")
             if drift is verification.Drift.WITHIN_ROUNDING:
                 rounding_decides = detail
         return Verify(ran=True, ok=ok, max_abs_err=max_abs, max_rel_err=max_rel, against=against,
-                      finite=verification.finite_fraction(leaves(expected)),
+                      finite=verification.finite_fraction(expected),
                       rounding_decides=rounding_decides, schedules=["the stitched executable"])
 
     def _finite_inputs(self, inputs):
@@ -339,8 +336,8 @@ class Executor:
             for kind in verification.INPUT_KINDS]
         for what, variant in variants:
             args, kwargs = self._fresh(variant)
-            expected = jax.device_get(self.xla(*args, **kwargs))
-            if verification.finite_fraction(jax.tree_util.tree_leaves(expected)) == 1.0:
+            expected = self.xla(*args, **kwargs)
+            if verification.finite_fraction(numpy_leaves(expected)) == 1.0:
                 return what, variant, expected
         return None
 
@@ -355,7 +352,7 @@ class Executor:
 
         try:
             args, kwargs = self._fresh(inputs)
-            flat = [np.asarray(a) for a in jax.tree_util.tree_leaves((args, kwargs))]
+            flat = numpy_leaves((args, kwargs))
             text = optimized_hlo_text(self.xla)
             exact = [np.asarray(x) for x in run_hlo_with_xla(widened_to_f64(text),
                                                              widened_args(flat))]
@@ -470,6 +467,22 @@ def lower_thread_priority() -> None:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
         except OSError as exc:  # e.g. a sandbox without setpriority: run at normal priority
             log.info("background thread keeps its priority: %s", exc)
+
+
+def numpy_leaves(tree) -> list:
+    """The array leaves of ``tree`` as numpy arrays; a typed PRNG key (flax nnx's ``rngs``
+    state) as its key data, the unsigned words XLA's module computes with."""
+    import jax
+
+    leaves = jax.tree_util.tree_leaves(tree)
+    return [np.asarray(jax.device_get(jax.random.key_data(leaf) if _is_key(leaf) else leaf))
+            for leaf in leaves]
+
+
+def _is_key(leaf) -> bool:
+    import jax
+
+    return hasattr(leaf, "dtype") and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
 
 
 def _is_float(leaf) -> bool:
