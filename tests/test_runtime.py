@@ -274,6 +274,22 @@ def test_control_predecessors_a_kernel_replaced_are_dropped():
     xla.compile_hlo(print_module(module))  # no name left undefined
 
 
+def test_control_predecessors_naming_a_kernel_output_are_dropped():
+    """A kernel's call comes after the instructions it does not feed; an order on its output
+    kept there would name it before it is defined (XLA's parser: 'not defined')."""
+    ordered = OPTIMIZED.replace(
+        "%flat = f32[32]{0} bitcast(%sum)",
+        "%neg = f32[8,4]{1,0} negate(%sum), control-predecessors={%prod}\n"
+        "  %flat = f32[32]{0} bitcast(%neg)")
+    kernel = stitched(["diff", "prod"], "fusionstitching_small_ordered_out", ["a", "b", "sum"],
+                      ["prod"])
+    address = elementwise_kernel("rw_ordered_out", 32, [("fadd", 0, 1)])
+    target = ffi.register_kernel(kernel.spec.name, address, 3, 1)
+    module = rewrite.rewrite_module(parse_module(ordered), [kernel], [target])
+    assert "control-predecessors" not in module.entry.by_name()["neg"].attrs
+    xla.compile_hlo(print_module(module))
+
+
 def test_rewrite_multi_output_pattern():
     kernel = stitched(["sum", "diff"], "fusionstitching_small_1", ["a", "b"], ["sum", "diff"])
     address = elementwise_kernel("rw_addsub", 32, [("fadd", 0, 1), ("fsub", 0, 1)])

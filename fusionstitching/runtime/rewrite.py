@@ -82,7 +82,7 @@ def replace_patterns(module: Module, kernels: Sequence, targets: Sequence[str],
         kept.extend(custom_call(kernel.spec, target, config, donated))
 
     root = entry.root.name
-    instructions = _without_gone_predecessors(_topological(_live(kept, root)))
+    instructions = _without_replaced_predecessors(_topological(_live(kept, root)), replaced)
     for inst in instructions:
         inst.is_root = inst.name == root
     computations = [dataclasses.replace(entry, instructions=instructions) if c is entry else c
@@ -186,12 +186,15 @@ def _live(instructions: list[Instruction], root: str) -> list[Instruction]:
     return [i for i in instructions if i.name in live or i.opcode == "parameter"]
 
 
-def _without_gone_predecessors(instructions: list[Instruction]) -> list[Instruction]:
+def _without_replaced_predecessors(instructions: list[Instruction],
+                                   replaced: set[str]) -> list[Instruction]:
     """Control predecessors that a kernel replaced are dropped: they ordered reads before a
     write in XLA's buffer assignment (copies of donated buffers), which XLA makes again for
-    the rewritten module; a name no longer defined would fail its parse."""
+    the rewritten module. A name no longer defined would fail its parse, and so would a
+    kernel's output: its call comes after every instruction it does not feed."""
     defined = {i.name for i in instructions}
-    return [i.without_control_predecessors(set(i.control_predecessors) - defined)
+    return [i.without_control_predecessors({n for n in i.control_predecessors
+                                            if n not in defined or n in replaced})
             for i in instructions]
 
 
