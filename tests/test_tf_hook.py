@@ -116,7 +116,7 @@ def test_adam_step_parameters_and_updates_map_to_its_variables():
     step(x)
     concrete = step.get_concrete_function(x)
     text, alias = split_alias(step.experimental_get_compiler_ir(x)(stage="hlo"))
-    sig = signature(concrete, parse_module(text), alias)
+    sig = signature(concrete, parse_module(text), alias, ((16, 8),))
     assert sig.num_inputs == 1 and sig.num_outputs == 1
     handles = [h for h, _ in sig.variables]
     by_handle = {id(v.handle): v for v in concrete.variables}
@@ -143,16 +143,17 @@ def test_custom_training_loop_with_adam_same_losses_and_weights(tmp_path):
     assert_stitched_ran(report, stderr)
 
 
-def test_unhandled_function_runs_as_tf_and_says_why(tmp_path):
-    expected, got, stderr, _, _, reports = compare_runs("dynamic_shapes.py", tmp_path, "",
-                                                        "")
-    assert got == expected
-    reason = "input 0 has the dynamic shape (None, 16)"
-    assert stderr.count(reason) == 1, stderr[-2000:]
-    (report,) = reports
-    assert report["runtime"]["kept"] == "tf"
-    assert [f["stage"] for f in report["fallbacks"]] == ["signature"]
-    assert reason in report["fallbacks"][0]["reason"]
+def test_a_function_with_an_open_batch_dimension_is_stitched_per_shape(tmp_path):
+    """``input_signature`` with a batch of None, called with batches of 4, 8 and 4 rows: one
+    build per concrete shape (as TF's XLA compiles), each stitched and checked."""
+    expected, got, stderr, _, _, reports = compare_runs(
+        "dynamic_shapes.py", tmp_path, "", "--keep=stitched --verify")
+    np.testing.assert_allclose(got["sums"], expected["sums"], rtol=1e-5)
+    assert sorted(r["module"].rsplit(".", 1)[-1] for r in reports) == ["4x16", "8x16"]
+    for report in reports:
+        assert not report["fallbacks"], report["fallbacks"]
+        assert report["runtime"]["kept"] == "stitched", report["runtime"]
+        assert report["verify"]["ran"] and report["verify"]["ok"], report["verify"]
 
 
 def test_a_mirrored_strategy_s_replica_function_runs_as_tf_and_says_why(tmp_path):

@@ -93,7 +93,7 @@ class Hook:
         self._reported_functions: set = set()
 
     def call(self, function, args, kwargs):
-        from tensorflow.python.eager import record
+        from tensorflow.python.eager import context, record
         from tensorflow.python.ops import control_flow_util
         from tensorflow.python.framework import ops
 
@@ -103,10 +103,16 @@ class Hook:
             concrete = function.get_concrete_function(*args, **kwargs)
         except Exception:  # first call creating variables, etc.: TF's own path says why
             return self.original(function, *args, **kwargs)
-        compiled = self._compiled_for(function, concrete, args, kwargs)
+        flat = concrete.function_type.unpack_inputs(concrete.function_type.bind(*args, **kwargs))
+        shapes = call_shapes(flat)
+        if shapes is None:
+            # A dimension left open (Keras's batch of None inside its train function): TF's
+            # XLA compiles per concrete shape at run time, and so is each shape built here.
+            return concrete.function_type.pack_output(self._per_shape_in_graph(
+                function, concrete, flat))
+        compiled = self._compiled_for(function, concrete, shapes, flat)
         if compiled.unsupported:
             return self.original(function, *args, **kwargs)
-        flat = concrete.function_type.unpack_inputs(concrete.function_type.bind(*args, **kwargs))
         if record.could_possibly_record():
             from tensorflow.python.eager.polymorphic_function import gradients_util
 
@@ -116,22 +122,55 @@ class Hook:
                 compiled.note_tf_call("differentiated from outside (a gradient tape watches "
                                       "its inputs or variables)")
                 return self.original(function, *args, **kwargs)
-        from tensorflow.python.eager import context
-
         if context.executing_eagerly():
             return concrete.function_type.pack_output(compiled(flat))
         return concrete.function_type.pack_output(compiled.in_graph(flat))
 
-    def _compiled_for(self, function, concrete, args, kwargs) -> "TfCompiled":
+    def _compiled_for(self, function, concrete, shapes: tuple, flat) -> "TfCompiled":
+        """The ``TfCompiled`` of ``concrete`` called with inputs of ``shapes``, created and
+        started on the first such call (``flat``: its inputs, eager or symbolic)."""
+        key = (id(concrete), shapes)
         with self._lock:
-            entry = self._compiled.get(id(concrete))
+            entry = self._compiled.get(key)
             if entry is not None and entry[0] is concrete:
                 return entry[1]
-            compiled = TfCompiled(function, concrete, self.flags)
-            self._compiled[id(concrete)] = (concrete, compiled)
+            compiled = TfCompiled(function, concrete, self.flags, shapes)
+            self._compiled[key] = (concrete, compiled)
             flag_parsing.track(compiled)
-        compiled.start(args, kwargs)
+        compiled.start(flat)
         return compiled
+
+    def _per_shape_in_graph(self, function, concrete, flat) -> list:
+        """The call inside a graph whose inputs have an open dimension: a
+        ``tf.py_function`` that runs the ``TfCompiled`` of each call's concrete shapes."""
+        import tensorflow as tf
+
+        def run(*values):
+            values = list(values)
+            compiled = self._compiled_for(function, concrete, call_shapes(values), values)
+            return compiled(values) if not compiled.unsupported else compiled._tf(values)
+
+        outputs = concrete.outputs
+        results = tf.py_function(run, list(flat), [t.dtype for t in outputs],
+                                 name="fusionstitching_call")
+        for result, output in zip(results, outputs):
+            result.set_shape(output.shape)
+        return list(results)
+
+
+def call_shapes(flat) -> tuple | None:
+    """The shapes of a call's flat inputs; None where a tensor's shape is not fully known
+    (the call is inside a graph traced with an open dimension)."""
+    shapes = []
+    for value in flat:
+        shape = getattr(value, "shape", None)
+        if shape is None:
+            shapes.append(None)
+        elif not shape.is_fully_defined():
+            return None
+        else:
+            shapes.append(tuple(shape.as_list()))
+    return tuple(shapes)
 
 
 # -- TF's module as a jax function ------------------------------------------------------------
@@ -169,9 +208,10 @@ def split_alias(hlo_text: str) -> tuple[str, dict[int, int]]:
     return head + newline + rest, alias
 
 
-def signature(concrete, module, alias: dict[int, int]) -> Signature:
+def signature(concrete, module, alias: dict[int, int], shapes: tuple) -> Signature:
     """Check that the module's parameters and results are the function's, as TF's XLA
-    compiler lays them out; ``Unsupported`` says where they are not."""
+    compiler lays them out for inputs of ``shapes``; ``Unsupported`` says where they are
+    not."""
     import tensorflow as tf
 
     inputs = list(concrete.inputs)
@@ -185,9 +225,9 @@ def signature(concrete, module, alias: dict[int, int]) -> Signature:
         if tensor.dtype in (tf.resource, tf.variant):
             raise Unsupported(f"input {i} is a {tensor.dtype.name} (a variable or dataset "
                               "passed as an argument); only captured variables are handled")
-        if not tensor.shape.is_fully_defined():
-            raise Unsupported(f"input {i} has the dynamic shape {tensor.shape} (one "
-                              "executable per shape would be needed)")
+        if tuple(params[i].shape.dims) != shapes[i]:
+            raise Unsupported(f"input {i} has the shape {shapes[i]} in the call and "
+                              f"{params[i].shape.dims} in TF's module")
     variables = []
     for tensor, handle in zip(inputs[num_inputs:], captured):
         if tensor.dtype != tf.resource:
@@ -218,14 +258,18 @@ class TfCompiled:
     """One concrete function of a jit-compiled tf.function: which executable runs its calls
     (its build, dumps and report: ``runtime.lifecycle.Lifecycle``, as for JAX)."""
 
-    def __init__(self, function, concrete, flags: flag_parsing.Flags):
+    def __init__(self, function, concrete, flags: flag_parsing.Flags, shapes: tuple):
         from fusionstitching import pipeline
         from fusionstitching.runtime.cache import default_dir
         from fusionstitching.runtime.lifecycle import Lifecycle, share_cache
 
         self.function, self.concrete, self.flags = function, concrete, flags
+        self.shapes = shapes  # of the flat inputs of the calls it runs
         self.name = concrete.name.decode() if isinstance(concrete.name, bytes) \
             else str(concrete.name)
+        open_dims = [s for t, s in zip(concrete.inputs, shapes) if not t.shape.is_fully_defined()]
+        if open_dims:  # one TfCompiled per shape: the name says which
+            self.name += "." + "_".join("x".join(map(str, s)) for s in open_dims)
         cache_dir = flags.cache_dir if flags.cache_dir is not None else default_dir()
         if flags.cache_group is not None:
             share_cache(cache_dir, flags.cache_group)
@@ -245,9 +289,9 @@ class TfCompiled:
         return self.lifecycle.executor
 
     # -- build ------------------------------------------------------------------------
-    def start(self, args, kwargs) -> None:
-        """Take TF's HLO now (it needs this call's argument specs), build at once or on a
-        background thread."""
+    def start(self, flat: list) -> None:
+        """Take TF's HLO for this call's input shapes now (``flat``: its flat inputs, eager
+        or symbolic), build at once or on a background thread."""
         from tensorflow.python.distribute import distribute_lib
         from tensorflow.python.framework import ops
 
@@ -258,7 +302,7 @@ class TfCompiled:
                                           "function; its replicas run as TF")
             return
         try:
-            hlo_text = self._tf_hlo(args, kwargs)
+            hlo_text = self._tf_hlo(flat)
         except Unsupported as exc:
             self._unsupported("signature", str(exc))
             return
@@ -267,24 +311,23 @@ class TfCompiled:
             return
         self.lifecycle.start(self._build, hlo_text)
 
-    def _tf_hlo(self, args, kwargs) -> str:
+    def _tf_hlo(self, flat: list) -> str:
+        """TF's module before optimization for inputs of this call's shapes, as
+        ``experimental_get_compiler_ir`` takes it, from the flat inputs: zeros stand for
+        symbolic ones (TF's HLO depends on shapes only)."""
         import tensorflow as tf
-
-        def example(value):
-            """Zeros standing for a symbolic tensor (TF's HLO depends on shapes only)."""
-            if not isinstance(value, tf.Tensor):
-                return value
-            if not value.shape.is_fully_defined():
-                raise Unsupported(f"an input has the dynamic shape {value.shape}")
-            return tf.zeros(value.shape, value.dtype)
+        from tensorflow.python.eager import context
+        from tensorflow.python.eager.polymorphic_function import compiler_ir
 
         with tf.init_scope():
             if not tf.executing_eagerly():
                 raise Unsupported("TF 1 graph mode")
-            if any(isinstance(v, tf.Tensor) and not hasattr(v, "numpy")
-                   for v in tf.nest.flatten((args, kwargs))):
-                args, kwargs = tf.nest.map_structure(example, (args, kwargs))
-            return self.function.experimental_get_compiler_ir(*args, **kwargs)(stage="hlo")
+            values = [v if hasattr(v, "numpy") else tf.zeros(v.shape, v.dtype) for v in flat]
+            text = context.context().get_compiler_ir(
+                device_name=compiler_ir.maybe_get_device_name(None), platform_name=None,
+                function_name=self.concrete.name, flat_args=values,
+                captured_inputs=self.concrete.captured_inputs, stage="hlo")
+        return text.decode() if isinstance(text, bytes) else text
 
     def _build(self, hlo_text: str) -> None:
         import jax
@@ -298,7 +341,7 @@ class TfCompiled:
             try:
                 text, alias = split_alias(hlo_text)
                 module = parse_module(text, source=f"<tf {self.name}>")
-                self.signature = signature(self.concrete, module, alias)
+                self.signature = signature(self.concrete, module, alias, self.shapes)
                 in_avals, out_avals = module_avals(module)
                 run = hlo_function(text, out_avals)
                 # jax's own jit also when the jax hook has replaced jax.jit (FUSIONSTITCHING=1).

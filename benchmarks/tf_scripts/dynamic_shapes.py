@@ -1,7 +1,6 @@
-"""An unchanged TF script whose jit-compiled function FusionStitching cannot handle: its
-input signature leaves the batch dimension open (dynamic shapes), so one executable per
-shape would be needed. With FUSIONSTITCHING=1 it must run as TF would, say why once, and
-print the same result. Prints one JSON line with the outputs' checksums.
+"""An unchanged TF script whose jit-compiled function leaves the batch dimension open in its
+input signature (dynamic shapes): TF's XLA compiles it per concrete shape, and so does
+FusionStitching. Prints one JSON line with the outputs' checksums.
 
     python benchmarks/tf_scripts/dynamic_shapes.py
 """
