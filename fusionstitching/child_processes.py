@@ -66,8 +66,10 @@ def start_worker(module: str) -> tuple[subprocess.Popen, Connection]:
     and our end of the socket whose other end is FD; its stdout discarded, its stderr ours.
     Raises OSError (or ValueError where pass_fds is missing) when it cannot start."""
     package_root = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+    # without FUSIONSTITCHING: a worker of the compiler is no job of the user's to hook
+    env = {**{k: v for k, v in os.environ.items() if k != "FUSIONSTITCHING"},
+           "PYTHONPATH": os.pathsep.join(
+               p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
     ours, theirs = socket.socketpair()
     try:
         proc = start([sys.executable, "-m", module, str(theirs.fileno())],

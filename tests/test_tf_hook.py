@@ -33,17 +33,20 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(REPO, "benchmarks", "tf_scripts")
 
 SITECUSTOMIZE = textwrap.dedent("""
-    from tf_hooks import flags, jax_hook, tf_hook
-    if flags.enabled():
-        parsed = flags.from_environment()
-        jax_hook.install_when_imported(parsed)
-        tf_hook.install_when_imported(parsed)
+    import os
+    import tf_hooks
+    from tf_hooks import keras_jit
+    tf_hooks.enable_from_environment()
+    if os.environ.get("KERAS_JIT_ONLY"):  # a reference run: Keras steps on XLA, no hook
+        keras_jit.install_when_imported()
 """)
 
 
-def run(script: str, tmp_path, *args: str, flags: str | None = None, out: str = "out"):
+def run(script: str, tmp_path, *args: str, flags: str | None = None, out: str = "out",
+        keras_jit_only: bool = False):
     """Start ``script`` (a child process); ``flags``: FUSIONSTITCHING_FLAGS with the hook on,
-    None: plain TF. Returns (process, report path, output path)."""
+    None: plain TF (``keras_jit_only``: with Keras's steps on XLA, as --keras_jit puts
+    them). Returns (process, report path, output path)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FUSIONSTITCHING")}
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
@@ -54,6 +57,8 @@ def run(script: str, tmp_path, *args: str, flags: str | None = None, out: str = 
     # environment running the tests asks for
     env.update(PYTHONPATH=os.pathsep.join([str(site), REPO]), OUT=str(output),
                TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu", KERAS_BACKEND="tensorflow")
+    if keras_jit_only:
+        env.update(KERAS_JIT_ONLY="1")
     if flags is not None:
         env.update(FUSIONSTITCHING="1", FUSIONSTITCHING_FLAGS=f"{flags} --report={report} "
                                                               f"--cache_dir={tmp_path / 'cache'}")
@@ -70,9 +75,9 @@ def finish(started) -> tuple[dict, str]:
     return json.loads(stdout.strip().splitlines()[-1]), stderr
 
 
-def compare_runs(script: str, tmp_path, steps: str, flags: str):
+def compare_runs(script: str, tmp_path, steps: str, flags: str, keras_jit_only=False):
     """Plain TF and the hook side by side (two child processes at once)."""
-    plain = run(script, tmp_path, steps, out="tf")
+    plain = run(script, tmp_path, steps, out="tf", keras_jit_only=keras_jit_only)
     hooked = run(script, tmp_path, steps, flags=flags, out="fs")
     (expected, _), (got, stderr) = finish(plain), finish(hooked)
     return expected, got, stderr, plain[2], hooked[2], json.loads(hooked[1].read_text())
@@ -326,3 +331,24 @@ def test_handlers_are_not_registered_with_an_xla_speaking_an_older_ffi():
     api = ffi._FfiApi(ctypes.sizeof(ffi._FfiApi), None, 24, None, 0, 1)
     with pytest.raises(RuntimeError, match=r"FFI API 0\.1.*need 0\.2"):
         ffi.register_with(ctypes.addressof(api), ["fusionstitching_anything"])
+
+
+@pytest.mark.slow  # ~2 min: six step modules (train, test, predict at 32 and 4 rows) to build
+def test_a_keras_script_with_default_jit_and_a_partial_batch_runs_stitched(tmp_path):
+    """Keras 3 on TF, ``compile()`` at its defaults, 100 rows in batches of 32: with the env
+    var alone (--keras_jit is on by default) train, test and predict run stitched, at both
+    batch sizes, with plain TF's losses and predictions."""
+    pytest.importorskip("keras", minversion="3")
+    expected, got, stderr, plain_out, hooked_out, reports = compare_runs(
+        "keras_tabular.py", tmp_path, "", "--keep=stitched --verify", keras_jit_only=True)
+    np.testing.assert_allclose(got["losses"], expected["losses"], rtol=1e-4)
+    np.testing.assert_allclose(got["evaluate"], expected["evaluate"], rtol=1e-4)
+    assert got["predict"] == pytest.approx(expected["predict"], rel=1e-4)
+    # Keras names all three step functions one_step_on_data; a function traced with an open
+    # batch dimension has one build per batch size, named by its input shapes
+    modules = [r["module"] for r in reports]
+    assert len(modules) == 6 and sum(".4x30" in m for m in modules) == 3, modules
+    for report in reports:
+        assert not report["fallbacks"], (report["module"], report["fallbacks"])
+        assert report["runtime"]["kept"] == "stitched", (report["module"], report["runtime"])
+        assert report["verify"]["ran"] and report["verify"]["ok"], report["verify"]

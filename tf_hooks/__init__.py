@@ -3,10 +3,10 @@
 The package installs ``fusionstitching_hook.pth`` into site-packages (setup.py); Python runs
 its one line at every start-up (``at_start_up``). It quiets the JAX CUDA plugin where it can
 only fail (quiet_start.py); when ``FUSIONSTITCHING`` is unset it does nothing else; when it
-is set, ``enable_from_environment`` parses ``FUSIONSTITCHING_FLAGS``
-(flags.py) and arranges for each framework's hook to be installed when the script imports
-that framework (jax_hook.py, tf_hook.py), so nothing heavy is imported at start-up and a script that
-sets ``JAX_PLATFORMS`` etc. before importing jax still works.
+is set, ``enable_from_environment`` parses ``FUSIONSTITCHING_FLAGS`` (flags.py) and arranges
+for each framework's hook to be installed when the script imports that framework
+(jax_hook.py, tf_hook.py; keras_jit.py for Keras 3 on TF), so nothing heavy is imported at
+start-up and a script that sets ``JAX_PLATFORMS`` etc. before importing jax still works.
 """
 from __future__ import annotations
 
@@ -37,8 +37,10 @@ def enable_from_environment() -> bool:
         return True
     _enabled = True
     parsed = flags.from_environment()
-    from . import jax_hook, tf_hook
+    from . import jax_hook, keras_jit, tf_hook
 
     jax_hook.install_when_imported(parsed)
     tf_hook.install_when_imported(parsed)
+    if parsed.keras_jit:
+        keras_jit.install_when_imported()
     return True

@@ -3,19 +3,21 @@
     FUSIONSTITCHING=1 FUSIONSTITCHING_FLAGS="--async --verify --report=/tmp/fs.json" python train.py
 
 The flags (--async, --verify, --target, --explorer, --cache_dir, --cache_group,
---remote_cache, --dump_to, --report, --keep; README.md says what each does) are shared by every framework hook. An
+--remote_cache, --dump_to, --report, --keep, --keras_jit; README.md says what each does) are shared by every framework hook. An
 unknown or malformed flag gives one warning naming it and is otherwise ignored: a typo in an
 environment variable must not stop a training job.
 """
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import fcntl
 import json
 import os
 import shlex
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ class Flags:
     dump_to: str | None = None
     report: str | None = None
     keep: str = "fastest"
+    keras_jit: bool = True  # Keras 3 on TF: jit_compile="auto" means XLA on CPUs too
 
     def jit_options(self) -> dict:
         """Keyword arguments of ``fusionstitching.jit``."""
@@ -60,7 +63,8 @@ _FLAGS = {"async": ("async_compile", False), "verify": ("verify", False),
           "target": ("target", True), "explorer": ("explorer", True),
           "cache_dir": ("cache_dir", True), "cache_group": ("cache_group", True),
           "remote_cache": ("remote_cache", True),
-          "dump_to": ("dump_to", True), "report": ("report", True), "keep": ("keep", True)}
+          "dump_to": ("dump_to", True), "report": ("report", True), "keep": ("keep", True),
+          "keras_jit": ("keras_jit", False)}
 _CHOICES = {"target": ("h100", "a100", "v100"), "explorer": ("beam", "greedy"),
             "keep": ("fastest", "stitched")}
 
@@ -135,6 +139,7 @@ def from_environment(environ=None) -> Flags:
                     "(known: %s)", "; ".join(problems), ", ".join("--" + f for f in _FLAGS))
     if flags.report:
         atexit.register(write_reports, flags.report)
+    atexit.register(say_if_nothing_was_stitched)
     return flags
 
 
@@ -147,6 +152,36 @@ def track(function) -> None:
     """Remember a stitched function (anything with ``reports(wait_s)``) for the exit report."""
     with _lock:
         _functions.append(function)
+
+
+def say_if_nothing_was_stitched() -> None:
+    """At exit, one warning when a job that imported jax or TF under the env var ran no
+    stitched kernel, and why: no function was compiled with XLA (Keras on TF without
+    jit_compile, say), or each one's decision (still deciding, XLA faster, a fallback)."""
+    if not {"jax", "tensorflow"} & set(sys.modules):
+        return  # a process that ran no framework (a tool, a worker) has nothing to say
+    with _lock:
+        functions = list(_functions)
+    if not functions:
+        log.warning("FUSIONSTITCHING is set but nothing was stitched: no function of this "
+                    "process was compiled with XLA (JAX: functions under jax.jit; TF: "
+                    "tf.function(jit_compile=True) and Keras models compiled with "
+                    "jit_compile=True or 'auto')")
+        return
+    try:
+        runtimes = [r.runtime or {} for f in functions for r in f.reports(wait_s=0.0)]
+    except Exception:  # at exit there is no one to raise to
+        return
+    if not runtimes or any(r.get("kept") == "stitched" for r in runtimes):
+        return
+    whys = collections.Counter(_short(f"{r.get('state', '?')}: {r.get('why') or 'no reason'}")
+                               for r in runtimes)
+    log.warning("nothing was stitched: %d compiled functions ran their own kernels (%s)",
+                len(runtimes), "; ".join(f"{n}x {why}" for why, n in whys.most_common(3)))
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def write_reports(path: str) -> None:

@@ -126,7 +126,7 @@ class _AfterImport:
             try:
                 callback()
             except Exception as exc:  # the user's import must not fail because of us
-                log.warning("could not install the jax hook: %s", exc)
+                log.warning("could not install the hook for %s: %s", fullname, exc)
 
         spec.loader.exec_module = exec_then_install
         return spec
