@@ -49,11 +49,12 @@ def run_script(tmp_path, env: dict) -> subprocess.CompletedProcess:
 def test_parse_flags():
     parsed, problems = flags.parse("--async --verify=false --target=a100 --explorer=greedy "
                                    "--cache_dir=/c --dump_to='/d d' --report=/r.json "
-                                   "--keep=stitched --remote_cache=redis://h:6379/2")
+                                   "--keep=stitched --remote_cache=redis://h:6379/2 "
+                                   "--keras_jit=false")
     assert parsed == flags.Flags(async_compile=True, verify=False, target="a100",
                                  explorer="greedy", cache_dir="/c", dump_to="/d d",
                                  report="/r.json", keep="stitched",
-                                 remote_cache="redis://h:6379/2")
+                                 remote_cache="redis://h:6379/2", keras_jit=False)
     assert not problems
     assert parsed.jit_options() == {"async_compile": True, "verify": False, "target": "a100",
                                     "explorer": "greedy", "dump_to": "/d d",
@@ -115,6 +116,7 @@ def test_unchanged_script_is_stitched_and_reported(tmp_path):
     warnings = [line for line in run.stderr.splitlines() if "FUSIONSTITCHING_FLAGS" in line]
     assert len(warnings) == 1 and "--frobnicate" in warnings[0]
     assert "--explorer=greedy" not in warnings[0]  # a known flag, passed to the pipeline
+    assert "nothing was stitched" not in run.stderr
 
     (report,) = json.loads(report_path.read_text())
     assert report["schema"] == "fusionstitching.report/1"
@@ -128,6 +130,23 @@ def test_unchanged_script_is_stitched_and_reported(tmp_path):
     dumped_report = [n for n in dumped if n.endswith(".report.json")]
     assert dumped_report
     assert json.loads((tmp_path / "dump" / dumped_report[0]).read_text())["fs"] == report["fs"]
+
+
+@pytest.mark.parametrize("body, why", [
+    ("x = jax.numpy.ones(4) + 1", "no function of this process was compiled with XLA"),
+    ("f = jax.jit(lambda x: x + 1)\nf(jax.numpy.ones(4)); f(jax.numpy.ones(4))",
+     "1 compiled functions ran their own kernels (1x settled: ")])
+def test_a_job_that_stitched_nothing_says_so_once_at_exit(tmp_path, body, why):
+    script = tmp_path / "job.py"
+    script.write_text(f"import jax\n{body}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSIONSTITCHING")}
+    run = subprocess.run([sys.executable, *WITH_PTH, str(script)], capture_output=True,
+                         text=True, timeout=300, env=dict(
+                             env, PYTHONPATH=REPO, JAX_PLATFORMS="cpu", FUSIONSTITCHING="1",
+                             FUSIONSTITCHING_FLAGS=f"--cache_dir={tmp_path / 'cache'}"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    (notice,) = [line for line in run.stderr.splitlines() if "nothing was stitched" in line]
+    assert notice.startswith("fusionstitching: ") and why in notice, notice
 
 
 @pytest.mark.slow
