@@ -83,13 +83,24 @@ def rules(samples: dict) -> dict[str, bool]:
             f"best of {len(xla)}, 2% margin": min(stitched) < (1 - executor_module.SWAP_MARGIN)
             * min(xla),
             f"median of {len(xla)} pair ratios over 1.02": median > 1.02,
+            "stop once apart (>= 3 each), else best of all": _sequential(xla, stitched)[0],
             "90% interval of the pair ratios above 1": low > 1.0}
+
+
+def _sequential(xla: list, stitched: list) -> tuple[bool, int]:
+    """(keeps stitched, samples of each used) under the executor's rule: alternate samples,
+    stop at the first prefix ``clearly_apart``, else decide on all."""
+    for n in range(1, len(xla) + 1):
+        if executor_module.clearly_apart(xla[:n], stitched[:n]):
+            break
+    return executor_module.stitched_wins(min(stitched[:n]), min(xla[:n])), n
 
 
 def replay(paths: list[str]) -> None:
     """Per rule: decisions keeping a slower stitched executable, decisions missing a win
     over 1.05x, the rest."""
     counts: dict = {}
+    used: list[int] = []
     for path in paths:
         with (gzip.open if path.endswith(".gz") else open)(path, "rt") as file:
             for row in json.load(file):
@@ -102,8 +113,10 @@ def replay(paths: list[str]) -> None:
                     outcome = ("kept slower" if keeps and true < 1.0 else
                                "missed win" if not keeps and true > 1.05 else "right")
                     count[outcome] += 1
+                used.append(_sequential(row["samples"]["xla"], row["samples"]["stitched"])[1])
     for rule, count in counts.items():
         print(f"{rule:45s} {count}")
+    print(f"samples of each executable the early stop used: {sorted(used)}")
 
 
 def main(argv=None) -> None:

@@ -295,6 +295,7 @@ def test_async_trial_runs_off_the_call_path(monkeypatch):
 
 
 def test_async_candidate_faster_off_the_path_is_confirmed_one_executable_per_call(monkeypatch):
+    monkeypatch.setattr(executor, "CLEAR_ROUNDS", executor.CONFIRM_ROUNDS + 1)  # all rounds
     runs = []
     compiled = timing_in_runs(monkeypatch, 1, runs)
     per_call = []
@@ -312,6 +313,7 @@ def test_async_candidate_faster_off_the_path_is_confirmed_one_executable_per_cal
 
 
 def test_confirmation_in_runs_of_calls_waits_only_for_each_runs_first_and_last(monkeypatch):
+    monkeypatch.setattr(executor, "CLEAR_ROUNDS", executor.CONFIRM_ROUNDS + 1)  # all rounds
     # runs of back-to-back calls of one executable (RUN_CALLS), timed from the first's outputs
     runs = []
     compiled = timing_in_runs(monkeypatch, 3, runs)
@@ -333,6 +335,7 @@ def test_confirmation_in_runs_of_calls_waits_only_for_each_runs_first_and_last(m
 
 
 def test_confirmation_leaves_each_runs_first_call_untimed(monkeypatch):
+    monkeypatch.setattr(executor, "CLEAR_ROUNDS", executor.CONFIRM_ROUNDS + 1)  # all rounds
     # the first call after the other executable's run is slow (cold caches): not weighed
     compiled = timing_in_runs(monkeypatch, 3, [])
     real_execute = compiled.executor._execute

@@ -45,6 +45,7 @@ class Built:
     xla_report: Report  # XLA's own plan counted the same way (what runs after a fallback)
     cache: kernel_cache.CacheStats
     rewritten_hlo: str | None
+    plan_key: str = ""  # the plan's key in the cache (runtime/decisions.py keys on it)
 
 
 def reason(exc: BaseException) -> str:
@@ -74,8 +75,9 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     cached = cache.lookup(plan_key, stats)
     if cached is not None:
         try:
-            return _from_cached_plan(json.loads(cached[1]), cache, stats, jax_lowered,
-                                     xla_compiled, started, dump_prefix)
+            return dataclasses.replace(
+                _from_cached_plan(json.loads(cached[1]), cache, stats, jax_lowered,
+                                  xla_compiled, started, dump_prefix), plan_key=plan_key)
         except (kernel_cache.CorruptEntry, KeyError, TypeError, ValueError) as exc:
             stats.corrupt.append(f"{plan_key[:16]}: {reason(exc)}")  # rebuilt below
 
@@ -89,8 +91,9 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
                     schedules=kernel_cache.ScheduleMemo(cache, stats))
     fallbacks = result.report.fallbacks  # codegen/ptxas fallbacks are already in here
     if device is not None:
-        return _build_for_gpu(module, result, options, device, cache, plan_key, stats,
-                              jax_lowered, xla_compiled, started, dump_prefix)
+        return dataclasses.replace(
+            _build_for_gpu(module, result, options, device, cache, plan_key, stats,
+                           jax_lowered, xla_compiled, started, dump_prefix), plan_key=plan_key)
     plan = plan_on_host(module, result, options, cache, stats, measure)
     stitched, stitched_report, complete = None, plan.stitched_report, plan.complete
     if plan.text is not None:
@@ -104,7 +107,7 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
         _remember(cache, plan_key, plan)
     _note_corrupt_entries(stats, fallbacks)  # this process's notes, not part of the plan
     stitched_report.times_s.total = time.perf_counter() - started
-    return Built(stitched, stitched_report, plan.xla_report, stats, plan.text)
+    return Built(stitched, stitched_report, plan.xla_report, stats, plan.text, plan_key)
 
 
 @dataclass(frozen=True)

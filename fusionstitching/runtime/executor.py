@@ -27,6 +27,7 @@ from ..logs import log
 from ..report import Fallback, Verify
 from .build import BuildError, Built, reason
 from .coordination import Coordinator
+from .decisions import Decision, DecisionStore
 
 
 # Samples per executable in the trial (best of each). 5, not 3: a few more calls, against
@@ -46,6 +47,13 @@ CONFIRM_ROUNDS = 15
 # running one executable never does; timed from it, runs read a zoo Transformer step that runs
 # 1.28x stitched as a tie (benchmarks/README.md).
 RUN_CALLS = 16
+# The confirmation ends early, after at least this many samples of each executable, once every
+# sample of one is faster than every sample of the other (the stitched one's by SWAP_MARGIN):
+# with 3 each, two executables of one speed fall apart so by chance once in 10 confirmations,
+# and either choice is then as fast. On 46 recorded decisions (transformers BERT, keras_hub
+# Mistral, flax; single-call samples) it chose as all 15 samples did, stopping at 3 on 4 of
+# them (benchmarks/decision_check.py --replay).
+CLEAR_ROUNDS = 3
 # The stitched executable is kept only when its best time is at least this much below XLA's:
 # single steps on a shared CPU vary by several percent, and a swap won by noise leaves the job
 # slower than XLA.
@@ -100,6 +108,9 @@ class Executor:
     # A multi-process job: every decision is every process's (coordination.py), so trials
     # run in the call path, timings have a fixed length, and process 0's times decide.
     coordinator: Coordinator | None = None
+    # keep="fastest": the decision of an earlier run of this plan on this machine, and where
+    # this run's is kept (runtime/decisions.py); None: every run measures
+    decisions: DecisionStore | None = None
 
     def __post_init__(self):
         if self.keep not in KEEP_CHOICES:
@@ -113,6 +124,7 @@ class Executor:
         self._samples: dict[str, list[float]] = {"xla": [], "stitched": []}  # timing calls
         self._first_timed_call = 0
         self._run_label, self._run_done, self._run_started = "stitched", 0, 0.0
+        self._stored: Decision | None = None  # an earlier run's decision to keep stitched
 
     # -- the build's outcome (from the compiling thread) ------------------------------------
     def built_ok(self, built: Built, seconds: float) -> None:
@@ -136,6 +148,14 @@ class Executor:
         if self.keep == "stitched" and not self.verify:  # nothing to try it for
             self._settle("stitched", "keep='stitched'")
             return
+        stored = self._stored_decision()
+        if stored is not None and stored.kept == "reference":
+            self._settle(self.reference, self._recorded(stored))
+            return
+        if stored is not None and not self.verify:
+            self._settle("stitched", self._recorded(stored))
+            return
+        self._stored = stored  # kept stitched once the trial has checked it
         self.info.state = "pending"  # last: the next call may start the trial at once
 
     def build_failed(self, error: Exception) -> None:
@@ -144,6 +164,26 @@ class Executor:
         if stage != "devices":  # said the same in every process, before any build
             self._all_agree("built", False)
         self.fail(stage, [], why)
+
+    def _stored_decision(self) -> Decision | None:
+        if self.decisions is None or self.keep != "fastest" or self.coordinator is not None:
+            return None
+        return self.decisions.load()
+
+    def _recorded(self, stored: Decision) -> str:
+        """The Report's times and why for a decision taken from an earlier run."""
+        self.info.xla_us, self.info.stitched_us = stored.reference_us, stored.stitched_us
+        return f"decided by an earlier run on this machine ({stored.where})"
+
+    def _decide(self, kept: str) -> None:
+        """Settle on ``kept`` as measured (``info`` holds the times and why), and keep the
+        decision for the next run of this plan."""
+        if self.decisions is not None and self.coordinator is None and \
+                self.info.xla_us is not None:
+            self.decisions.save(Decision(
+                "stitched" if kept == "stitched" else "reference", self.info.xla_us,
+                self.info.stitched_us, self.info.why))
+        self._settle(kept, self.info.why)
 
     def _all_agree(self, what: str, ok: bool) -> bool:
         return ok if self.coordinator is None else self.coordinator.all_agree(what, ok)
@@ -249,6 +289,9 @@ class Executor:
         if self.keep == "stitched":
             self._settle("stitched", "keep='stitched'")
             return
+        if self._stored is not None:
+            self._settle("stitched", self._recorded(self._stored))
+            return
         xla_s, stitched_s = best_times(self.xla, candidate, lambda: self._fresh(inputs),
                                        every_round=self.coordinator is not None)
         where = "off the call path" if self.background else "in the call"
@@ -262,7 +305,7 @@ class Executor:
             # inference), and a real call is what the choice is for.
             self.info.state = "timing"
         else:
-            self._settle(decision, self.info.why)
+            self._decide(decision)
 
     def _verified(self, candidate, inputs, expected, got) -> bool:
         """The trial's check: the candidate's outputs against the reference's on the trial
@@ -395,14 +438,15 @@ class Executor:
         timed_calls = self.run_calls - 1 if self.run_calls > 1 else 1
         self._samples[label].append((time.perf_counter() - self._run_started) / timed_calls)
         self._run_done = 0
-        if all(len(s) >= CONFIRM_ROUNDS for s in self._samples.values()):
+        if all(len(s) >= CONFIRM_ROUNDS for s in self._samples.values()) or \
+                clearly_apart(self._samples["xla"], self._samples["stitched"]):
             each = (f"in runs of {self.run_calls} calls of one executable" if self.run_calls > 1
                     else "each running one executable")
             kept = record_choice(self.info, min(self._samples["xla"]),
                                  min(self._samples["stitched"]), self.reference,
                                  f"measured on calls {self._first_timed_call}-"
                                  f"{self.info.calls}, {each}")
-            self._settle(self._first_says("confirmed", kept), self.info.why)
+            self._decide(self._first_says("confirmed", kept))
         return out
 
     def _fresh(self, inputs):
@@ -431,6 +475,15 @@ def record_choice(info, reference_s: float, stitched_s: float, reference_label: 
     info.xla_us, info.stitched_us = round(reference_s * 1e6, 1), round(stitched_s * 1e6, 1)
     info.why = f"{where}: stitched {info.stitched_us} us vs XLA {info.xla_us} us"
     return "stitched" if stitched_wins(stitched_s, reference_s) else reference_label
+
+
+def clearly_apart(reference: list[float], stitched: list[float]) -> bool:
+    """After CLEAR_ROUNDS samples of each, every sample of one executable is faster than
+    every sample of the other (the stitched one's by SWAP_MARGIN): more would not change
+    the choice."""
+    if min(len(reference), len(stitched)) < CLEAR_ROUNDS:
+        return False
+    return max(stitched) < (1 - SWAP_MARGIN) * min(reference) or min(stitched) > max(reference)
 
 
 def stitched_wins(stitched_s: float, reference_s: float) -> bool:

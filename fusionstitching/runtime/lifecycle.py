@@ -24,7 +24,8 @@ from .. import pipeline
 from ..report import Fallback, PlanSummary, Report
 from . import files
 from .build import build_stitched
-from .cache import share_with_group
+from .cache import KernelCache, share_with_group
+from .decisions import DecisionStore
 from .executor import Executor, RuntimeInfo, lower_thread_priority
 
 _dump_counter = itertools.count()
@@ -104,6 +105,9 @@ class Lifecycle:
             executor.build_failed(exc)
             self.info.build_s = round(time.perf_counter() - started, 3)
         else:
+            if self.cache_dir is not None and built.plan_key:
+                executor.decisions = DecisionStore(
+                    KernelCache(self.cache_dir, remote=self.remote_cache), built.plan_key)
             executor.built_ok(built, time.perf_counter() - started)
 
     def wait_built(self, timeout_s: float | None = None) -> bool:

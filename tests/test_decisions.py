@@ -1,0 +1,81 @@
+"""keep="fastest" decisions: the confirmation stops once the two executables are clearly
+apart, and a decision is kept in the plan cache so the next run of the plan starts with it."""
+from __future__ import annotations
+
+import os
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np  # noqa: E402
+
+from fusionstitching.runtime import executor  # noqa: E402
+from fusionstitching.runtime.decisions import Decision  # noqa: E402
+from fusionstitching.stitched_jit import jit  # noqa: E402
+from helpers import args, expected, layernorm  # noqa: E402
+
+
+def test_clearly_apart_needs_every_sample_beaten_and_enough_of_them():
+    assert not executor.clearly_apart([2.0, 2.1], [1.0, 1.1])  # too few
+    assert executor.clearly_apart([2.0, 2.1, 2.2], [1.0, 1.1, 1.2])
+    assert executor.clearly_apart([1.0, 1.1, 1.2], [2.0, 2.1, 2.2])
+    assert not executor.clearly_apart([2.0, 1.0, 2.2], [1.5, 1.6, 1.7])  # overlapping
+    assert not executor.clearly_apart([1.0, 1.01, 1.02], [0.99, 0.995, 0.999])  # within margin
+
+
+def test_a_clear_difference_ends_the_confirmation_early(monkeypatch):
+    monkeypatch.setattr(executor, "best_times", lambda *a, **k: (2e-3, 1e-3))
+    fn = jit(layernorm, cache_dir=None)
+    compiled = fn.lower(*args()).compile()
+    run = compiled.executor._execute
+
+    def xla_slower(executable, call_args, call_kwargs):
+        if executable is compiled.executor.xla:
+            time.sleep(0.02)
+        return run(executable, call_args, call_kwargs)
+
+    monkeypatch.setattr(compiled.executor, "_execute", xla_slower)
+    compiled.executor.run_calls = 1
+    for _ in range(1 + 2 * executor.CLEAR_ROUNDS):  # the trial's call, then 3 runs each
+        np.testing.assert_allclose(np.asarray(compiled(*args())), expected(*args()),
+                                   rtol=1e-5, atol=1e-5)
+    info = compiled.executor.info
+    assert info.state == "settled" and info.kept == "stitched", info
+    assert f"calls 2-{1 + 2 * executor.CLEAR_ROUNDS}" in info.why
+
+
+def decided(compiled, calls: int = 2):
+    outputs = [np.asarray(compiled(*args())) for _ in range(calls)]
+    return compiled.executor.info, outputs
+
+
+def test_a_decision_for_xla_is_kept_and_the_next_run_starts_with_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(executor, "best_times", lambda *a, **k: (1e-3, 5e-3))  # clearly slower
+    first = jit(layernorm, cache_dir=str(tmp_path)).lower(*args()).compile()
+    info, _ = decided(first)
+    assert info.state == "settled" and info.kept == "xla" and "measured" in info.why
+
+    monkeypatch.setattr(executor, "best_times", lambda *a, **k: 1 / 0)  # never timed again
+    second = jit(layernorm, cache_dir=str(tmp_path)).lower(*args()).compile()
+    assert second.executor.info.state == "settled"  # decided before its first call
+    info, outputs = decided(second)
+    assert info.kept == "xla" and info.trial_call is None, info
+    assert info.why.startswith("decided by an earlier run on this machine (measured")
+    assert (info.xla_us, info.stitched_us) == (1000.0, 5000.0)
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
+def test_a_decision_for_stitched_is_checked_then_kept_from_the_first_calls(tmp_path,
+                                                                           monkeypatch):
+    first = jit(layernorm, cache_dir=str(tmp_path)).lower(*args()).compile()
+    first.executor.decisions.save(Decision("stitched", 20.0, 10.0, "measured on calls 2-97"))
+    monkeypatch.setattr(executor, "best_times", lambda *a, **k: 1 / 0)
+    runs = []
+    for _ in range(2):  # two runs of the job: the same executable for the same calls
+        compiled = jit(layernorm, cache_dir=str(tmp_path), verify=True).lower(*args()).compile()
+        info, outputs = decided(compiled, 3)
+        assert info.kept == "stitched" and info.trial_call == 1 and info.swapped_at_call == 2
+        assert compiled.report().verify.ran and compiled.report().verify.ok
+        runs.append(outputs)
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
