@@ -29,7 +29,7 @@ from .runtime.build import reason
 from .runtime.cache import default_dir
 from .runtime.executor import Executor
 from .runtime import coordination
-from .runtime.lifecycle import Lifecycle, share_cache
+from .runtime.lifecycle import Lifecycle, measures, share_cache
 
 _DEFAULT = object()
 
@@ -274,7 +274,9 @@ class Lowered:
 
     def compile(self) -> "Compiled":
         compiled = Compiled(self.jax_lowered.compile(), self.name, self.options, self.runtime)
-        compiled.lifecycle.start(compiled._build, self.jax_lowered)
+        lifecycle = compiled.lifecycle
+        lifecycle.start(compiled._build, self.jax_lowered, decided_before=lambda: (
+            lifecycle.decided_before(compiled.xla_compiled, measures(compiled.executor))))
         return compiled
 
 

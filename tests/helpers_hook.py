@@ -35,7 +35,7 @@ def plain_and_stitched(tmp_path, source: str, keys=("losses", "loss", "params")
     plain = start(tmp_path, str(script), {})
     hooked = start(tmp_path, str(script), {
         "FUSIONSTITCHING": "1",
-        "FUSIONSTITCHING_FLAGS": f"--keep=stitched --verify --report={report_path} "
+        "FUSIONSTITCHING_FLAGS": f"--async=false --keep=stitched --verify --report={report_path} "
                                  f"--cache_dir={tmp_path / 'cache'}"})
     plain_out, plain_err = plain.communicate(timeout=900)
     out, err = hooked.communicate(timeout=900)

@@ -62,6 +62,11 @@ def test_parse_flags():
                                     "remote_cache": "redis://h:6379/2"}
 
 
+def test_builds_run_off_the_call_path_unless_asked_otherwise():
+    assert flags.parse("")[0].async_compile is True
+    assert flags.parse("--async=false")[0].async_compile is False
+
+
 def test_bad_flags_are_named_and_ignored():
     parsed, problems = flags.parse("--verify --asynch --target=tpu --report -x --keep=slow "
                                    "--explorer=dp")
@@ -105,7 +110,8 @@ def test_unchanged_script_is_stitched_and_reported(tmp_path):
     report_path = tmp_path / "reports.json"
     run = run_script(tmp_path, {
         "FUSIONSTITCHING": "1",
-        "FUSIONSTITCHING_FLAGS": f"--verify --keep=stitched --cache_dir={tmp_path / 'cache'} "
+        "FUSIONSTITCHING_FLAGS": f"--async=false --verify --keep=stitched "
+                                 f"--cache_dir={tmp_path / 'cache'} "
                                  f"--dump_to={tmp_path / 'dump'} --report={report_path} "
                                  "--explorer=greedy --frobnicate"})
     assert run.returncode == 0, run.stderr[-3000:]
@@ -132,18 +138,22 @@ def test_unchanged_script_is_stitched_and_reported(tmp_path):
     assert json.loads((tmp_path / "dump" / dumped_report[0]).read_text())["fs"] == report["fs"]
 
 
-@pytest.mark.parametrize("body, why", [
-    ("x = jax.numpy.ones(4) + 1", "no function of this process was compiled with XLA"),
+@pytest.mark.parametrize("body, flag, why", [
+    ("x = jax.numpy.ones(4) + 1", "", "no function of this process was compiled with XLA"),
     ("f = jax.jit(lambda x: x + 1)\nf(jax.numpy.ones(4)); f(jax.numpy.ones(4))",
-     "1 compiled functions ran their own kernels (1x settled: ")])
-def test_a_job_that_stitched_nothing_says_so_once_at_exit(tmp_path, body, why):
+     "--async=false", "1 compiled functions ran their own kernels (1x settled: "),
+    ("import time\nfrom fusionstitching.runtime import lifecycle\n"  # a build still running
+     "lifecycle.build_stitched = lambda *a, **k: time.sleep(9)\n"
+     "f = jax.jit(lambda x: x + 1)\nf(jax.numpy.ones(4))",
+     "", "(1x still building when the job ended")])
+def test_a_job_that_stitched_nothing_says_so_once_at_exit(tmp_path, body, flag, why):
     script = tmp_path / "job.py"
     script.write_text(f"import jax\n{body}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FUSIONSTITCHING")}
     run = subprocess.run([sys.executable, *WITH_PTH, str(script)], capture_output=True,
                          text=True, timeout=300, env=dict(
                              env, PYTHONPATH=REPO, JAX_PLATFORMS="cpu", FUSIONSTITCHING="1",
-                             FUSIONSTITCHING_FLAGS=f"--cache_dir={tmp_path / 'cache'}"))
+                             FUSIONSTITCHING_FLAGS=f"{flag} --cache_dir={tmp_path / 'cache'}"))
     assert run.returncode == 0, run.stderr[-3000:]
     (notice,) = [line for line in run.stderr.splitlines() if "nothing was stitched" in line]
     assert notice.startswith("fusionstitching: ") and why in notice, notice
@@ -185,7 +195,8 @@ def hooked(monkeypatch, tmp_path_factory):
     original = jax.jit
     monkeypatch.setattr(jax, "jit", original)  # undone after the test
     cache_dir = str(tmp_path_factory.getbasetemp() / "hook-api-cache")  # shared by the tests
-    jax_hook.install(flags.Flags(keep="stitched", verify=True, cache_dir=cache_dir))
+    jax_hook.install(flags.Flags(async_compile=False, keep="stitched", verify=True,
+                                 cache_dir=cache_dir))
     assert jax.jit is not original
     return original
 

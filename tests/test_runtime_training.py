@@ -78,7 +78,8 @@ def test_a_donating_step_writes_its_updates_over_the_parameters(cache_dir):
 
 @pytest.mark.slow
 def test_fusionstitching_env_var_same_losses(cache_dir, reference):
-    result = loop.run_with_hook(SIZES, STEPS, f"--keep=stitched --cache_dir={cache_dir}")
+    result = loop.run_with_hook(SIZES, STEPS,
+                                f"--async=false --keep=stitched --cache_dir={cache_dir}")
     np.testing.assert_allclose(result["losses"], reference, rtol=RTOL)
     (report,) = result["reports"]
     assert report["runtime"]["kept"] == "stitched" and not report["fallbacks"]

@@ -60,7 +60,9 @@ def run(script: str, tmp_path, *args: str, flags: str | None = None, out: str = 
     if keras_jit_only:
         env.update(KERAS_JIT_ONLY="1")
     if flags is not None:
-        env.update(FUSIONSTITCHING="1", FUSIONSTITCHING_FLAGS=f"{flags} --report={report} "
+        # the builds in the call path, so that each swap comes at a known call
+        env.update(FUSIONSTITCHING="1", FUSIONSTITCHING_FLAGS=f"--async=false {flags} "
+                                                              f"--report={report} "
                                                               f"--cache_dir={tmp_path / 'cache'}")
     process = subprocess.Popen([sys.executable, os.path.join(SCRIPTS, script), *args],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -10,6 +10,7 @@ start-up and a script that sets ``JAX_PLATFORMS`` etc. before importing jax stil
 """
 from __future__ import annotations
 
+import atexit
 import os
 
 from . import quiet_start
@@ -37,6 +38,7 @@ def enable_from_environment() -> bool:
         return True
     _enabled = True
     parsed = flags.from_environment()
+    atexit.register(flags.say_if_nothing_was_stitched)
     from . import jax_hook, keras_jit, tf_hook
 
     jax_hook.install_when_imported(parsed)

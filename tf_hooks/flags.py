@@ -32,7 +32,7 @@ _TRUE = ("1", "true", "yes", "on")
 
 @dataclass
 class Flags:
-    async_compile: bool = False
+    async_compile: bool = True  # builds off the call path; --async=false: in the first call
     verify: bool = True  # --verify=false: the trial call is not checked
     target: str = "h100"
     explorer: str = "beam"
@@ -139,7 +139,6 @@ def from_environment(environ=None) -> Flags:
                     "(known: %s)", "; ".join(problems), ", ".join("--" + f for f in _FLAGS))
     if flags.report:
         atexit.register(write_reports, flags.report)
-    atexit.register(say_if_nothing_was_stitched)
     return flags
 
 
@@ -174,10 +173,18 @@ def say_if_nothing_was_stitched() -> None:
         return
     if not runtimes or any(r.get("kept") == "stitched" for r in runtimes):
         return
-    whys = collections.Counter(_short(f"{r.get('state', '?')}: {r.get('why') or 'no reason'}")
-                               for r in runtimes)
+    whys = collections.Counter(_state_in_words(r) for r in runtimes)
     log.warning("nothing was stitched: %d compiled functions ran their own kernels (%s)",
                 len(runtimes), "; ".join(f"{n}x {why}" for why, n in whys.most_common(3)))
+
+
+def _state_in_words(runtime: dict) -> str:
+    state = runtime.get("state")
+    if state == "building":
+        return "still building when the job ended (builds run off the call path: --async)"
+    if state in ("pending", "trial", "timing"):
+        return "still deciding when the job ended"
+    return _short(f"{state}: {runtime.get('why') or 'no reason given'}")
 
 
 def _short(text: str, limit: int = 120) -> str:

@@ -207,6 +207,14 @@ def _open_cache(cache_dir: str | None, remote_cache: str | None):
     return stats, kernel_cache.KernelCache(cache_dir, remote=remote_cache)
 
 
+def plan_key_of(xla_compiled, options: pipeline.Options, measure: bool) -> str:
+    """The key ``build_stitched`` gives the plan of ``xla_compiled`` (without building)."""
+    device = gpu_device_of(xla_compiled)
+    if device is not None:
+        options = dataclasses.replace(options, target=gpu.target_for(device))
+    return _plan_key(optimized_hlo_text(xla_compiled), options, measure)
+
+
 def _plan_key(optimized: str, options: pipeline.Options, measure: bool) -> str:
     return kernel_cache.fingerprint("plan", without_source_locations(optimized),
                                     options.target, options.explorer,

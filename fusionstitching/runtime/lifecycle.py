@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from .. import pipeline
 from ..report import Fallback, PlanSummary, Report
 from . import files
-from .build import build_stitched
+from .build import build_stitched, plan_key_of
 from .cache import KernelCache, share_with_group
 from .decisions import DecisionStore
 from .executor import Executor, RuntimeInfo, lower_thread_priority
@@ -78,9 +78,12 @@ class Lifecycle:
         self.dump_name = f"{_file_name(name)}.{next(_dump_counter)}" if dump_to else None
 
     # -- build ------------------------------------------------------------------------
-    def start(self, build: Callable, *args) -> None:
-        """``build(*args)`` now, or on a background thread with ``async_compile``."""
-        if self.async_compile:
+    def start(self, build: Callable, *args, decided_before: Callable | None = None) -> None:
+        """``build(*args)`` now, or on a background thread with ``async_compile``. A build
+        whose decision an earlier run kept (``decided_before()``) runs now in any case:
+        loading its plan is quick, and its executable then answers the same calls in every
+        run of the job (the same losses, run after run)."""
+        if self.async_compile and not (decided_before is not None and decided_before()):
             self.builder = threading.Thread(target=_in_background, args=(build, *args),
                                             daemon=True, name=f"fusionstitching-{self.name}")
             self.builder.start()
@@ -96,10 +99,7 @@ class Lifecycle:
             options.emit_dir = dump_prefix + ".kernels"
         try:
             built = build_stitched(jax_lowered, reference, options, self.cache_dir,
-                                   # timing single kernels would give each process of a
-                                   # job a plan of its own
-                                   dump_prefix, measure=executor.keep == "fastest" and
-                                   executor.coordinator is None,
+                                   dump_prefix, measure=measures(executor),
                                    remote_cache=self.remote_cache)
         except Exception as exc:  # never fail the user's job: the reference runs
             executor.build_failed(exc)
@@ -109,6 +109,18 @@ class Lifecycle:
                 executor.decisions = DecisionStore(
                     KernelCache(self.cache_dir, remote=self.remote_cache), built.plan_key)
             executor.built_ok(built, time.perf_counter() - started)
+
+    def decided_before(self, reference, measure: bool) -> bool:
+        """Whether an earlier run kept a decision for the plan of ``reference`` (measured
+        with ``measure`` as ``build`` passes it); any problem reads as no."""
+        if self.cache_dir is None:
+            return False
+        try:
+            key = plan_key_of(reference, self.options, measure)
+            cache = KernelCache(self.cache_dir, remote=self.remote_cache)
+            return DecisionStore(cache, key).load() is not None
+        except Exception:  # the build finds out for itself
+            return False
 
     def wait_built(self, timeout_s: float | None = None) -> bool:
         """Wait for a background build and a background trial that has started (never needed
@@ -196,6 +208,12 @@ class Lifecycle:
         files.warn_once(("dump_to", self.dump_to),
                         "cannot write dumps to %s (%s: %s); the job goes on "
                         "without them", self.dump_to, type(exc).__name__, exc)
+
+
+def measures(executor: Executor) -> bool:
+    """Whether the build times single kernels against XLA (part of the plan's key): timing
+    them would give each process of a job a plan of its own."""
+    return executor.keep == "fastest" and executor.coordinator is None
 
 
 def _in_background(build: Callable, *args) -> None:
