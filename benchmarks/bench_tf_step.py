@@ -90,7 +90,7 @@ def main() -> None:
         function, args = scope[name], [scope[a] for a in arg_names]
         tf_times = step_times(function, args, 2 + opts.calls)[2:]
         for keep in ("stitched", "fastest"):
-            flags = flag_parsing.Flags(keep=keep, cache_dir=opts.cache_dir)
+            flags = flag_parsing.Flags(keep=keep, cache_dir=opts.cache_dir, async_compile=False)
             tf_hook.install(flags)
             try:
                 t0 = time.perf_counter()
