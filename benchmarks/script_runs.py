@@ -1,0 +1,174 @@
+"""Ordinary training scripts, unchanged, plainly and with FUSIONSTITCHING=1 (default flags).
+
+Per script (each Keras one on both backends): a plain run; a plain run at XLA's optimization
+level 0 (XLA's own spread of the final loss: XLA_FLAGS=--xla_backend_optimization_level=0;
+JAX backends only, plain TF runs no XLA); then three runs with the env var sharing one fresh
+cache directory: the first builds and decides, the next two start from the cache (the same
+final loss bits in both: a reproducible job). Wall time, final loss and each run's Reports
+(which functions ran stitched, from which call, and why) go to the JSON with a manifest.
+
+    python benchmarks/script_runs.py --out benchmarks/results/scripts_DATE/scripts.json
+    python benchmarks/script_runs.py --table benchmarks/results/scripts_DATE/scripts.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.manifest import run_manifest  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+# (name, path, Keras backends: None for a script that is not a Keras one)
+SCRIPTS = (
+    ("keras_tabular", os.path.join(HERE, "tf_scripts", "keras_tabular.py"),
+     ("jax", "tensorflow")),
+    ("keras_convnet", os.path.join(HERE, "scripts", "keras_convnet.py"), ("jax", "tensorflow")),
+    ("keras_timeseries", os.path.join(HERE, "scripts", "keras_timeseries.py"),
+     ("jax", "tensorflow")),
+    ("keras_text_transformer", os.path.join(HERE, "scripts", "keras_text_transformer.py"),
+     ("jax", "tensorflow")),
+    ("flax_nnx_mnist", os.path.join(HERE, "scripts", "flax_nnx_mnist.py"), None),
+    ("flax_linen_mlp", os.path.join(HERE, "scripts", "flax_linen_mlp.py"), None),
+)
+HOOKED_RUNS = 3
+TIMEOUT_S = 1800
+
+
+def run_once(path: str, env: dict) -> dict:
+    """One run of a script in a child process: wall time, its last JSON line, stderr lines
+    of ours."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, path], capture_output=True, text=True, env=env,
+                          cwd=os.path.dirname(path), timeout=TIMEOUT_S)
+    wall = time.perf_counter() - started
+    result = {"wall_s": round(wall, 2), "returncode": done.returncode}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode == 0 and lines:
+        result["output"] = json.loads(lines[-1])
+    else:
+        result["stderr_tail"] = done.stderr[-2000:]
+    result["notes"] = [line for line in done.stderr.splitlines()
+                       if "fusionstitching" in line][:20]
+    return result
+
+
+def base_env(backend: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("FUSIONSTITCHING") and k != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join([REPO, os.path.join(HERE, "tf_scripts")]))
+    if backend:
+        env["KERAS_BACKEND"] = backend
+    return env
+
+
+def runtime_summary(report_path: str) -> list[dict]:
+    try:
+        with open(report_path) as f:
+            reports = json.load(f)
+    except (OSError, ValueError):
+        return []
+    return [{"module": r.get("module"), "fallbacks": len(r.get("fallbacks", [])),
+             **{k: (r.get("runtime") or {}).get(k) for k in
+                ("state", "kept", "why", "calls", "swapped_at_call", "build_s", "xla_us",
+                 "stitched_us")}} for r in reports]
+
+
+def measure(name: str, path: str, backend: str | None) -> dict:
+    env = base_env(backend)
+    row = {"script": name, "backend": backend or "jax"}
+    row["plain"] = run_once(path, env)
+    if backend != "tensorflow":
+        row["plain_o0"] = run_once(path, dict(env, XLA_FLAGS="--xla_backend_optimization_level=0"))
+    with tempfile.TemporaryDirectory() as scratch:
+        row["hooked"] = []
+        for i in range(HOOKED_RUNS):
+            report = os.path.join(scratch, f"report{i}.json")
+            flags = f"--cache_dir={os.path.join(scratch, 'cache')} --report={report}"
+            run = run_once(path, dict(env, FUSIONSTITCHING="1", FUSIONSTITCHING_FLAGS=flags))
+            run["functions"] = runtime_summary(report)
+            row["hooked"].append(run)
+    return row
+
+
+def verdicts(row: dict) -> dict:
+    """The issue's bars for one script: wall time including builds within 1.1x plain, final
+    loss within twice XLA's own spread (or 1e-3), the later runs identical."""
+    def loss(run):
+        return (run.get("output") or {}).get("loss")
+
+    plain, hooked = row["plain"], row["hooked"]
+    spread = abs(loss(row["plain_o0"]) - loss(plain)) if row.get("plain_o0") and \
+        loss(row["plain_o0"]) is not None and loss(plain) is not None else None
+    allowed = max(2 * spread, 1e-3) if spread is not None else 1e-3
+    out = {"xla_spread": spread, "allowed": allowed}
+    for i, run in enumerate(hooked):
+        out[f"wall_ratio_{i + 1}"] = round(run["wall_s"] / plain["wall_s"], 3)
+        out[f"loss_off_{i + 1}"] = None if loss(run) is None or loss(plain) is None else \
+            abs(loss(run) - loss(plain))
+        out[f"stitched_{i + 1}"] = sum(f["kept"] == "stitched" for f in run["functions"])
+    out["functions"] = len(hooked[-1]["functions"])
+    out["reproducible"] = len(hooked) > 2 and loss(hooked[1]) is not None and \
+        loss(hooked[1]) == loss(hooked[2])
+    return out
+
+
+def table(path: str) -> str:
+    with open(path) as f:
+        data = json.load(f)
+    lines = ["| script | backend | plain s | env var s (1st, 2nd, 3rd) | wall x plain | loss: plain, env var (1st, 2nd) | XLA spread | stitched / functions (1st, 2nd) | 2nd = 3rd |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in data["rows"]:
+        v = verdicts(row)
+        hooked = row["hooked"]
+        loss = lambda run: (run.get("output") or {}).get("loss")  # noqa: E731
+        fmt = lambda x: "-" if x is None else f"{x:.6g}"  # noqa: E731
+        lines.append(
+            f"| {row['script']} | {row['backend']} | {row['plain']['wall_s']:.1f} | "
+            + ", ".join(f"{r['wall_s']:.1f}" for r in hooked) + " | "
+            + ", ".join(f"{v[f'wall_ratio_{i + 1}']:.2f}" for i in range(len(hooked))) + " | "
+            + f"{fmt(loss(row['plain']))}, {fmt(loss(hooked[0]))}, {fmt(loss(hooked[1]))} | "
+            + f"{fmt(v['xla_spread'])} | {v['stitched_1']}, {v['stitched_2']} / "
+            + f"{v['functions']} | {'yes' if v['reproducible'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out")
+    parser.add_argument("--only", nargs="+", help="script names")
+    parser.add_argument("--backends", default="jax,tensorflow",
+                        help="Keras backends to run the Keras scripts on")
+    parser.add_argument("--table", metavar="JSON")
+    options = parser.parse_args(argv)
+    if options.table:
+        print(table(options.table))
+        return
+    if not options.out:
+        parser.error("--out or --table")
+    backends = options.backends.split(",")
+    data = {"manifest": run_manifest(vars(options)), "rows": []}
+    os.makedirs(os.path.dirname(os.path.abspath(options.out)), exist_ok=True)
+    for name, path, keras_backends in SCRIPTS:
+        if options.only and name not in options.only:
+            continue
+        for backend in (keras_backends and [b for b in keras_backends if b in backends]) \
+                or [None]:
+            row = measure(name, path, backend)
+            data["rows"].append(row)
+            print(json.dumps({"script": name, "backend": backend, **verdicts(row)}),
+                  flush=True)
+            with open(options.out, "w") as f:
+                json.dump(data, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
