@@ -21,6 +21,7 @@ import pytest
 from fusionstitching.hlo.evaluator import evaluate
 from fusionstitching.hlo.parser import parse_module, parse_shape
 from fusionstitching.hlo.ir import print_module
+from fusionstitching.hlo.xla_runner import run_hlo_with_xla
 from fusionstitching.runtime import ffi, rewrite, xla
 from helpers import FUSED_SLICE, elementwise_kernel
 
@@ -521,6 +522,23 @@ ENTRY %main (a: f32[4,6]) -> f32[4,6] {
 """
     with pytest.raises(rewrite.RewriteError, match="non-default layout"):
         rewrite.normalize_for_xla(parse_module(text))
+
+
+def test_the_oracle_route_takes_entry_layouts_as_logical_arrays():
+    """Where the arguments are logical arrays (XLA:CPU as the oracle, a kernel's pattern
+    timed alone), an entry's own layouts say nothing about them: a bitcast of a {0,1}
+    parameter is the transpose it means (the measurement refused such a pattern)."""
+    text = """HloModule entry_layout
+ENTRY %main (a: f32[4,6]) -> f32[6,4] {
+  %a = f32[4,6]{0,1} parameter(0)
+  %t = f32[6,4]{1,0} bitcast(%a)
+  ROOT %n = f32[6,4]{1,0} negate(%t)
+}
+"""
+    normalized = rewrite.normalize_for_xla(parse_module(text), caller_layouts=False)
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+    (got,) = run_hlo_with_xla(print_module(normalized), [x])
+    np.testing.assert_array_equal(np.asarray(got), -x.T)
 
 
 ASYNC_FUSION_LOOP = FUSED_SLICE + """

@@ -19,12 +19,17 @@ class RewriteError(ValueError):
     """The module cannot be rewritten into HLO that XLA accepts; the caller falls back."""
 
 
-def normalize_for_xla(module: Module, pinned_prefix: str | None = None) -> Module:
+def normalize_for_xla(module: Module, pinned_prefix: str | None = None,
+                      caller_layouts: bool = True) -> Module:
     """``module`` in pre-optimization style: fusions inlined, layouts dropped, bitcasts and
     copies written as logical ops, backend_config and the scheduling header gone. Custom calls
     to targets starting with ``pinned_prefix`` keep the layouts their kernels were generated
-    for. Raises RewriteError where XLA could not take the result."""
-    _require_default_entry_layouts(module.entry)
+    for. ``caller_layouts``: the caller's buffers are laid out as the entry says (the
+    runtime's rewrite), so those layouts must be XLA's defaults; False where the arguments
+    are logical arrays that XLA lays out itself (the oracle, the measurement of a kernel).
+    Raises RewriteError where XLA could not take the result."""
+    if caller_layouts:
+        _require_default_entry_layouts(module.entry)
     fused = {name for comp in module.computations for inst in comp.instructions
              if inst.opcode in FUSIONS for name in inst.called_computations}
     computations = []

@@ -64,8 +64,10 @@ def prepared_for_xla_cpu(text: str, args: list) -> tuple:
     except jax.errors.JaxRuntimeError:
         # Called computations keep their bitcasts' layouts, which the StableHLO route drops
         # ("layout minor_to_major field contains ..."): then take the route the runtime uses,
-        # fusions inlined and bitcasts written as the reshapes/transposes they mean.
-        executable = compile_text(print_module(normalize_for_xla(parse_module(text))))
+        # fusions inlined and bitcasts written as the reshapes/transposes they mean. The
+        # arguments are logical arrays laid out by XLA, whatever layouts the entry names.
+        executable = compile_text(print_module(normalize_for_xla(parse_module(text),
+                                                                 caller_layouts=False)))
     # XLA must receive exactly the module's parameter types: without x64, device_put
     # narrows s64/u64/f64 arrays to 32 bits.
     with jax.enable_x64(True):
