@@ -35,6 +35,7 @@ SCRIPTS = (
      ("jax", "tensorflow")),
     ("keras_text_transformer", os.path.join(HERE, "scripts", "keras_text_transformer.py"),
      ("jax", "tensorflow")),
+    ("keras_lstm", os.path.join(HERE, "scripts", "keras_lstm.py"), ("jax", "tensorflow")),
     ("flax_nnx_mnist", os.path.join(HERE, "scripts", "flax_nnx_mnist.py"), None),
     ("flax_linen_mlp", os.path.join(HERE, "scripts", "flax_linen_mlp.py"), None),
 )
