@@ -79,3 +79,22 @@ def test_a_decision_for_stitched_is_checked_then_kept_from_the_first_calls(tmp_p
         runs.append(outputs)
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_confirmation_open_at_exit_goes_on_in_the_next_run(monkeypatch, tmp_path):
+    monkeypatch.setattr(executor, "best_times", lambda *a, **k: (2e-3, 1e-3))  # confirm it
+    monkeypatch.setattr(executor, "CLEAR_ROUNDS", executor.CONFIRM_ROUNDS + 1)  # all rounds
+    first = jit(layernorm, cache_dir=str(tmp_path)).lower(*args()).compile()
+    first.executor.run_calls = 1
+    decided(first, 1 + 4)  # the trial's call, then 2 runs of each
+    assert first.executor.info.state == "timing"
+    executor._keep_open_samples()  # what the job's exit does
+
+    monkeypatch.setattr(executor, "best_times", lambda *a, **k: 1 / 0)  # not timed again
+    second = jit(layernorm, cache_dir=str(tmp_path)).lower(*args()).compile()
+    second.executor.run_calls = 1
+    decided(second, 1)  # the trial checks the candidate, then the samples come back
+    assert second.executor.info.state == "timing"
+    assert [len(s) for s in second.executor._samples.values()] == [2, 2]
+    info, _ = decided(second, 2 * (executor.CONFIRM_ROUNDS - 2))
+    assert info.state == "settled" and "after 2 runs of each in earlier runs" in info.why, info

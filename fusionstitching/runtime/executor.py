@@ -11,10 +11,12 @@ States: building -> pending -> trial -> timing -> settled, or fallback. A front 
 """
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -124,7 +126,7 @@ class Executor:
         self._samples: dict[str, list[float]] = {"xla": [], "stitched": []}  # timing calls
         self._first_timed_call = 0
         self._run_label, self._run_done, self._run_started = "stitched", 0, 0.0
-        self._stored: Decision | None = None  # an earlier run's decision to keep stitched
+        self._stored: Decision | None = None  # an earlier run's: keep stitched, or go on timing
 
     # -- the build's outcome (from the compiling thread) ------------------------------------
     def built_ok(self, built: Built, seconds: float) -> None:
@@ -152,10 +154,10 @@ class Executor:
         if stored is not None and stored.kept == "reference":
             self._settle(self.reference, self._recorded(stored))
             return
-        if stored is not None and not self.verify:
+        if stored is not None and stored.kept == "stitched" and not self.verify:
             self._settle("stitched", self._recorded(stored))
             return
-        self._stored = stored  # kept stitched once the trial has checked it
+        self._stored = stored  # applied once the trial has checked the candidate
         self.info.state = "pending"  # last: the next call may start the trial at once
 
     def build_failed(self, error: Exception) -> None:
@@ -184,6 +186,14 @@ class Executor:
                 "stitched" if kept == "stitched" else "reference", self.info.xla_us,
                 self.info.stitched_us, self.info.why))
         self._settle(kept, self.info.why)
+
+    def keep_open_samples(self) -> None:
+        """At exit: a confirmation still open keeps its samples for the next run."""
+        if self.info.state != "timing" or self.decisions is None or \
+                self.coordinator is not None or not any(self._samples.values()):
+            return
+        self.decisions.save(Decision("open", None, None, "", samples={
+            k: list(v) for k, v in self._samples.items()}, run_calls=self.run_calls))
 
     def _all_agree(self, what: str, ok: bool) -> bool:
         return ok if self.coordinator is None else self.coordinator.all_agree(what, ok)
@@ -289,8 +299,16 @@ class Executor:
         if self.keep == "stitched":
             self._settle("stitched", "keep='stitched'")
             return
-        if self._stored is not None:
+        if self._stored is not None and self._stored.kept == "stitched":
             self._settle("stitched", self._recorded(self._stored))
+            return
+        if self._stored is not None and self._stored.run_calls == self.run_calls:
+            # an earlier run's confirmation, left open when that job ended: go on from it
+            self._samples = {k: list(self._stored.samples.get(k, []))
+                             for k in ("xla", "stitched")}
+            self._first_timed_call = self.info.calls + 1
+            self.info.state = "timing"
+            _open_confirmations[id(self)] = self
             return
         xla_s, stitched_s = best_times(self.xla, candidate, lambda: self._fresh(inputs),
                                        every_round=self.coordinator is not None)
@@ -304,6 +322,7 @@ class Executor:
             # kept a stitched step 0.88x of jax.jit's in the loop that followed (zoo ASR
             # inference), and a real call is what the choice is for.
             self.info.state = "timing"
+            _open_confirmations[id(self)] = self
         else:
             self._decide(decision)
 
@@ -414,7 +433,7 @@ class Executor:
         import jax
 
         if self._run_done == 0:
-            if not any(self._samples.values()):
+            if not self._first_timed_call:
                 self._first_timed_call = self.info.calls
             self._run_label = min(("stitched", "xla"), key=lambda k: len(self._samples[k]))
             self._run_started = time.perf_counter()
@@ -442,6 +461,9 @@ class Executor:
                 clearly_apart(self._samples["xla"], self._samples["stitched"]):
             each = (f"in runs of {self.run_calls} calls of one executable" if self.run_calls > 1
                     else "each running one executable")
+            if self._stored is not None and self._stored.kept == "open":
+                each += (f", after {len(self._stored.samples.get('xla', []))} runs of each "
+                         "in earlier runs of the job")
             kept = record_choice(self.info, min(self._samples["xla"]),
                                  min(self._samples["stitched"]), self.reference,
                                  f"measured on calls {self._first_timed_call}-"
@@ -466,6 +488,19 @@ class Executor:
     def runs_stitched(self) -> bool:
         """True when the stitched executable runs now or is on trial."""
         return self.candidate is not None or self.active is not self.xla
+
+
+# id -> Executor confirming (a dataclass compares by value, so it is no set member)
+_open_confirmations: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+@atexit.register
+def _keep_open_samples() -> None:
+    for executor in list(_open_confirmations.values()):
+        try:
+            executor.keep_open_samples()
+        except Exception:  # at exit there is no one to raise to; the next run measures
+            pass
 
 
 def record_choice(info, reference_s: float, stitched_s: float, reference_label: str,

@@ -118,7 +118,8 @@ class Lifecycle:
         try:
             key = plan_key_of(reference, self.options, measure)
             cache = KernelCache(self.cache_dir, remote=self.remote_cache)
-            return DecisionStore(cache, key).load() is not None
+            stored = DecisionStore(cache, key).load()
+            return stored is not None and stored.settled
         except Exception:  # the build finds out for itself
             return False
 
