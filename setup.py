@@ -56,6 +56,8 @@ setup(
                     "nvidia-cuda-nvcc-cu12>=12.4"],
         # replay --ray: modules planned as tasks on a Ray cluster; --remote_cache=redis://...
         "cluster": ["ray>=2.50", "redis>=5"],
+        # benchmarks/script_runs.py: the flax training scripts
+        "bench": ["flax>=0.10", "optax>=0.2"],
         # The tests exercise TF capture, XLA:GPU's deviceless compiler (plans and PTX),
         # replay on a Ray cluster they start and the remote cache on a redis-server they start.
         "test": ["pytest>=8", "tensorflow-cpu>=2.21,<2.22", "jax-cuda12-plugin>=0.10,<0.11",
