@@ -24,6 +24,7 @@ from jax._src.lib import _jax as jaxlib_cpp  # jaxlib's C++ dispatch (jax_dispat
 from jax.api_util import shaped_abstractify
 
 from . import pipeline
+from .hlo.xla_runner import optimized_hlo_text
 from .report import Report
 from .runtime.build import reason
 from .runtime.cache import default_dir
@@ -275,6 +276,8 @@ class Lowered:
     def compile(self) -> "Compiled":
         compiled = Compiled(self.jax_lowered.compile(), self.name, self.options, self.runtime)
         lifecycle = compiled.lifecycle
+        lifecycle.optimized_text = lambda: optimized_hlo_text(compiled.xla_compiled)
+        lifecycle.measure = measures(compiled.executor)
         lifecycle.start(compiled._build, self.jax_lowered, decided_before=lambda: (
             lifecycle.decided_before(compiled.xla_compiled, measures(compiled.executor))))
         return compiled

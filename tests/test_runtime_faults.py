@@ -388,3 +388,15 @@ def test_keep_must_be_known():
 def test_build_error_carries_the_stage():
     error = build.BuildError("xla-compile", "INVALID_ARGUMENT: bad layout")
     assert (error.stage, error.reason) == ("xla-compile", "INVALID_ARGUMENT: bad layout")
+
+
+def test_an_async_build_plans_in_a_process_of_its_own(tmp_path):
+    """Planning is Python: with a cache directory it runs in a child (no GIL taken from the
+    job, and it finishes after a short job ends); the build then loads the child's plan."""
+    compiled = jit(layernorm, cache_dir=str(tmp_path), async_compile=True,
+                   keep="stitched").lower(*args()).compile()
+    assert compiled.wait_built(300)
+    report = compiled.report()
+    assert report.cache["plan"] == "hit" and report.fs.patterns >= 1, report.cache
+    np.testing.assert_allclose(np.asarray(compiled(*args())), expected(*args()), rtol=1e-5,
+                               atol=1e-5)

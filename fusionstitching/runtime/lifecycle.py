@@ -12,7 +12,10 @@ import dataclasses
 import itertools
 import json
 import os
+import shlex
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -26,6 +29,7 @@ from . import files
 from .build import build_stitched, plan_key_of
 from .cache import KernelCache, share_with_group
 from .decisions import DecisionStore
+from ..logs import log
 from .executor import Executor, RuntimeInfo, lower_thread_priority
 
 _dump_counter = itertools.count()
@@ -75,16 +79,22 @@ class Lifecycle:
         self.fallbacks: list[Fallback] = []  # the front end's own (TF: calls it leaves to TF)
         self.executor: Executor | None = None
         self.builder: threading.Thread | None = None  # the background build (async_compile)
+        # the reference's optimized HLO, planned in a child process (``_plan_in_child``);
+        # None: a front end that cannot give it before its build (it plans on the thread)
+        self.optimized_text: Callable[[], str] | None = None
+        self.measure = False  # as ``build`` passes it (part of the plan's key)
         self.dump_name = f"{_file_name(name)}.{next(_dump_counter)}" if dump_to else None
 
     # -- build ------------------------------------------------------------------------
     def start(self, build: Callable, *args, decided_before: Callable | None = None) -> None:
-        """``build(*args)`` now, or on a background thread with ``async_compile``. A build
-        whose decision an earlier run kept (``decided_before()``) runs now in any case:
+        """``build(*args)`` now, or on a background thread with ``async_compile``: there it
+        first waits for a planning process (``_plan_in_child``) and then loads its plan. A
+        build whose decision an earlier run kept (``decided_before()``) runs now in any case:
         loading its plan is quick, and its executable then answers the same calls in every
         run of the job (the same losses, run after run)."""
         if self.async_compile and not (decided_before is not None and decided_before()):
-            self.builder = threading.Thread(target=_in_background, args=(build, *args),
+            child = self._plan_in_child()
+            self.builder = threading.Thread(target=_in_background, args=(child, build, *args),
                                             daemon=True, name=f"fusionstitching-{self.name}")
             self.builder.start()
         else:
@@ -97,9 +107,10 @@ class Lifecycle:
         options = dataclasses.replace(self.options, verify=False)  # the trial checks instead
         if dump_prefix and not options.emit_dir:
             options.emit_dir = dump_prefix + ".kernels"
+        self.measure = measures(executor)
         try:
             built = build_stitched(jax_lowered, reference, options, self.cache_dir,
-                                   dump_prefix, measure=measures(executor),
+                                   dump_prefix, measure=self.measure,
                                    remote_cache=self.remote_cache)
         except Exception as exc:  # never fail the user's job: the reference runs
             executor.build_failed(exc)
@@ -109,6 +120,40 @@ class Lifecycle:
                 executor.decisions = DecisionStore(
                     KernelCache(self.cache_dir, remote=self.remote_cache), built.plan_key)
             executor.built_ok(built, time.perf_counter() - started)
+
+    def _plan_in_child(self) -> subprocess.Popen | None:
+        """``fusionstitching prewarm`` of the reference's module in a process of its own,
+        detached and at a low priority, planning it into the cache; None where it cannot.
+
+        Planning is Python: on a thread it held the GIL the training loop needs (a 12.6 s
+        Keras script ran 23.8 s with its builds on threads), and a job that ended first lost
+        it. The child goes on after the job ends; the next run loads its plan."""
+        if self.cache_dir is None or self.optimized_text is None:
+            return None
+        try:
+            folder = tempfile.mkdtemp(prefix="fusionstitching-plan-")  # private (0700)
+            files.write_atomic(os.path.join(folder, f"{_file_name(self.name)}.xla.hlo.txt"),
+                               self.optimized_text())
+            command = [sys.executable, "-m", "fusionstitching.cli", "prewarm", folder,
+                       "--cache_dir", self.cache_dir, "--target", self.options.target,
+                       "--explorer", self.options.explorer,
+                       "--keep", "fastest" if self.measure else "stitched"]
+            if self.remote_cache:
+                command += ["--remote_cache", self.remote_cache]
+            # one planning process at a time per user, at the lowest priority: several at
+            # once, each with XLA's thread pool, took the job's cores however nice they were
+            lock = os.path.join(tempfile.gettempdir(), f"fusionstitching-planning-{os.getuid()}")
+            run = f"nice -n 19 {shlex.join(command)}"
+            if shutil.which("flock"):
+                run = f"flock {shlex.quote(lock)} {run}"
+            script = f"{run}; status=$?; rm -rf {shlex.quote(folder)}; exit $status"
+            env = {k: v for k, v in os.environ.items() if k != "FUSIONSTITCHING"}
+            return subprocess.Popen(["sh", "-c", script], start_new_session=True, env=env,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+        except (OSError, ValueError) as exc:  # the build plans on its thread instead
+            log.info("%s: no planning process: %s", self.name, exc)
+            return None
 
     def decided_before(self, reference, measure: bool) -> bool:
         """Whether an earlier run kept a decision for the plan of ``reference`` (measured
@@ -217,8 +262,10 @@ def measures(executor: Executor) -> bool:
     return executor.keep == "fastest" and executor.coordinator is None
 
 
-def _in_background(build: Callable, *args) -> None:
+def _in_background(child: subprocess.Popen | None, build: Callable, *args) -> None:
     lower_thread_priority()  # the build takes only the CPU the user's job leaves
+    if child is not None:
+        child.wait()  # its plan is then in the cache (else the build plans here)
     build(*args)
 
 
