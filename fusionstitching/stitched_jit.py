@@ -278,6 +278,7 @@ class Lowered:
         lifecycle = compiled.lifecycle
         lifecycle.optimized_text = lambda: optimized_hlo_text(compiled.xla_compiled)
         lifecycle.measure = measures(compiled.executor)
+        lifecycle.reference = compiled.xla_compiled
         lifecycle.start(compiled._build, self.jax_lowered, decided_before=lambda: (
             lifecycle.decided_before(compiled.xla_compiled, measures(compiled.executor))))
         return compiled

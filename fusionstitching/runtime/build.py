@@ -215,6 +215,13 @@ def plan_key_of(xla_compiled, options: pipeline.Options, measure: bool) -> str:
     return _plan_key(optimized_hlo_text(xla_compiled), options, measure)
 
 
+def plan_cached(xla_compiled, options: pipeline.Options, cache_dir: str | None,
+                remote_cache: str | None, measure: bool) -> bool:
+    """Whether the plan of ``xla_compiled`` (and its kernels) is in the cache already."""
+    stats, cache = _open_cache(cache_dir, remote_cache)
+    return cache.lookup(plan_key_of(xla_compiled, options, measure), stats) is not None
+
+
 def _plan_key(optimized: str, options: pipeline.Options, measure: bool) -> str:
     return kernel_cache.fingerprint("plan", without_source_locations(optimized),
                                     options.target, options.explorer,

@@ -8,6 +8,7 @@ written through; any failure is one warning per directory and the job goes on.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import itertools
 import json
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from .. import pipeline
 from ..report import Fallback, PlanSummary, Report
 from . import files
-from .build import build_stitched, plan_key_of
+from .build import build_stitched, plan_cached, plan_key_of
 from .cache import KernelCache, share_with_group
 from .decisions import DecisionStore
 from ..logs import log
@@ -82,6 +84,7 @@ class Lifecycle:
         # the reference's optimized HLO, planned in a child process (``_plan_in_child``);
         # None: a front end that cannot give it before its build (it plans on the thread)
         self.optimized_text: Callable[[], str] | None = None
+        self.reference = None  # XLA's Compiled of it (whether its plan is cached already)
         self.measure = False  # as ``build`` passes it (part of the plan's key)
         self.dump_name = f"{_file_name(name)}.{next(_dump_counter)}" if dump_to else None
 
@@ -96,6 +99,7 @@ class Lifecycle:
             child = self._plan_in_child()
             self.builder = threading.Thread(target=_in_background, args=(child, build, *args),
                                             daemon=True, name=f"fusionstitching-{self.name}")
+            _background[id(self)] = self
             self.builder.start()
         else:
             build(*args)
@@ -131,6 +135,10 @@ class Lifecycle:
         if self.cache_dir is None or self.optimized_text is None:
             return None
         try:
+            if self.reference is not None and plan_cached(
+                    self.reference, self.options, self.cache_dir, self.remote_cache,
+                    self.measure):
+                return None  # the build loads it at once
             folder = tempfile.mkdtemp(prefix="fusionstitching-plan-")  # private (0700)
             files.write_atomic(os.path.join(folder, f"{_file_name(self.name)}.xla.hlo.txt"),
                                self.optimized_text())
@@ -151,7 +159,7 @@ class Lifecycle:
             return subprocess.Popen(["sh", "-c", script], start_new_session=True, env=env,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)
-        except (OSError, ValueError) as exc:  # the build plans on its thread instead
+        except Exception as exc:  # the build plans on its thread instead
             log.info("%s: no planning process: %s", self.name, exc)
             return None
 
@@ -262,11 +270,41 @@ def measures(executor: Executor) -> bool:
     return executor.keep == "fastest" and executor.coordinator is None
 
 
+# Background threads inside XLA or LLVM (C++) when the interpreter finalizes abort the whole
+# process ("FATAL: exception not rethrown": the thread is unwound through C++ frames), so at
+# exit no new build starts and the running ones, and trials, are waited for (at most
+# EXIT_JOIN_S). A thread still waiting for its planning child holds no C++ frame: it is left.
+EXIT_JOIN_S = 120.0
+_background: "weakref.WeakValueDictionary[int, Lifecycle]" = weakref.WeakValueDictionary()
+_exit_lock = threading.Lock()
+_exiting = False
+
+
 def _in_background(child: subprocess.Popen | None, build: Callable, *args) -> None:
     lower_thread_priority()  # the build takes only the CPU the user's job leaves
     if child is not None:
         child.wait()  # its plan is then in the cache (else the build plans here)
+    with _exit_lock:
+        if _exiting:
+            return  # the job is ending; the next run loads the child's plan
+        threading.current_thread().fusionstitching_building = True
     build(*args)
+
+
+@atexit.register
+def _join_background_work() -> None:
+    global _exiting
+    with _exit_lock:
+        _exiting = True
+    deadline = time.monotonic() + EXIT_JOIN_S
+    for lifecycle in list(_background.values()):
+        builder = lifecycle.builder
+        if builder is not None and getattr(builder, "fusionstitching_building", False):
+            builder.join(max(0.0, deadline - time.monotonic()))
+        executor = lifecycle.executor
+        trial = executor.trial_thread if executor is not None else None
+        if trial is not None:
+            trial.join(max(0.0, deadline - time.monotonic()))
 
 
 def _file_name(name: str) -> str:
