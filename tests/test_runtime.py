@@ -261,16 +261,21 @@ def test_an_output_for_a_donated_parameter_it_does_not_read_gets_that_buffer():
     check_against_evaluator(OPTIMIZED, text, small_args())
 
 
+def rewritten_with_prod_stitched(text: str, name: str):
+    """``text`` (OPTIMIZED with control predecessors) with diff and prod in one kernel."""
+    kernel = stitched(["diff", "prod"], f"fusionstitching_small_{name}", ["a", "b", "sum"],
+                      ["prod"])
+    address = elementwise_kernel(f"rw_{name}", 32, [("fadd", 0, 1)])
+    target = ffi.register_kernel(kernel.spec.name, address, 3, 1)
+    return rewrite.rewrite_module(parse_module(text), [kernel], [target])
+
+
 def test_control_predecessors_a_kernel_replaced_are_dropped():
     """XLA orders copies of donated buffers after their readers; a reader inside a kernel
     is gone from the rewritten module, and so is the order (XLA makes its own again)."""
-    ordered = OPTIMIZED.replace("tuple(%prod, %flat)",
-                                "tuple(%prod, %flat), control-predecessors={%diff, %b}")
-    kernel = stitched(["diff", "prod"], "fusionstitching_small_ordered", ["a", "b", "sum"],
-                      ["prod"])
-    address = elementwise_kernel("rw_ordered", 32, [("fadd", 0, 1)])
-    target = ffi.register_kernel(kernel.spec.name, address, 3, 1)
-    module = rewrite.rewrite_module(parse_module(ordered), [kernel], [target])
+    module = rewritten_with_prod_stitched(OPTIMIZED.replace(
+        "tuple(%prod, %flat)", "tuple(%prod, %flat), control-predecessors={%diff, %b}"),
+        "ordered")
     assert module.entry.root.attrs.get("control-predecessors") == "{%b}"
     xla.compile_hlo(print_module(module))  # no name left undefined
 
@@ -278,15 +283,10 @@ def test_control_predecessors_a_kernel_replaced_are_dropped():
 def test_control_predecessors_naming_a_kernel_output_are_dropped():
     """A kernel's call comes after the instructions it does not feed; an order on its output
     kept there would name it before it is defined (XLA's parser: 'not defined')."""
-    ordered = OPTIMIZED.replace(
+    module = rewritten_with_prod_stitched(OPTIMIZED.replace(
         "%flat = f32[32]{0} bitcast(%sum)",
         "%neg = f32[8,4]{1,0} negate(%sum), control-predecessors={%prod}\n"
-        "  %flat = f32[32]{0} bitcast(%neg)")
-    kernel = stitched(["diff", "prod"], "fusionstitching_small_ordered_out", ["a", "b", "sum"],
-                      ["prod"])
-    address = elementwise_kernel("rw_ordered_out", 32, [("fadd", 0, 1)])
-    target = ffi.register_kernel(kernel.spec.name, address, 3, 1)
-    module = rewrite.rewrite_module(parse_module(ordered), [kernel], [target])
+        "  %flat = f32[32]{0} bitcast(%neg)"), "ordered_out")
     assert "control-predecessors" not in module.entry.by_name()["neg"].attrs
     xla.compile_hlo(print_module(module))
 
