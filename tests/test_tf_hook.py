@@ -150,6 +150,21 @@ def test_custom_training_loop_with_adam_same_losses_and_weights(tmp_path):
     assert_stitched_ran(report, stderr)
 
 
+def test_call_shapes_are_the_concrete_ones_or_none_where_a_dimension_is_open():
+    tf = pytest.importorskip("tensorflow")
+    from tf_hooks.tf_hook import call_shapes
+
+    assert call_shapes([tf.zeros([4, 16]), tf.zeros([], tf.int32)]) == ((4, 16), ())
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32)])
+    def traced(x):
+        assert call_shapes([x]) is None  # inside the trace: the batch is open
+        return x
+
+    traced(tf.zeros([4, 16]))
+
+
+@pytest.mark.slow  # ~40 s: two TF processes, two builds (Keras's partial batch: the test below)
 def test_a_function_with_an_open_batch_dimension_is_stitched_per_shape(tmp_path):
     """``input_signature`` with a batch of None, called with batches of 4, 8 and 4 rows: one
     build per concrete shape (as TF's XLA compiles), each stitched and checked."""
