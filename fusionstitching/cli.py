@@ -165,23 +165,32 @@ def _positive_int(text: str) -> int:
 def prewarm_cache(args: argparse.Namespace) -> int:
     """Plan each XLA:CPU module as the runtime would and keep plan and kernels in the cache:
     the job's first step then loads them instead of planning."""
-    files = collect_runtime_modules(args.paths)
-    options = Options(target=args.target, explorer=args.explorer, ptxas=False)
+    options = Options(target=args.target, explorer=args.explorer, ptxas=False,
+                      workers=args.workers)
     failed = 0
-    for path in files:
-        started = time.perf_counter()
-        try:
-            outcome, stats = prewarm(read_hlo_text(path), options, args.cache_dir,
-                                     args.remote_cache, measure=args.keep == "fastest",
-                                     source=str(path))
-        except (BuildError, HloParseError, OSError) as exc:
-            print(f"{path}: error: {exc}", file=sys.stderr)
-            failed += 1
-            continue
-        failed += outcome == "not stored"
-        print(f"{path}: {outcome} ({stats.misses} kernels built, {stats.hits} loaded, "
-              f"{time.perf_counter() - started:.1f} s)")
+    files = collect_runtime_modules(args.paths)
+    while files:
+        for path in files:
+            failed += not _prewarm_one(path, options, args)
+            if args.drain:
+                path.unlink(missing_ok=True)
+        # --drain: a job's planning process; the job adds modules while it plans
+        files = collect_runtime_modules(args.paths) if args.drain else []
     return 1 if failed else 0
+
+
+def _prewarm_one(path, options: Options, args: argparse.Namespace) -> bool:
+    started = time.perf_counter()
+    try:
+        outcome, stats = prewarm(read_hlo_text(path), options, args.cache_dir,
+                                 args.remote_cache, measure=args.keep == "fastest",
+                                 source=str(path))
+    except (BuildError, HloParseError, OSError) as exc:
+        print(f"{path}: error: {exc}", file=sys.stderr)
+        return False
+    print(f"{path}: {outcome} ({stats.misses} kernels built, {stats.hits} loaded, "
+          f"{time.perf_counter() - started:.1f} s)", flush=True)
+    return outcome != "not stored"
 
 
 def fuzz(args: argparse.Namespace) -> int:
@@ -292,6 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--explorer", default="beam", choices=explorers, help="the job's --explorer")
     pp.add_argument("--keep", default="fastest", choices=("fastest", "stitched"),
                     help="the job's --keep (fastest: kernels timed against XLA:CPU here)")
+    pp.add_argument("--workers", type=_positive_int, default=None,
+                    help="processes answering the explorer's questions (default: one per core "
+                         "for a large module; 1: none, as a job's planning process asks)")
+    pp.add_argument("--drain", action="store_true",
+                    help="remove each module once planned and plan the ones added meanwhile, "
+                         "until none is left (a job's planning process)")
     pp.set_defaults(run=prewarm_cache)
 
     dp = sub.add_parser("demo", help="LayerNorm from JAX: XLA's plan, the stitched plan, "

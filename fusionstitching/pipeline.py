@@ -27,6 +27,7 @@ from .graph.xla_kernel_model import xla_kernel_profile
 from .graph.traffic import memory_intensive_regions, pattern_traffic, plan_bytes
 from .hlo.ir import Module
 from .query_workers import MIN_KERNELS, QueryWorkers, WorkersFailed, worker_count
+from .options import Options
 from .report import Fallback, KernelReport, LeftToXla, PlanSummary, Report, Times
 from .verification import stitched_steps, verify
 
@@ -38,21 +39,6 @@ from .verification import stitched_steps, verify
 # most); a log-depth scan's gradient asks for millions (minutes of planning).
 PLANNING_VALUES_PER_KERNEL = 7_500
 MIN_PLANNING_VALUES = 100_000
-
-
-@dataclass
-class Options:
-    target: str = "h100"
-    explorer: str = "beam"
-    verify: bool = False
-    emit_dir: str | None = None
-    ptxas: bool = True  # assemble each kernel (registers and spills come from ptxas)
-    host: bool = False  # build host kernels (always built when verifying); with ``verify``,
-    # the CPU schedule the runtime runs on a CPU is verified too
-    seed: int = 0
-    # Processes answering the explorer's capability queries: None, one per core for a module
-    # of query_workers.MIN_KERNELS memory-intensive kernels or more; 0 or 1, none.
-    workers: int | None = None
 
 
 @dataclass

@@ -108,6 +108,45 @@ class Report:
         return not self.verify.ran or self.verify.ok
 
 
+@dataclass
+class RuntimeInfo:
+    """Optional ``runtime`` field of the Report: what runs and why."""
+
+    mode: str = "sync"  # "sync" or "async" compilation
+    # building -> pending -> trial -> timing -> settled | fallback; "waiting" before building
+    # (job_clock.py STITCH_AFTER_S; TF's steps that --keras_jit=auto gave XLA run as
+    # plain TF meanwhile)
+    state: str = "building"
+    kept: str = "xla"  # the executable calls run now: "xla" or "stitched"
+    why: str = ""
+    xla_us: float | None = None  # best time of the measurement that decided
+    stitched_us: float | None = None
+    calls: int = 0  # calls answered here; once decided, jax's dispatch runs them uncounted
+    trial_call: int | None = None  # the call whose inputs the trial used
+    swapped_at_call: int | None = None  # 1-based call number from which stitched ran
+    build_s: float | None = None  # wall time of the stitched build
+    stitched_plan: dict | None = None  # kernels of the built stitched executable
+    timing_rounds: int | None = None  # rounds a confirmation takes (runtime/executor.py)
+
+
+@dataclass
+class RuntimeReport(Report):
+    """A Report with what happened at run time (optional fields of the schema): ``runtime``
+    (RuntimeInfo: which executable runs, measured times, swap call) and ``cache`` (kernel
+    cache hits, misses, corrupt entries, LLVM seconds)."""
+
+    runtime: dict | None = None
+    cache: dict | None = None
+
+
+def fallback_report(name: str, target: str, fallbacks: list) -> Report:
+    """The pass did not run to the end: no plan to count, only why."""
+    empty = PlanSummary(kernels=0, mem_kernels=0, bytes=0, modeled_us=0.0)
+    return Report(module=name, target=target, xla=empty,
+                  fs=dataclasses.replace(empty, patterns=0), compulsory_bytes=0,
+                  fallbacks=fallbacks)
+
+
 def write_json(reports: list[Report], path: str) -> None:
     with open(path, "w") as f:
         json.dump([r.to_json() for r in reports], f, indent=1)

@@ -23,10 +23,10 @@ from jax._src.interpreters import pxla
 from jax._src.lib import _jax as jaxlib_cpp  # jaxlib's C++ dispatch (jax_dispatch)
 from jax.api_util import shaped_abstractify
 
-from . import pipeline
 from .hlo.xla_runner import optimized_hlo_text
+from .options import Options
 from .report import Report
-from .runtime.build import reason
+from .runtime.built import reason
 from .runtime.cache import default_dir
 from .runtime.executor import Executor
 from .runtime import coordination
@@ -52,7 +52,7 @@ def jit(fn=None, *, static_argnums=None, static_argnames=None, donate_argnums=No
         **opts):
     """Like ``jax.jit(fn, static_argnums=..., static_argnames=...)``, with stitching.
 
-    ``opts`` are ``pipeline.Options`` fields (target, explorer, ptxas). PTX is not assembled
+    ``opts`` are ``Options`` fields (options.py) (target, explorer, ptxas). PTX is not assembled
     unless ``ptxas=True``: on the CPU it is not executed, only reported. ``cache_dir``
     defaults to ``$XDG_CACHE_HOME/fusionstitching`` (``None``: no kernel cache); it is private
     to this user unless ``cache_group`` (a group name or gid) is given, whose members then share
@@ -79,7 +79,7 @@ def jit(fn=None, *, static_argnums=None, static_argnames=None, donate_argnums=No
                              remote_cache)
     if cache_group is not None and runtime.cache_dir is not None:
         share_cache(runtime.cache_dir, cache_group)
-    return StitchedFunction(fn, pipeline.Options(**opts), runtime, static_argnums,
+    return StitchedFunction(fn, Options(**opts), runtime, static_argnums,
                             static_argnames, donate_argnums, donate_argnames, inline)
 
 
@@ -89,7 +89,7 @@ def original_jax_jit():
 
 
 class StitchedFunction:
-    def __init__(self, fn, options: pipeline.Options, runtime: RuntimeOptions,
+    def __init__(self, fn, options: Options, runtime: RuntimeOptions,
                  static_argnums=None, static_argnames=None, donate_argnums=None,
                  donate_argnames=None, inline: bool = False):
         _exclude_self_from_metadata()
@@ -261,7 +261,7 @@ def _exclude_self_from_metadata() -> None:
 @dataclass
 class Lowered:
     jax_lowered: object  # jax.stages.Lowered
-    options: pipeline.Options
+    options: Options
     runtime: RuntimeOptions
     name: str
 
@@ -279,8 +279,8 @@ class Lowered:
         lifecycle.optimized_text = lambda: optimized_hlo_text(compiled.xla_compiled)
         lifecycle.measure = measures(compiled.executor)
         lifecycle.reference = compiled.xla_compiled
-        lifecycle.start(compiled._build, self.jax_lowered, decided_before=lambda: (
-            lifecycle.decided_before(compiled.xla_compiled, measures(compiled.executor))))
+        lifecycle.start(compiled._build, self.jax_lowered, earlier_decision=lambda: (
+            lifecycle.earlier_decision(compiled.xla_compiled, measures(compiled.executor))))
         return compiled
 
 
@@ -288,13 +288,14 @@ class Compiled:
     """Like ``jax.stages.Compiled``; calls run XLA's own executable or the stitched one
     (runtime/executor.py decides which; runtime/lifecycle.py builds, dumps and reports)."""
 
-    def __init__(self, xla_compiled, name: str, options: pipeline.Options,
+    def __init__(self, xla_compiled, name: str, options: Options,
                  runtime: RuntimeOptions):
         self.xla_compiled = xla_compiled  # jax.stages.Compiled: XLA's own plan, the fallback
         coordinator = coordination.for_job(name)  # None unless the job has several processes
         background = runtime.async_compile and coordinator is None  # peers build in step
         self.lifecycle = Lifecycle(name, options, runtime.cache_dir, background,
-                                   runtime.dump_to, remote_cache=runtime.remote_cache)
+                                   runtime.dump_to, remote_cache=runtime.remote_cache,
+                                   stitch_at_once=runtime.keep == "stitched")
         self.executor = self.lifecycle.executor = Executor(
             xla_compiled, name, verify=runtime.verify, keep=runtime.keep,
             background=background, info=self.lifecycle.info, coordinator=coordinator)

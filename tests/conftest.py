@@ -18,3 +18,10 @@ def kernels_measured_faster(request, monkeypatch):
     if request.node.get_closest_marker("real_timing") is None:
         monkeypatch.setattr("fusionstitching.runtime.cpu_speed.compare",
                             lambda module, spec, target: (1.0, 1.2))
+
+
+@pytest.fixture(autouse=True)
+def stitching_starts_at_once(monkeypatch):
+    """A job's background stitching waits until the process has run STITCH_AFTER_S
+    (fusionstitching/job_clock.py); a test's builds start at once unless it sets its own."""
+    monkeypatch.setattr("fusionstitching.job_clock.STITCH_AFTER_S", 0.0)

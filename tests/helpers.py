@@ -3,6 +3,7 @@ the training scripts run under the hook: helpers_hook.py)."""
 from __future__ import annotations
 
 import ctypes
+import os
 import socket
 
 import jax
@@ -16,6 +17,8 @@ from fusionstitching.codegen.host import to_physical
 from fusionstitching.codegen.kernel_ir import Kernel
 from fusionstitching.explorer import KernelDag
 from fusionstitching.runtime import ffi
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # --- plans and their cycles: test_graph_explorer.py, test_explorer.py, test_explain.py --------

@@ -9,12 +9,14 @@ import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from fusionstitching.runtime import cache  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from fusionstitching import cli, codegen, pipeline, query_workers  # noqa: E402
+from fusionstitching.hlo.xla_runner import optimized_hlo_text  # noqa: E402
+from fusionstitching.runtime import build, cache  # noqa: E402
+from helpers import REPO, args, layernorm  # noqa: E402
 
 
 def test_entry_round_trip_and_corruption_detected(tmp_path):
@@ -159,3 +161,39 @@ def test_prewarm_from_a_jobs_dumps_makes_its_first_step_plan_nothing(tmp_path):
     report = job(str(cache_dir), "cached")
     assert report["cache"]["plan"] == "hit" and report["cache"]["misses"] == 0
     assert report["times_s"]["explore"] == 0.0 and report["runtime"]["kept"] == "stitched"
+
+
+def test_a_plan_with_a_kernel_the_code_generator_refuses_is_remembered(tmp_path, monkeypatch):
+    """A kernel the code generator refuses (a rule, the same every run) is a decision like a
+    kernel measured slower: the plan without it is kept, so the next run loads it instead of
+    planning again (a flax MLP's plan was planned at every exit: one kernel had 265216 points,
+    over a block's 262144)."""
+    def refuse(module, spec):
+        raise codegen.CodegenError(codegen.Refusal.TOO_LARGE_FOR_BLOCK, "too many points")
+
+    monkeypatch.setattr(codegen, "add_host_kernel", refuse)
+    optimized = optimized_hlo_text(jax.jit(layernorm).lower(*args()).compile())
+    options = pipeline.Options(target="h100", ptxas=False)
+    outcome, _ = build.prewarm(optimized, options, str(tmp_path), measure=False)
+    assert outcome == "stored"
+    assert build.prewarm(optimized, options, str(tmp_path), measure=False)[0] == "hit"
+
+
+@pytest.mark.parametrize("workers, asked", [("1", []), ("2", [2])])
+def test_prewarm_workers_1_plans_without_worker_processes(tmp_path, monkeypatch, workers, asked):
+    """A job's planning process runs ``prewarm --workers 1``: beside the job, query workers
+    only took the cores it needed (``--workers 2`` asks for two)."""
+    seen = []
+
+    def record(module, target, ptxas, chosen, count):
+        seen.append(count)
+        raise query_workers.WorkersFailed("planned in this process instead")
+
+    monkeypatch.setattr(pipeline, "QueryWorkers", record)
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    (folder / "layernorm.xla.hlo.txt").write_text(
+        optimized_hlo_text(jax.jit(layernorm).lower(*args()).compile()))
+    assert cli.main(["prewarm", str(folder), "--cache_dir", str(tmp_path / "cache"),
+                     "--keep", "stitched", "--workers", workers]) == 0
+    assert seen == asked

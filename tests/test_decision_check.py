@@ -11,7 +11,7 @@ def test_rules_on_samples_where_the_best_of_five_was_lucky():
     kept = decision_check.rules({"xla": xla, "stitched": stitched})
     assert kept == {"best of 5, 2% margin": True, "best of 15, 2% margin": False,
                     "median of 15 pair ratios over 1.02": False,
-                    "stop once apart (>= 3 each), else best of all": False,
+                    "stop once apart (>= 3 each), else best of 6": False,
                     "90% interval of the pair ratios above 1": False}
 
 
@@ -25,4 +25,4 @@ def test_replay_counts_each_rule_against_the_measured_ratio(tmp_path, capsys):
     assert len(lines) == 5  # one per rule; the trial-decided row is not counted
     assert lines[0].startswith("best of 5") and "'kept slower': 1" in lines[0]
     assert all("'right': 1" in line for line in lines[1:])
-    assert used == "samples of each executable the early stop used: [15]"
+    assert used == "samples of each executable the early stop used: [6]"

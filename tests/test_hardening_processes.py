@@ -149,12 +149,12 @@ def test_the_quiet_start_keeps_the_users_choice_and_a_real_driver(tmp_path, monk
 CRASHING_JOB = """
 import numpy as np, jax
 from fusionstitching.stitched_jit import jit
-from fusionstitching.runtime import cache
-real_ir = cache.host_ir
+from fusionstitching.runtime import kernel_objects
+real_ir = kernel_objects.host_ir
 def crashing_ir(spec):  # a store through a null pointer at the kernel's entry
     text = real_ir(spec)
     return text.replace("entry:\\n", "entry:\\n  store volatile i32 7, ptr null\\n", 1)
-cache.host_ir = crashing_ir
+kernel_objects.host_ir = crashing_ir
 
 def layernorm(x, g, b):
     mean = x.mean(-1, keepdims=True)

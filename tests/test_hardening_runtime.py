@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from fusionstitching.stitched_jit import jit  # noqa: E402
-from fusionstitching.runtime import cache, files, lifecycle  # noqa: E402
+from fusionstitching.runtime import cache, files, kernel_objects, lifecycle  # noqa: E402
 from tf_hooks import flags  # noqa: E402
 
 from helpers import args, expected, layernorm  # noqa: E402
@@ -155,7 +155,7 @@ def loads_nothing(monkeypatch, directory) -> list:
     """Records every entry the cache hands out (none may be, before the trust checks pass)
     and every planted byte string that reaches the loader (it may crash, so it is not run)."""
     from_cache = {p.read_bytes().partition(b"\n")[2] for p in entries(directory)}
-    loaded, real_lookup, real_object = [], cache.KernelCache.lookup, cache.load_object
+    loaded, real_lookup, real_object = [], cache.KernelCache.lookup, kernel_objects.load_object
 
     def lookup(self, key, stats):
         entry = real_lookup(self, key, stats)
@@ -170,7 +170,7 @@ def loads_nothing(monkeypatch, directory) -> list:
         return real_object(spec, symbol, payload, *args)
 
     monkeypatch.setattr(cache.KernelCache, "lookup", lookup)
-    monkeypatch.setattr(cache, "load_object", load_object)
+    monkeypatch.setattr(kernel_objects, "load_object", load_object)
     return loaded
 
 

@@ -54,8 +54,13 @@ def test_parse_flags():
     assert parsed == flags.Flags(async_compile=True, verify=False, target="a100",
                                  explorer="greedy", cache_dir="/c", dump_to="/d d",
                                  report="/r.json", keep="stitched",
-                                 remote_cache="redis://h:6379/2", keras_jit=False)
+                                 remote_cache="redis://h:6379/2", keras_jit="false")
     assert not problems
+    # --keras_jit was a boolean: its words still mean what they did
+    assert [flags.parse(text)[0].keras_jit for text in
+            ("", "--keras_jit", "--keras_jit=true", "--keras_jit=auto", "--keras_jit=0")] == \
+        ["auto", "always", "always", "auto", "false"]
+    assert "expected one of auto, always, false" in flags.parse("--keras_jit=maybe")[1][0]
     assert parsed.jit_options() == {"async_compile": True, "verify": False, "target": "a100",
                                     "explorer": "greedy", "dump_to": "/d d",
                                     "keep": "stitched", "cache_dir": "/c",
@@ -65,6 +70,16 @@ def test_parse_flags():
 def test_builds_run_off_the_call_path_unless_asked_otherwise():
     assert flags.parse("")[0].async_compile is True
     assert flags.parse("--async=false")[0].async_compile is False
+
+
+def test_keep_stitched_alone_stitches_every_step_from_its_first_call():
+    """--keep=stitched is the one flag of a user who wants the stitched kernels: builds in
+    the call and Keras's steps on XLA from the first call, unless those flags say otherwise."""
+    parsed, problems = flags.parse("--keep=stitched")
+    assert not problems
+    assert (parsed.async_compile, parsed.keras_jit) == (False, "always")
+    parsed, _ = flags.parse("--keep=stitched --async --keras_jit=auto")
+    assert (parsed.async_compile, parsed.keras_jit) == (True, "auto")
 
 
 def test_bad_flags_are_named_and_ignored():
@@ -142,11 +157,8 @@ def test_unchanged_script_is_stitched_and_reported(tmp_path):
     ("x = jax.numpy.ones(4) + 1", "", "no function of this process was compiled with XLA"),
     ("f = jax.jit(lambda x: x + 1)\nf(jax.numpy.ones(4)); f(jax.numpy.ones(4))",
      "--async=false", "1 compiled functions ran their own kernels (1x settled: "),
-    ("import subprocess\nfrom fusionstitching.runtime import lifecycle\n"  # still planning
-     "lifecycle.Lifecycle._plan_in_child = lambda self: subprocess.Popen(['sleep', '30'])\n"
-     "f = jax.jit(lambda x: x + 1)\nf(jax.numpy.ones(4))",
-     "", "(1x still building when the job ended (builds run off the call path; planning goes "
-         "on in a background process")])
+    ("f = jax.jit(lambda x: x + 1)\nf(jax.numpy.ones(4))",  # shorter than STITCH_AFTER_S
+     "", "(1x the job ended before stitching starts (30 s into a job")])
 def test_a_job_that_stitched_nothing_says_so_once_at_exit(tmp_path, body, flag, why):
     script = tmp_path / "job.py"
     script.write_text(f"import jax\n{body}\n")

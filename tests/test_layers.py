@@ -16,7 +16,8 @@ MAX_LINES = 600
 # Lowest first. A module may import from its own layer's areas only without a cycle, and from
 # the layers below it; never from a layer above.
 LAYERS = (
-    ("costmodel", "fusionstitching.child_processes", "fusionstitching.logs"),
+    ("costmodel", "fusionstitching.child_processes", "fusionstitching.logs",
+     "fusionstitching.options", "fusionstitching.job_clock"),
     ("fusionstitching.hlo",),
     ("fusionstitching.graph",),
     ("fusionstitching.explorer", "fusionstitching.codegen"),

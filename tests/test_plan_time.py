@@ -23,6 +23,7 @@ from fusionstitching.graph import build_graph
 from fusionstitching.hlo.parser import parse_file, parse_module
 from fusionstitching.pipeline import Options, stitch_module
 from fusionstitching.runtime import cache as kernel_cache
+from fusionstitching.runtime import kernel_objects
 from helpers import HEAD_WITH_ADD
 
 HLO = os.path.join(os.path.dirname(__file__), "data", "hlo")
@@ -150,9 +151,9 @@ def test_schedules_kept_in_the_cache_serve_another_process(tmp_path):
     reads back; an entry that is not a schedule is a miss, not an error."""
     module = parse_file(os.path.join(HLO, "dien_infer_small_jax_h100.hlo.gz"))
     stats = kernel_cache.CacheStats(str(tmp_path))
-    writer = kernel_cache.ScheduleMemo(kernel_cache.KernelCache(str(tmp_path)), stats)
+    writer = kernel_objects.ScheduleMemo(kernel_cache.KernelCache(str(tmp_path)), stats)
     first = stitch_module(module, Options(target="h100", ptxas=False), schedules=writer)
-    reader = kernel_cache.ScheduleMemo(kernel_cache.KernelCache(str(tmp_path)), stats)
+    reader = kernel_objects.ScheduleMemo(kernel_cache.KernelCache(str(tmp_path)), stats)
     assert len(reader) == 0 and all(reader[form] == writer[form] for form in writer)
     second = stitch_module(module, Options(target="h100", ptxas=False), schedules=reader)
     assert [k.spec.schedule for k in second.kernels] == [k.spec.schedule for k in first.kernels]
@@ -160,7 +161,7 @@ def test_schedules_kept_in_the_cache_serve_another_process(tmp_path):
     cache = kernel_cache.KernelCache(str(tmp_path))
     cache.store(kernel_cache.fingerprint("schedule", "a form"), b"not a schedule",
                 kind="schedule")
-    assert kernel_cache.ScheduleMemo(cache, stats).get("a form") is None
+    assert kernel_objects.ScheduleMemo(cache, stats).get("a form") is None
 
 
 def _counting_builds(monkeypatch) -> list:

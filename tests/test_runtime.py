@@ -495,12 +495,12 @@ def test_jit_kernel_that_fails_to_build_is_left_to_xla(monkeypatch):
     import jax
 
     from fusionstitching.stitched_jit import jit
-    from fusionstitching.runtime import cache
+    from fusionstitching.runtime import kernel_objects
 
     def broken(text):
         raise RuntimeError("no host code today")
 
-    monkeypatch.setattr(cache, "_emit_object", broken)
+    monkeypatch.setattr(kernel_objects, "_emit_object", broken)
     args = layernorm_args()
     compiled = jit(layernorm, cache_dir=None).lower(*args).compile()
     report = compiled.report()

@@ -3,7 +3,12 @@
 choice between XLA's and the stitched executable."""
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -14,8 +19,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from fusionstitching.stitched_jit import jit  # noqa: E402
-from fusionstitching.runtime import build, cache, executor, ffi, xla  # noqa: E402
-from helpers import args, expected, layernorm  # noqa: E402
+from fusionstitching.runtime import build, cache, executor, ffi, kernel_objects, lifecycle, xla  # noqa: E402
+from helpers import REPO, args, expected, layernorm  # noqa: E402
 
 
 def run_twice(fn, a):
@@ -33,7 +38,7 @@ def test_kernel_that_fails_to_build(monkeypatch, caplog):
     def broken(text):
         raise RuntimeError("LLVM ran out of luck")
 
-    monkeypatch.setattr(cache, "_emit_object", broken)
+    monkeypatch.setattr(kernel_objects, "_emit_object", broken)
     fn, a = jit(layernorm, cache_dir=None, keep="stitched"), args()
     with caplog.at_level("WARNING", logger="fusionstitching"):
         results = run_twice(fn, a)
@@ -74,12 +79,12 @@ def test_ffi_registration_failure(monkeypatch):
 
 
 def test_wrong_result_kernel_is_caught_by_verify(monkeypatch, caplog):
-    real_ir = cache.host_ir
+    real_ir = kernel_objects.host_ir
 
     def wrong_ir(spec):  # the means divide by 64 instead of 128 (the row length)
         return real_ir(spec).replace("0x3f80000000000000", "0x3f90000000000000")
 
-    monkeypatch.setattr(cache, "host_ir", wrong_ir)
+    monkeypatch.setattr(kernel_objects, "host_ir", wrong_ir)
     fn, a = jit(layernorm, cache_dir=None, verify=True, keep="stitched"), args()
     with caplog.at_level("WARNING", logger="fusionstitching"):
         for got in run_twice(fn, a):
@@ -95,8 +100,8 @@ def test_wrong_result_kernel_is_caught_by_verify(monkeypatch, caplog):
 def test_verify_is_not_blind_when_the_trial_calls_outputs_are_nan(monkeypatch, caplog):
     """One NaN in every row of the trial call's x makes every output NaN, XLA's and a wrong
     kernel's alike (NaN == NaN): the check goes on to inputs that keep the outputs finite."""
-    real_ir = cache.host_ir
-    monkeypatch.setattr(cache, "host_ir", lambda spec: real_ir(spec).replace(
+    real_ir = kernel_objects.host_ir
+    monkeypatch.setattr(kernel_objects, "host_ir", lambda spec: real_ir(spec).replace(
         "0x3f80000000000000", "0x3f90000000000000"))  # the means divide by 64, not 128
     fn, a = jit(layernorm, cache_dir=None, verify=True, keep="stitched"), args()
     poisoned = [a[0].copy(), *a[1:]]
@@ -400,3 +405,79 @@ def test_an_async_build_plans_in_a_process_of_its_own(tmp_path):
     assert report.cache["plan"] == "hit" and report.fs.patterns >= 1, report.cache
     np.testing.assert_allclose(np.asarray(compiled(*args())), expected(*args()), rtol=1e-5,
                                atol=1e-5)
+
+
+def test_the_planning_process_yields_the_cores_to_the_job(tmp_path):
+    """The planning process starts a session of its own, which Linux schedules as a group
+    (autogroup) weighed like the job's whatever its nice value: the group itself is niced."""
+    if not os.path.exists("/proc/self/autogroup"):
+        pytest.skip("no autogroup scheduling on this kernel: nice alone orders the processes")
+    compiled = jit(layernorm, cache_dir=str(tmp_path), async_compile=False,
+                   keep="stitched").lower(*args()).compile()
+    compiled.lifecycle.reference = None  # as if not planned yet
+    if not shutil.which("flock"):
+        pytest.skip("no flock program: the planning process cannot be held at its lock")
+    # Holding the planning lock keeps the child waiting in flock, after it set its group's
+    # nice and before it plans, so the group is read from a living process (a child that
+    # planned fast had ended before the first read).
+    lock = os.path.join(tempfile.gettempdir(), f"fusionstitching-planning-{os.getuid()}")
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        child = compiled.lifecycle._plan_in_child()
+        assert child is not None
+        deadline, group = time.monotonic() + 10, ""
+        while time.monotonic() < deadline and "nice 19" not in group:
+            with open(f"/proc/{child.pid}/autogroup") as f:
+                group = f.read()
+            time.sleep(0.05)
+        alive = child.poll() is None
+        with open("/proc/self/autogroup") as f:
+            own_group = f.read()
+        fcntl.flock(held, fcntl.LOCK_UN)
+    child.wait(300)
+    assert alive, "the planning process ended while the lock was held"
+    if not group.strip():
+        # the kernel shows no group for a session it could not give one (a container's
+        # scheduler, say): there is nothing to nice, the process's own nice orders it
+        pytest.skip("the kernel gave the planning process's session no autogroup")
+    assert "nice 19" in group, group
+    if own_group.strip():  # the job's own session may have no group either (CI's did not)
+        assert group.split()[0] != own_group.split()[0], group  # a group of its own
+
+
+def test_a_job_shorter_than_stitch_after_s_plans_at_exit_for_its_next_run(tmp_path):
+    """No planning process or build runs beside a job in its first STITCH_AFTER_S; a job that
+    ends sooner starts planning at exit, and a later run (a longer one) loads the plan."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "sys.path.insert(0, os.path.join(%r, 'tests'))\n"
+        "from fusionstitching.stitched_jit import jit\n"
+        "from fusionstitching import job_clock\n"
+        "from helpers import args, layernorm\n"
+        "job_clock.STITCH_AFTER_S = float(sys.argv[2])\n"
+        # keep="fastest": a keep="stitched" build starts at once, whatever the job's age
+        "compiled = jit(layernorm, cache_dir=%r, async_compile=True, keep='fastest')"
+        ".lower(*args()).compile()\n"
+        "compiled.wait_built(float(sys.argv[1]))\n"
+        "print(compiled.lifecycle._planning_started, compiled.report().cache)\n"
+        % (REPO, str(tmp_path / "cache")))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+
+    def run(stitch_after_s: float) -> str:
+        done = subprocess.run([sys.executable, str(script), "2", str(stitch_after_s)],
+                              capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout.strip()
+
+    assert run(600.0) == "False None"  # not planning yet when the job ended
+    # the planning process holds this user's planning lock until it is done
+    with open(os.path.join(tempfile.gettempdir(), f"fusionstitching-planning-{os.getuid()}"),
+              "a") as lock:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not any((tmp_path / "cache").rglob("*")):
+            time.sleep(0.1)  # the process has not taken the lock yet
+        time.sleep(1.0)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    second = run(0.0)
+    assert second.startswith("False {") and "'plan': 'hit'" in second, second

@@ -18,6 +18,7 @@ from fusionstitching.codegen.generate import add_host_kernel  # noqa: E402
 from fusionstitching.hlo.parser import parse_module  # noqa: E402
 from fusionstitching.hlo.xla_runner import run_hlo_with_xla  # noqa: E402
 from fusionstitching.runtime import cache as kernel_cache  # noqa: E402
+from fusionstitching.runtime import kernel_objects  # noqa: E402
 from fusionstitching.runtime import crash_check  # noqa: E402
 from fusionstitching.runtime.crash_check import Outcome, differences  # noqa: E402
 from fusionstitching.verification import seeded_inputs  # noqa: E402
@@ -66,7 +67,7 @@ def test_the_vectorized_build_of_the_once_miscompiled_kernel_is_kept_and_equals_
         outcomes.append(crash_check.run_in_child(vectorized, reference=reference))
         return outcomes[-1][0] is Outcome.RAN
 
-    kept, _ = kernel_cache.compile_host_cached(
+    kept, _ = kernel_objects.compile_host_cached(
         spec, kernel_cache.KernelCache(None), kernel_cache.CacheStats(None),
         check=vectorized_agrees)
     # with i32 offsets: DIFFERS, "output 0: 479 of 1024 elements differ" (llvmlite 0.50)
@@ -81,12 +82,12 @@ def test_a_vectorized_build_the_check_refuses_is_replaced_by_the_unvectorized_on
     (want,) = run_hlo_with_xla(ROTARY, inputs)
     cache = kernel_cache.KernelCache(str(tmp_path))
     stats = kernel_cache.CacheStats(str(tmp_path))
-    kept, key = kernel_cache.compile_host_cached(spec, cache, stats,
+    kept, key = kernel_objects.compile_host_cached(spec, cache, stats,
                                                  check=lambda vectorized, reference: False)
-    text = kernel_cache.host_ir(spec)
+    text = kernel_objects.host_ir(spec)
     _, stored = cache.lookup(key, stats)
-    assert stored == kernel_cache._emit_object(text, vectorize=False)
-    assert stored != kernel_cache._emit_object(text, vectorize=True)
+    assert stored == kernel_objects._emit_object(text, vectorize=False)
+    assert stored != kernel_objects._emit_object(text, vectorize=True)
     (got,) = kept(*inputs)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 

@@ -5,8 +5,9 @@
 
 With a cache directory the module's plan is stored too: another process compiling the same
 function only loads object code and runs XLA's compile. A kernel whose host build, FFI
-registration or forked trial fails is left to XLA and the plan recounted without it; a
-failed whole-module step raises ``BuildError`` naming the stage.
+registration or forked trial fails is left to XLA and the plan recounted without it (one the
+code generator refuses, or measured slower, too: decisions the stored plan keeps); a failed
+whole-module step raises ``BuildError`` naming the stage.
 """
 from __future__ import annotations
 
@@ -28,28 +29,11 @@ from ..hlo.xla_runner import optimized_hlo_text
 from ..logs import log
 from ..report import Fallback, KernelReport, LeftToXla, PlanSummary, Report, Times, Verify
 from . import cache as kernel_cache
-from . import cpu_speed, crash_check, ffi, gpu, rewrite, xla
+from . import cpu_speed, crash_check, ffi, gpu, kernel_objects, rewrite, xla
+from .built import BuildError, Built, reason
+from .devices import device_compute_capability, gpu_device_of, target_for
+from .plan_key import open_cache, plan_key_of_text
 
-
-
-class BuildError(RuntimeError):
-    def __init__(self, stage: str, reason: str):
-        super().__init__(f"[{stage}] {reason}")
-        self.stage, self.reason = stage, reason
-
-
-@dataclass
-class Built:
-    stitched: object  # jax.stages.Compiled running the rewritten module; None: nothing stitched
-    stitched_report: Report  # the plan with the kernels that made it into the executable
-    xla_report: Report  # XLA's own plan counted the same way (what runs after a fallback)
-    cache: kernel_cache.CacheStats
-    rewritten_hlo: str | None
-    plan_key: str = ""  # the plan's key in the cache (runtime/decisions.py keys on it)
-
-
-def reason(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
 
 
 def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_dir: str | None,
@@ -67,11 +51,11 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     _check_devices(xla_compiled, optimized)
     device = gpu_device_of(xla_compiled)
     if device is not None:  # plan for the card the function runs on
-        options = dataclasses.replace(options, target=gpu.target_for(device))
+        options = dataclasses.replace(options, target=target_for(device))
     if dump_prefix:
         _write(dump_prefix + ".xla.hlo.txt", optimized)
-    stats, cache = _open_cache(cache_dir, remote_cache)
-    plan_key = _plan_key(optimized, options, measure)
+    stats, cache = open_cache(cache_dir, remote_cache)
+    plan_key = plan_key_of_text(optimized, options, measure)
     cached = cache.lookup(plan_key, stats)
     if cached is not None:
         try:
@@ -88,7 +72,7 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
         module = _stage("unroll", unroll_loops, module)
     result = _stage("pipeline", pipeline.stitch_module, module, options,
                     parse_seconds=parse_seconds,
-                    schedules=kernel_cache.ScheduleMemo(cache, stats))
+                    schedules=kernel_objects.ScheduleMemo(cache, stats))
     fallbacks = result.report.fallbacks  # codegen/ptxas fallbacks are already in here
     if device is not None:
         return dataclasses.replace(
@@ -142,13 +126,13 @@ def plan_on_host(module, result, options, cache, stats, measure: bool) -> HostPl
             spec, host, key, target, parts = _host_target(module_of_graph, kernel, cache, stats,
                                                           donated)
         except _GivenBack as exc:
-            left.append((kernel.spec.name, exc.fallback))
+            left.append((kernel.spec.name, exc.fallback, exc.decided))
             continue
         if measure:
             try:
                 host_us, xla_us = cpu_speed.compare(module_of_graph, spec, target)
             except Exception as exc:
-                left.append((kernel.spec.name, Fallback("measure", nodes, reason(exc))))
+                left.append((kernel.spec.name, Fallback("measure", nodes, reason(exc)), False))
                 continue
             if is_lone and not cpu_speed.faster_alone(host_us, xla_us):
                 not_faster += nodes  # XLA's, as the plan has it
@@ -165,14 +149,17 @@ def plan_on_host(module, result, options, cache, stats, measure: bool) -> HostPl
                                "key": key, "inputs": len(kernel.spec.inputs),
                                "outputs": len(kernel.spec.outputs), "parts": parts})
 
-    fallbacks.extend(slower)  # decisions, not failures: the plan is still remembered
+    # decisions, not failures: the plan is still remembered
+    fallbacks.extend(slower)
+    fallbacks.extend(fallback for _, fallback, decided in left if decided)
     before_host = len(fallbacks)
-    fallbacks.extend(fallback for _, fallback in left)
+    fallbacks.extend(fallback for _, fallback, decided in left if not decided)
     if slower:
         log.info("%d kernels measured slower than XLA:CPU left to XLA",
                  len(slower))
     if left:
-        (name, first), more = left[0], f" (and {len(left) - 1} more)" if len(left) > 1 else ""
+        (name, first, _), more = left[0], f" (and {len(left) - 1} more)" if len(left) > 1 \
+            else ""
         log.warning("kernel %s left to XLA (%s): %s%s", name, first.stage,
                     first.reason, more)
     stitched_report = _recount(result, kernels, options)
@@ -201,35 +188,6 @@ def _remember(cache, plan_key: str, plan: HostPlan) -> None:
     cache.store(plan_key, json.dumps(entry).encode(), kind="plan")
 
 
-def _open_cache(cache_dir: str | None, remote_cache: str | None):
-    stats = kernel_cache.CacheStats(cache_dir, kernel_cache.redacted(remote_cache)
-                                    if remote_cache else None)
-    return stats, kernel_cache.KernelCache(cache_dir, remote=remote_cache)
-
-
-def plan_key_of(xla_compiled, options: pipeline.Options, measure: bool) -> str:
-    """The key ``build_stitched`` gives the plan of ``xla_compiled`` (without building)."""
-    device = gpu_device_of(xla_compiled)
-    if device is not None:
-        options = dataclasses.replace(options, target=gpu.target_for(device))
-    return _plan_key(optimized_hlo_text(xla_compiled), options, measure)
-
-
-def plan_cached(xla_compiled, options: pipeline.Options, cache_dir: str | None,
-                remote_cache: str | None, measure: bool) -> bool:
-    """Whether the plan of ``xla_compiled`` (and its kernels) is in the cache already."""
-    stats, cache = _open_cache(cache_dir, remote_cache)
-    return cache.lookup(plan_key_of(xla_compiled, options, measure), stats) is not None
-
-
-def _plan_key(optimized: str, options: pipeline.Options, measure: bool) -> str:
-    return kernel_cache.fingerprint("plan", without_source_locations(optimized),
-                                    options.target, options.explorer,
-                                    # the rule is part of the decisions the plan keeps
-                                    f"measure={measure and cpu_speed.SLOWER_ALONE}",
-                                    f"alone={measure and cpu_speed.FASTER_ALONE}")
-
-
 def prewarm(optimized: str, options: pipeline.Options, cache_dir: str | None,
             remote_cache: str | None = None, measure: bool = True,
             source: str = "<prewarm>") -> tuple[str, kernel_cache.CacheStats]:
@@ -238,8 +196,8 @@ def prewarm(optimized: str, options: pipeline.Options, cache_dir: str | None,
     "hit" (the plan was there), "stored", or "not stored" (something failed: the job builds
     it), with the cache's stats. ``options`` and ``measure`` (keep="fastest") must be the
     job's: they key the plan. Raises BuildError as ``build_stitched`` does."""
-    stats, cache = _open_cache(cache_dir, remote_cache)
-    plan_key = _plan_key(optimized, options, measure)
+    stats, cache = open_cache(cache_dir, remote_cache)
+    plan_key = plan_key_of_text(optimized, options, measure)
     if cache.lookup(plan_key, stats) is not None:
         return "hit", stats
     started = time.perf_counter()
@@ -247,7 +205,7 @@ def prewarm(optimized: str, options: pipeline.Options, cache_dir: str | None,
     module = _stage("unroll", unroll_loops, module)
     result = _stage("pipeline", pipeline.stitch_module, module, options,
                     parse_seconds=time.perf_counter() - started,
-                    schedules=kernel_cache.ScheduleMemo(cache, stats))
+                    schedules=kernel_objects.ScheduleMemo(cache, stats))
     plan = plan_on_host(module, result, options, cache, stats, measure)
     if not (cache.enabled and plan.complete):
         return "not stored", stats
@@ -268,9 +226,13 @@ def _timed_alone(report: Report, nodes: list[str]) -> None:
 
 
 class _GivenBack(Exception):
-    def __init__(self, fallback: Fallback):
+    """A kernel given back to XLA; ``decided``: for a reason every run would meet (the plan
+    is still remembered), not a failure of this run."""
+
+    def __init__(self, fallback: Fallback, decided: bool = False):
         super().__init__(fallback.reason)
         self.fallback = fallback
+        self.decided = decided
 
 
 def _host_target(module, kernel, cache, stats, donated: dict):
@@ -297,10 +259,12 @@ def _host_target(module, kernel, cache, stats, donated: dict):
 
     try:
         spec = with_in_place(codegen.add_host_kernel(module, kernel.spec), donated)
-        host, key = kernel_cache.compile_host_cached(spec, cache, stats,
+        host, key = kernel_objects.compile_host_cached(spec, cache, stats,
                                                      check=vectorized_agrees)
     except _GivenBack:
         raise
+    except codegen.CodegenError as exc:  # a rule of the code generator: the same every run
+        raise _GivenBack(Fallback("codegen", nodes, exc.detail), decided=True) from exc
     except Exception as exc:
         raise _GivenBack(Fallback("host", nodes, reason(exc))) from exc
     if not tried:  # a cached build: tried here too, before this process ever runs it
@@ -336,12 +300,6 @@ def with_in_place(spec, donated: dict):
                                                                        tuple(pairs)))
 
 
-def gpu_device_of(xla_compiled):
-    """The CUDA device XLA's executable runs on, or None (the host route)."""
-    device = xla_compiled.runtime_executable().local_devices()[0]
-    return device if device.platform in ("gpu", "cuda") else None
-
-
 def _build_for_gpu(module, result, options, device, cache, plan_key, stats, jax_lowered,
                    xla_compiled, started: float, dump_prefix: str | None) -> Built:
     """The GPU route: each kernel's PTX behind jaxlib's launcher (runtime/gpu.py), so no host
@@ -349,7 +307,7 @@ def _build_for_gpu(module, result, options, device, cache, plan_key, stats, jax_
     own (nothing process-specific to replace)."""
     fallbacks = result.report.fallbacks
     before = len(fallbacks)
-    arch = f"sm_{gpu.device_compute_capability(device)}"
+    arch = f"sm_{device_compute_capability(device)}"
     kernels, launches = _stage("gpu-launch", gpu.launchable, result, arch)
     xla_report = _recount(result, [], options)
     stitched_report = _recount(result, kernels, options)
@@ -395,7 +353,7 @@ def _from_cached_plan(plan: dict, cache, stats, jax_lowered, xla_compiled, start
         if entry is None:
             raise kernel_cache.CorruptEntry(f"kernel {k['name']} of the plan is not cached")
         t0 = time.perf_counter()
-        host = kernel_cache.load_object(None, k["symbol"], entry[1])
+        host = kernel_objects.load_object(None, k["symbol"], entry[1])
         stats.load_s += time.perf_counter() - t0
         stats.hits += 1
         targets.append(_register(k["name"], host, k["inputs"], k["outputs"], k["parts"]))
@@ -421,18 +379,6 @@ def _from_cached_plan(plan: dict, cache, stats, jax_lowered, xla_compiled, start
         stitched = _compile(text, jax_lowered, xla_compiled, dump_prefix)
     times.total = time.perf_counter() - started
     return Built(stitched, reports[0], reports[1], stats, text)
-
-
-_METADATA = re.compile(r", metadata=\{[^{}]*\}")
-_STACK_SECTIONS = re.compile(r"^(FileNames|FunctionNames|FileLocations|StackFrames)\n(.+\n)*",
-                             re.MULTILINE)
-
-
-def without_source_locations(hlo_text: str) -> str:
-    """XLA's optimized HLO without op metadata and jax's stack-frame sections: they name the
-    Python call site (file, line, caller), which changes with every edit of the script and
-    differs between a script and its child processes, and they do not change the plan."""
-    return _STACK_SECTIONS.sub("", _METADATA.sub("", hlo_text))
 
 
 DONATION_ATTRS = ("input_output_alias", "buffer_donor")

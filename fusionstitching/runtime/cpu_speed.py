@@ -19,7 +19,7 @@ import numpy as np
 
 from ..hlo.ir import Computation, Instruction, Module, Shape, print_module
 from ..hlo.xla_runner import prepared_for_xla_cpu
-from ..verification import seeded_inputs
+from ..hlo.inputs import seeded_inputs
 from .rewrite import custom_call, output_name
 
 # A kernel is left to XLA when, timed alone, it takes more than this many times XLA's time

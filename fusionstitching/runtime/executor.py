@@ -12,6 +12,7 @@ States: building -> pending -> trial -> timing -> settled, or fallback. A front 
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import sys
 import threading
@@ -21,25 +22,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import verification
-from ..hlo.parser import parse_module
-from ..hlo.drift import widened_args, widened_to_f64
-from ..hlo.xla_runner import optimized_hlo_text, run_hlo_with_xla
 from ..logs import log
-from ..report import Fallback, Verify
-from .build import BuildError, Built, reason
+from ..report import Fallback, RuntimeInfo, Verify
+from .built import BuildError, Built, reason
 from .coordination import Coordinator
+from .arrays import copies, is_float, numpy_leaves
 from .decisions import Decision, DecisionStore
 
 
 # Samples per executable in the trial (best of each). 5, not 3: a few more calls, against
 # single steps that vary by 10% on a shared CPU (no measurement here separates 3 from 5).
 TIMING_ROUNDS = 5
-# Real calls per executable in the confirmation (best of each). 15, not 5: on 23 decisions
-# (benchmarks/decision_check.py, transformers BERT and keras_hub Mistral) the best of 5 kept
-# a slower stitched executable twice (0.89x, 0.94x) and the best of 15 never did, on the same
-# samples; both missed the same three wins.
-CONFIRM_ROUNDS = 15
+# Samples per executable in the confirmation at most (best of each), unless CLEAR_ROUNDS end it
+# sooner. On 56 recorded decisions (benchmarks/decision_check.py --replay, transformers BERT,
+# keras_hub Mistral, flax) the early stop then the best of 6 chose as the best of 15 did (1
+# slower stitched executable kept, 5 wins over 1.05x missed) with 5.6 samples of each on
+# average instead of 12.3; stopping at 5 kept 3 slower ones, at 4 kept 5. Fewer samples is a
+# decision a short job sees: a job calling its step 100 times decides within 50 (RUN_S).
+CONFIRM_ROUNDS = 6
 # Real calls per confirmation sample: a run of back-to-back calls of one executable, timed from
 # the first call's outputs to the last one's. Single calls, each waited for, misranked the two:
 # on an H200 they ranked XLA's executable faster on six training steps whose loops ran the
@@ -49,6 +49,14 @@ CONFIRM_ROUNDS = 15
 # running one executable never does; timed from it, runs read a zoo Transformer step that runs
 # 1.28x stitched as a tie (benchmarks/README.md).
 RUN_CALLS = 16
+# A sample's run is as many calls as fill RUN_S on XLA's executable (as the trial timed it), at
+# least 2 (one timed after the cold one) and at most RUN_CALLS: a 20 ms CPU step confirms in
+# runs of 4 (at most 2 x 6 x 4 = 48 calls), a 2 ms GPU step in runs of 16 (0.4 s in all).
+RUN_S = 0.05
+# A run's sample this many times the trial's time of the step was not of back-to-back calls:
+# a Keras step called once an epoch (a partial last batch) read 176 ms a call against the
+# trial's 8 ms, the epoch's other steps timed with it. Such a step is timed by single calls.
+CALLS_APART = 10.0
 # The confirmation ends early, after at least this many samples of each executable, once every
 # sample of one is faster than every sample of the other (the stitched one's by SWAP_MARGIN):
 # with 3 each, two executables of one speed fall apart so by chance once in 10 confirmations,
@@ -75,24 +83,6 @@ BACKGROUND_NICE = 10
 
 
 @dataclass
-class RuntimeInfo:
-    """Optional ``runtime`` field of the Report: what runs and why."""
-
-    mode: str = "sync"  # "sync" or "async" compilation
-    state: str = "building"  # building -> pending -> trial -> timing -> settled | fallback
-    kept: str = "xla"  # the executable calls run now: "xla" or "stitched"
-    why: str = ""
-    xla_us: float | None = None  # best time of the measurement that decided
-    stitched_us: float | None = None
-    calls: int = 0  # calls answered here; once decided, jax's dispatch runs them uncounted
-    trial_call: int | None = None  # the call whose inputs the trial used
-    swapped_at_call: int | None = None  # 1-based call number from which stitched ran
-    build_s: float | None = None  # wall time of the stitched build
-    stitched_plan: dict | None = None  # kernels of the built stitched executable
-    timing_rounds: int = CONFIRM_ROUNDS
-
-
-@dataclass
 class Executor:
     xla: object  # jax.stages.Compiled of XLA's own plan
     name: str
@@ -102,7 +92,7 @@ class Executor:
     rtol: float = 1e-5
     atol: float = 1e-5
     reference: str = "xla"  # label of what calls run when the stitched executable does not
-    run_calls: int = RUN_CALLS  # real calls per confirmation sample
+    run_calls: int | None = None  # real calls per confirmation sample (None: RUN_S's worth)
     info: RuntimeInfo = field(default_factory=RuntimeInfo)
     fallbacks: list[Fallback] = field(default_factory=list)
     built: Built | None = None
@@ -119,6 +109,8 @@ class Executor:
             raise ValueError(f"keep must be one of {KEEP_CHOICES}, got {self.keep!r}")
         if self.coordinator is not None:
             self.background = False  # a trial on a thread would meet its peers at other calls
+            if self.run_calls is None:  # processes time runs of one length, not their own
+                self.run_calls = RUN_CALLS
         self.active = self.xla  # what every call runs; replaced by one assignment
         self.candidate = None  # built stitched executable, on trial
         self.trial_thread: threading.Thread | None = None
@@ -159,6 +151,18 @@ class Executor:
             return
         self._stored = stored  # applied once the trial has checked the candidate
         self.info.state = "pending"  # last: the next call may start the trial at once
+
+    def keep_reference_as_decided(self, stored: Decision) -> None:
+        """An earlier run measured the reference faster for this plan: it runs every call, and
+        nothing is built (a build would only be thrown away)."""
+        self._settle(self.reference, self._recorded(stored))
+
+    def keep_reference_unplanned(self, reference_s: float, why: str) -> None:
+        """The reference runs every call and nothing is built: measured before planning, no
+        stitched executable could beat it (``why``). Kept for the next run of this plan."""
+        self.info.xla_us, self.info.stitched_us = round(reference_s * 1e6, 1), None
+        self.info.why = why
+        self._decide(self.reference)
 
     def build_failed(self, error: Exception) -> None:
         stage, why = (error.stage, error.reason) if isinstance(error, BuildError) \
@@ -252,9 +256,9 @@ class Executor:
     def _trial_call(self, args, kwargs):
         """Answer the call with XLA's executable; returns (the trial's inputs as ``(args,
         kwargs)`` of the executables, the call's result, the trial's expected outputs)."""
-        inputs = _copies((args, kwargs))  # before XLA's run: it may donate the originals
+        inputs = copies((args, kwargs))  # before XLA's run: it may donate the originals
         result = self.xla(*args, **kwargs)
-        return inputs, result, _copies(result)
+        return inputs, result, copies(result)
 
     def _start_trial(self, args, kwargs):
         """This call is answered by XLA; copies of its inputs and outputs are the trial's."""
@@ -302,8 +306,10 @@ class Executor:
         if self._stored is not None and self._stored.kept == "stitched":
             self._settle("stitched", self._recorded(self._stored))
             return
-        if self._stored is not None and self._stored.run_calls == self.run_calls:
+        if self._stored is not None and self._stored.run_calls and \
+                self.run_calls in (None, self._stored.run_calls):
             # an earlier run's confirmation, left open when that job ended: go on from it
+            self.run_calls = self._stored.run_calls
             self._samples = {k: list(self._stored.samples.get(k, []))
                              for k in ("xla", "stitched")}
             self._first_timed_call = self.info.calls + 1
@@ -316,6 +322,8 @@ class Executor:
         kept = record_choice(self.info, xla_s, stitched_s, self.reference,
                              f"measured {where} on the inputs of call {self.info.trial_call}")
         promising = stitched_s < TRIAL_SLACK * xla_s
+        if self.run_calls is None:
+            self.run_calls = calls_per_sample(xla_s)
         decision = self._first_says("trial", "confirm" if promising else kept)
         if decision == "confirm":
             # Decided on real calls, in both modes: back-to-back runs on the trial's inputs
@@ -366,6 +374,8 @@ class Executor:
         """``got`` against ``expected`` (the reference's outputs on ``inputs``, described by
         ``what``): within rtol/atol, or as close to the exact result as the reference's own
         f32 result is."""
+        from .. import verification  # with the trial: a young job's calls never load it
+
         expected, got = numpy_leaves(expected), numpy_leaves(got)
         ok, max_abs, max_rel = verification.compare(expected, got, self.rtol, self.atol)
         against, rounding_decides = [f"{self.reference} ({what})"], ""
@@ -386,9 +396,11 @@ class Executor:
         which every output of the reference is finite; None when none is."""
         import jax
 
+        from .. import verification  # with the trial: a young job's calls never load it
+
         def floats(make):
             return jax.tree_util.tree_map(
-                lambda a: make(np.asarray(a)) if _is_float(a) else a, inputs)
+                lambda a: make(np.asarray(a)) if is_float(a) else a, inputs)
 
         rng = np.random.default_rng(0)
         variants = [("trial call's inputs with NaN/inf as 0",
@@ -403,14 +415,18 @@ class Executor:
                 return what, variant, expected
         return None
 
-    def _f64_drift(self, inputs, expected: list, got: list) -> tuple[verification.Drift | None, str]:
+    def _f64_drift(self, inputs, expected: list, got: list) -> tuple:
         """A whole training step amplifies f32 rounding past any fixed tolerance (a Keras
         image model's step: max abs err 0.028, max rel 6e25 at a near-zero element): is the
         stitched result as close to the module's exact (f64) result as the reference's own
         f32 result is, or, element by element, as f32 executions with other roundings are?
         As ``verification.verify`` decides on random inputs. None when the module cannot run
         in f64 here."""
-        import jax
+        # with the trial: a young job's calls never load the compiler (job_clock.py)
+        from .. import verification
+        from ..hlo.drift import widened_args, widened_to_f64
+        from ..hlo.parser import parse_module
+        from ..hlo.xla_runner import optimized_hlo_text, run_hlo_with_xla
 
         try:
             args, kwargs = self._fresh(inputs)
@@ -436,6 +452,10 @@ class Executor:
             if not self._first_timed_call:
                 self._first_timed_call = self.info.calls
             self._run_label = min(("stitched", "xla"), key=lambda k: len(self._samples[k]))
+            if self.run_calls == 1:
+                # a single call is timed alone: the work the loop queued before it (a Keras
+                # test step waited ~170 ms for the epoch's train steps) is waited for first
+                jax.block_until_ready((args, kwargs))
             self._run_started = time.perf_counter()
         label = self._run_label
         executable = self.candidate if label == "stitched" else self.xla
@@ -455,8 +475,15 @@ class Executor:
         if self._run_done < self.run_calls:
             return out
         timed_calls = self.run_calls - 1 if self.run_calls > 1 else 1
-        self._samples[label].append((time.perf_counter() - self._run_started) / timed_calls)
+        sample = (time.perf_counter() - self._run_started) / timed_calls
         self._run_done = 0
+        if self._calls_were_apart(sample):
+            # the samples so far timed the job's work between calls: single calls from now
+            self.run_calls = 1
+            self._samples = {"xla": [], "stitched": []}
+            self._first_timed_call = 0
+            return out
+        self._samples[label].append(sample)
         if all(len(s) >= CONFIRM_ROUNDS for s in self._samples.values()) or \
                 clearly_apart(self._samples["xla"], self._samples["stitched"]):
             each = (f"in runs of {self.run_calls} calls of one executable" if self.run_calls > 1
@@ -467,13 +494,23 @@ class Executor:
             kept = record_choice(self.info, min(self._samples["xla"]),
                                  min(self._samples["stitched"]), self.reference,
                                  f"measured on calls {self._first_timed_call}-"
-                                 f"{self.info.calls}, {each}")
+                                 f"{self.info.calls}, {each}", self._reference_on_calls())
             self._decide(self._first_says("confirmed", kept))
         return out
 
+    def _calls_were_apart(self, sample: float) -> bool:
+        """Whether a run's calls were not back to back (a step the job calls once an epoch):
+        its sample is CALLS_APART times the trial's time of the step or more."""
+        return (self.run_calls > 1 and self.coordinator is None and self.info.xla_us is not None
+                and sample > CALLS_APART * self.info.xla_us * 1e-6)
+
+    def _reference_on_calls(self) -> str:
+        """What a real call runs when the stitched executable does not (the Report's why)."""
+        return "XLA"
+
     def _fresh(self, inputs):
         """The trial's inputs for one run: fresh copies of what the executables donate."""
-        return _copies(inputs) if self._donates() else inputs
+        return copies(inputs) if self._donates() else inputs
 
     def _donates(self) -> bool:
         import jax
@@ -503,12 +540,18 @@ def _keep_open_samples() -> None:
             pass
 
 
+def calls_per_sample(step_s: float) -> int:
+    """Real calls in a confirmation sample's run for a step of ``step_s`` (RUN_S)."""
+    return max(2, min(RUN_CALLS, math.ceil(RUN_S / max(step_s, 1e-9)) + 1))
+
+
 def record_choice(info, reference_s: float, stitched_s: float, reference_label: str,
-                  where: str) -> str:
+                  where: str, reference_shown: str = "XLA") -> str:
     """Record the two measured times and which one is kept, with why, in ``info``; returns
-    the label kept ("stitched" or ``reference_label``)."""
+    the label kept ("stitched" or ``reference_label``); ``reference_shown`` names what ran
+    the reference's samples."""
     info.xla_us, info.stitched_us = round(reference_s * 1e6, 1), round(stitched_s * 1e6, 1)
-    info.why = f"{where}: stitched {info.stitched_us} us vs XLA {info.xla_us} us"
+    info.why = f"{where}: stitched {info.stitched_us} us vs {reference_shown} {info.xla_us} us"
     return "stitched" if stitched_wins(stitched_s, reference_s) else reference_label
 
 
@@ -555,45 +598,3 @@ def lower_thread_priority() -> None:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
         except OSError as exc:  # e.g. a sandbox without setpriority: run at normal priority
             log.info("background thread keeps its priority: %s", exc)
-
-
-def numpy_leaves(tree) -> list:
-    """The array leaves of ``tree`` as numpy arrays; a typed PRNG key (flax nnx's ``rngs``
-    state) as its key data, the unsigned words XLA's module computes with."""
-    import jax
-
-    leaves = jax.tree_util.tree_leaves(tree)
-    return [np.asarray(jax.device_get(jax.random.key_data(leaf) if _is_key(leaf) else leaf))
-            for leaf in leaves]
-
-
-def _is_key(leaf) -> bool:
-    import jax
-
-    return hasattr(leaf, "dtype") and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
-
-
-def _is_float(leaf) -> bool:
-    import jax.numpy as jnp
-
-    return hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.floating)
-
-
-def _copies(tree):
-    """Copies of the array leaves of ``tree`` on their device, in one batched ``device_put``
-    (``x.copy()`` would compile a copy computation per shape: ~300 ms on the deciding call of
-    the MLP step); Python scalars are immutable and kept."""
-    import jax
-
-    leaves, structure = jax.tree_util.tree_flatten(tree)
-    # jax arrays where they are (a multi-process job's arrays only by their sharding), the
-    # others (numpy) on the default device
-    placed = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
-    other = [i for i, leaf in enumerate(leaves)
-             if hasattr(leaf, "shape") and not isinstance(leaf, jax.Array)]
-    copies = jax.device_put([leaves[i] for i in placed], [leaves[i].sharding for i in placed],
-                            may_alias=False)
-    copies += jax.device_put([leaves[i] for i in other], may_alias=False)
-    for i, copy in zip(placed + other, copies):
-        leaves[i] = copy
-    return jax.tree_util.tree_unflatten(structure, leaves)

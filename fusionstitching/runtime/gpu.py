@@ -75,23 +75,6 @@ def compute_capability(arch: str) -> int:
     return int(match.group(1))
 
 
-def device_compute_capability(device) -> int:
-    """A jax CUDA device's compute capability: ``"9.0"`` -> 90."""
-    major, _, minor = str(device.compute_capability).partition(".")
-    return int(major) * 10 + int(minor or 0)
-
-
-def target_for(device) -> str:
-    """The cost model's device (costmodel.TARGETS) for a jax CUDA device: the one of the same
-    compute capability (an H200 is planned as the H100 it shares sm_90 with); "h100" when
-    none matches (the PTX is still built for the device's own architecture)."""
-    arch = f"sm_{device_compute_capability(device)}"
-    for target in costmodel.TARGETS:
-        if costmodel.load_device(target).sm_arch == arch:
-            return target
-    return "h100"
-
-
 def ptx_entry_parameters(ptx: str, kernel_name: str) -> int:
     """Number of parameters of entry ``kernel_name`` in the PTX (each one a buffer pointer)."""
     match = re.search(rf"\.entry\s+{re.escape(kernel_name)}\s*\(([^)]*)\)", ptx)

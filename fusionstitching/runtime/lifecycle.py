@@ -13,46 +13,27 @@ import dataclasses
 import itertools
 import json
 import os
-import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
 
-from .. import pipeline
-from ..report import Fallback, PlanSummary, Report
+from .. import job_clock
+from ..options import Options
+from ..report import Fallback, Report, RuntimeInfo, RuntimeReport, fallback_report
 from . import files
-from .build import build_stitched, plan_cached, plan_key_of
-from .cache import KernelCache, share_with_group
-from .decisions import DecisionStore
+from .plan_key import plan_cached, plan_key_and_module, plan_key_of
+from .cache import CacheStats, KernelCache, share_with_group
+from .planning import planning_process
+from .decisions import Decision, DecisionStore
 from ..logs import log
-from .executor import Executor, RuntimeInfo, lower_thread_priority
+from .executor import CONFIRM_ROUNDS, Executor, lower_thread_priority
 
 _dump_counter = itertools.count()
-
-
-@dataclass
-class RuntimeReport(Report):
-    """A Report with what happened at run time (optional fields of the schema): ``runtime``
-    (runtime/executor.py RuntimeInfo: which executable runs, measured times, swap call) and
-    ``cache`` (kernel cache hits, misses, corrupt entries, LLVM seconds)."""
-
-    runtime: dict | None = None
-    cache: dict | None = None
-
-
-def fallback_report(name: str, options: pipeline.Options, fallbacks: list) -> Report:
-    """The pass did not run to the end: no plan to count, only why."""
-    empty = PlanSummary(kernels=0, mem_kernels=0, bytes=0, modeled_us=0.0)
-    return Report(module=name, target=options.target, xla=empty,
-                  fs=dataclasses.replace(empty, patterns=0), compulsory_bytes=0,
-                  fallbacks=fallbacks)
 
 
 def share_cache(cache_dir: str, group) -> None:
@@ -71,33 +52,45 @@ class Lifecycle:
     compiled). ``module_name``: the name its Report gives the module (None: the module's own
     once built, ``name`` before)."""
 
-    def __init__(self, name: str, options: pipeline.Options, cache_dir: str | None,
+    def __init__(self, name: str, options: Options, cache_dir: str | None,
                  async_compile: bool, dump_to: str | None, module_name: str | None = None,
-                 remote_cache: str | None = None):
+                 remote_cache: str | None = None, stitch_at_once: bool = False):
         self.name, self.options, self.cache_dir = name, options, cache_dir
+        # keep="stitched": the user wants the stitched executable whatever it costs, so its
+        # background build does not wait for the job to have run STITCH_AFTER_S
+        self.stitch_at_once = stitch_at_once
         self.remote_cache = remote_cache
         self.async_compile, self.dump_to, self.module_name = async_compile, dump_to, module_name
-        self.info = RuntimeInfo(mode="async" if async_compile else "sync")
+        self.info = RuntimeInfo(mode="async" if async_compile else "sync",
+                                timing_rounds=CONFIRM_ROUNDS)
         self.fallbacks: list[Fallback] = []  # the front end's own (TF: calls it leaves to TF)
         self.executor: Executor | None = None
         self.builder: threading.Thread | None = None  # the background build (async_compile)
         # the reference's optimized HLO, planned in a child process (``_plan_in_child``);
-        # None: a front end that cannot give it before its build (it plans on the thread)
+        # None until the front end has it (TF's sets it in its build, then plans there)
         self.optimized_text: Callable[[], str] | None = None
         self.reference = None  # XLA's Compiled of it (whether its plan is cached already)
         self.measure = False  # as ``build`` passes it (part of the plan's key)
+        self._planning_lock = threading.Lock()
+        self._planning_started = False  # _plan_in_child ran (from the builder or at exit)
         self.dump_name = f"{_file_name(name)}.{next(_dump_counter)}" if dump_to else None
 
     # -- build ------------------------------------------------------------------------
-    def start(self, build: Callable, *args, decided_before: Callable | None = None) -> None:
+    def start(self, build: Callable, *args, earlier_decision: Callable | None = None) -> None:
         """``build(*args)`` now, or on a background thread with ``async_compile``: there it
         first waits for a planning process (``_plan_in_child``) and then loads its plan. A
-        build whose decision an earlier run kept (``decided_before()``) runs now in any case:
-        loading its plan is quick, and its executable then answers the same calls in every
-        run of the job (the same losses, run after run)."""
-        if self.async_compile and not (decided_before is not None and decided_before()):
-            child = self._plan_in_child()
-            self.builder = threading.Thread(target=_in_background, args=(child, build, *args),
+        decision an earlier run kept (``earlier_decision()``) is applied at once: XLA's
+        executable kept, nothing is built; stitched, its build runs now (loading its plan is
+        quick), so that it answers the same calls in every run (the same losses, run after
+        run)."""
+        stored = earlier_decision() if earlier_decision is not None else None
+        if stored is not None and stored.kept == "reference" and self.executor is not None:
+            self.executor.keep_reference_as_decided(stored)
+            return
+        if self.async_compile and stored is None:
+            self.info.state = "waiting"  # until the job has run STITCH_AFTER_S
+            self.builder = threading.Thread(target=_in_background,
+                                            args=(self, build, *args),
                                             daemon=True, name=f"fusionstitching-{self.name}")
             _background[id(self)] = self
             self.builder.start()
@@ -111,6 +104,8 @@ class Lifecycle:
         options = dataclasses.replace(self.options, verify=False)  # the trial checks instead
         if dump_prefix and not options.emit_dir:
             options.emit_dir = dump_prefix + ".kernels"
+        from .build import build_stitched  # the compiler: loaded when stitching starts
+
         self.measure = measures(executor)
         try:
             built = build_stitched(jax_lowered, reference, options, self.cache_dir,
@@ -125,56 +120,93 @@ class Lifecycle:
                     KernelCache(self.cache_dir, remote=self.remote_cache), built.plan_key)
             executor.built_ok(built, time.perf_counter() - started)
 
-    def _plan_in_child(self) -> subprocess.Popen | None:
-        """``fusionstitching prewarm`` of the reference's module in a process of its own,
-        detached and at a low priority, planning it into the cache; None where it cannot.
-
-        Planning is Python: on a thread it held the GIL the training loop needs (a 12.6 s
-        Keras script ran 23.8 s with its builds on threads), and a job that ended first lost
-        it. The child goes on after the job ends; the next run loads its plan."""
+    def _needs_planning(self) -> bool:
+        """Whether the build waits for a planning process (``_plan_in_child``): a cache to
+        plan into and no plan there yet (the build then loads it at once)."""
         if self.cache_dir is None or self.optimized_text is None:
-            return None
+            return False
         try:
-            if self.reference is not None and plan_cached(
-                    self.reference, self.options, self.cache_dir, self.remote_cache,
-                    self.measure):
-                return None  # the build loads it at once
-            folder = tempfile.mkdtemp(prefix="fusionstitching-plan-")  # private (0700)
-            files.write_atomic(os.path.join(folder, f"{_file_name(self.name)}.xla.hlo.txt"),
-                               self.optimized_text())
-            command = [sys.executable, "-m", "fusionstitching.cli", "prewarm", folder,
-                       "--cache_dir", self.cache_dir, "--target", self.options.target,
-                       "--explorer", self.options.explorer,
-                       "--keep", "fastest" if self.measure else "stitched"]
-            if self.remote_cache:
-                command += ["--remote_cache", self.remote_cache]
-            # one planning process at a time per user, at the lowest priority: several at
-            # once, each with XLA's thread pool, took the job's cores however nice they were
-            lock = os.path.join(tempfile.gettempdir(), f"fusionstitching-planning-{os.getuid()}")
-            run = f"nice -n 19 {shlex.join(command)}"
-            if shutil.which("flock"):
-                run = f"flock {shlex.quote(lock)} {run}"
-            script = f"{run}; status=$?; rm -rf {shlex.quote(folder)}; exit $status"
-            env = {k: v for k, v in os.environ.items() if k != "FUSIONSTITCHING"}
-            return subprocess.Popen(["sh", "-c", script], start_new_session=True, env=env,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL)
+            return self.reference is None or not plan_cached(
+                self.reference, self.options, self.cache_dir, self.remote_cache, self.measure)
+        except Exception as exc:  # the build finds out for itself
+            log.info("%s: plan cache not read: %s", self.name, exc)
+            return False
+
+    def plan_in_background(self) -> bool:
+        """Before a background build: the module planned by the job's planning process when
+        there is a cache to plan into and no plan in it yet (the build then loads it).
+        False when the job is ending meanwhile: no build starts (the next run loads the
+        plan)."""
+        if self._needs_planning():
+            child = self._plan_in_child()
+            if child is not None:
+                self._wait_for_plan(child)  # else the build plans on its thread
+        return not _exiting.is_set()
+
+    def _plan_in_child(self) -> subprocess.Popen | None:
+        """Queue the reference's module with the job's planning process (runtime/planning.py),
+        which plans it into the cache and goes on after the job ends; None where it cannot
+        (the build then plans on its thread). Once per lifecycle."""
+        with self._planning_lock:
+            if self._planning_started:
+                return None
+            self._planning_started = True
+        return self._queue_planning()
+
+    def _queue_planning(self) -> subprocess.Popen | None:
+        command = ("--cache_dir", self.cache_dir, "--target", self.options.target,
+                   "--explorer", self.options.explorer,
+                   "--keep", "fastest" if self.measure else "stitched",
+                   # no worker processes: beside the job they took cores it needed (the
+                   # 95-fusion train step of a Keras convnet planned in 10.0 s and 9.2 CPU s
+                   # without them, 10.9 s and 12.4 CPU s with two)
+                   "--workers", "1")
+        if self.remote_cache:
+            command += ("--remote_cache", self.remote_cache)
+        try:
+            return planning_process(command).add(_file_name(self.name), self.optimized_text())
         except Exception as exc:  # the build plans on its thread instead
             log.info("%s: no planning process: %s", self.name, exc)
             return None
 
-    def decided_before(self, reference, measure: bool) -> bool:
-        """Whether an earlier run kept a decision for the plan of ``reference`` (measured
-        with ``measure`` as ``build`` passes it); any problem reads as no."""
-        if self.cache_dir is None:
-            return False
+    def _wait_for_plan(self, child: subprocess.Popen) -> None:
+        """Until the planning process has stored this module's plan (the build then loads
+        it), ended without it, or the job ends. A process that had looked its folder over for
+        the last time when the module was queued took it away with the folder: the module is
+        queued once more, with a new one."""
+        key = plan_key_of(self.reference, self.options, self.measure)
+        cache = KernelCache(self.cache_dir, remote=self.remote_cache)
+        for attempt in range(2):
+            while child.poll() is None:
+                if cache.lookup(key, CacheStats(self.cache_dir)) is not None:
+                    return
+                if _exiting.wait(PLAN_POLL_S):
+                    return
+            if attempt or cache.lookup(key, CacheStats(self.cache_dir)) is not None:
+                return
+            child = self._queue_planning()
+            if child is None:
+                return
+
+    def earlier_decision(self, reference, measure: bool) -> Decision | None:
+        """The settled decision an earlier run kept for the plan of ``reference`` (measured
+        with ``measure`` as ``build`` passes it); any problem reads as none."""
         try:
-            key = plan_key_of(reference, self.options, measure)
-            cache = KernelCache(self.cache_dir, remote=self.remote_cache)
-            stored = DecisionStore(cache, key).load()
-            return stored is not None and stored.settled
+            store = self.decision_store(reference, measure)
+            stored = store.load() if store is not None else None
+            return stored if stored is not None and stored.settled else None
         except Exception:  # the build finds out for itself
-            return False
+            return None
+
+    def decision_store(self, reference, measure: bool) -> DecisionStore | None:
+        """Where the decision for the plan of ``reference`` is kept (None: no cache)."""
+        if self.cache_dir is None:
+            return None
+        key, module = plan_key_and_module(reference, self.options, measure)
+        if self.module_name is None and module:
+            # a decision settles it unbuilt: its Report names the module as a built one does
+            self.module_name = module
+        return DecisionStore(KernelCache(self.cache_dir, remote=self.remote_cache), key)
 
     def wait_built(self, timeout_s: float | None = None) -> bool:
         """Wait for a background build and a background trial that has started (never needed
@@ -199,7 +231,7 @@ class Lifecycle:
         built = executor.built if executor is not None else None
         fallbacks = self.fallbacks + (executor.fallbacks if executor is not None else [])
         if built is None:
-            base, cache = fallback_report(self.name, self.options, fallbacks), None
+            base, cache = fallback_report(self.name, self.options.target, fallbacks), None
         else:
             base = built.stitched_report if executor.runs_stitched() else built.xla_report
             cache = dataclasses.asdict(built.cache)
@@ -273,19 +305,22 @@ def measures(executor: Executor) -> bool:
 # Background threads inside XLA or LLVM (C++) when the interpreter finalizes abort the whole
 # process ("FATAL: exception not rethrown": the thread is unwound through C++ frames), so at
 # exit no new build starts and the running ones, and trials, are waited for (at most
-# EXIT_JOIN_S). A thread still waiting for its planning child holds no C++ frame: it is left.
+# EXIT_JOIN_S). A thread still waiting for planning holds no C++ frame: it is left.
 EXIT_JOIN_S = 120.0
+PLAN_POLL_S = 1.0  # how often a build waiting for its plan looks into the cache
 _background: "weakref.WeakValueDictionary[int, Lifecycle]" = weakref.WeakValueDictionary()
 _exit_lock = threading.Lock()
-_exiting = False
+_exiting = threading.Event()
 
 
-def _in_background(child: subprocess.Popen | None, build: Callable, *args) -> None:
+def _in_background(lifecycle: Lifecycle, build: Callable, *args) -> None:
     lower_thread_priority()  # the build takes only the CPU the user's job leaves
-    if child is not None:
-        child.wait()  # its plan is then in the cache (else the build plans here)
+    if _exiting.wait(0.0 if lifecycle.stitch_at_once else job_clock.seconds_until_stitching()):
+        return  # the job is ending: planning starts at exit, for the next run
+    lifecycle.info.state = "building"
+    lifecycle.plan_in_background()  # TF's front end plans once it has XLA's module
     with _exit_lock:
-        if _exiting:
+        if _exiting.is_set():
             return  # the job is ending; the next run loads the child's plan
         threading.current_thread().fusionstitching_building = True
     build(*args)
@@ -293,11 +328,12 @@ def _in_background(child: subprocess.Popen | None, build: Callable, *args) -> No
 
 @atexit.register
 def _join_background_work() -> None:
-    global _exiting
     with _exit_lock:
-        _exiting = True
+        _exiting.set()
     deadline = time.monotonic() + EXIT_JOIN_S
     for lifecycle in list(_background.values()):
+        if lifecycle._needs_planning():  # not planned yet: for the next run
+            lifecycle._plan_in_child()
         builder = lifecycle.builder
         if builder is not None and getattr(builder, "fusionstitching_building", False):
             builder.join(max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,63 @@
+"""The key of a module's plan in the kernel cache: XLA's optimized HLO (without source
+locations), the target, the explorer and the CPU-speed rules the plan's decisions follow.
+The runtime's call path computes it (is a plan or a decision stored?) without the compiler.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from ..hlo.xla_runner import optimized_hlo_text
+from ..options import Options
+from . import cache as kernel_cache
+from . import cpu_speed
+from .devices import gpu_device_of, target_for
+
+_METADATA = re.compile(r", metadata=\{[^{}]*\}")
+_MODULE_NAME = re.compile(r"HloModule ([^\s,]+)")
+_STACK_SECTIONS = re.compile(r"^(FileNames|FunctionNames|FileLocations|StackFrames)\n(.+\n)*",
+                             re.MULTILINE)
+
+
+def without_source_locations(hlo_text: str) -> str:
+    """XLA's optimized HLO without op metadata and jax's stack-frame sections: they name the
+    Python call site (file, line, caller), which changes with every edit of the script and
+    differs between a script and its child processes, and they do not change the plan."""
+    return _STACK_SECTIONS.sub("", _METADATA.sub("", hlo_text))
+
+
+def plan_key_of_text(optimized: str, options: Options, measure: bool) -> str:
+    return kernel_cache.fingerprint("plan", without_source_locations(optimized),
+                                    options.target, options.explorer,
+                                    # the rule is part of the decisions the plan keeps
+                                    f"measure={measure and cpu_speed.SLOWER_ALONE}",
+                                    f"alone={measure and cpu_speed.FASTER_ALONE}")
+
+
+def plan_key_of(xla_compiled, options: Options, measure: bool) -> str:
+    """The key ``build_stitched`` gives the plan of ``xla_compiled`` (without building)."""
+    return plan_key_and_module(xla_compiled, options, measure)[0]
+
+
+def plan_key_and_module(xla_compiled, options: Options, measure: bool) -> tuple[str, str]:
+    """``plan_key_of``, and the name XLA gives the module (its Report's, once built)."""
+    device = gpu_device_of(xla_compiled)
+    if device is not None:
+        options = dataclasses.replace(options, target=target_for(device))
+    optimized = optimized_hlo_text(xla_compiled)
+    name = _MODULE_NAME.match(optimized)
+    return (plan_key_of_text(optimized, options, measure), name.group(1) if name else "")
+
+
+def open_cache(cache_dir: str | None, remote_cache: str | None):
+    """(stats, cache) of one build or lookup."""
+    stats = kernel_cache.CacheStats(cache_dir, kernel_cache.redacted(remote_cache)
+                                    if remote_cache else None)
+    return stats, kernel_cache.KernelCache(cache_dir, remote=remote_cache)
+
+
+def plan_cached(xla_compiled, options: Options, cache_dir: str | None,
+                remote_cache: str | None, measure: bool) -> bool:
+    """Whether the plan of ``xla_compiled`` (and its kernels) is in the cache already."""
+    stats, cache = open_cache(cache_dir, remote_cache)
+    return cache.lookup(plan_key_of(xla_compiled, options, measure), stats) is not None
