@@ -2,6 +2,7 @@
 the hook (FUSIONSTITCHING=1): shared by test_hook_jax_libraries.py and test_hook_keras3.py."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -9,6 +10,7 @@ import sys
 
 from benchmarks.bench_training_loop import REPO
 from benchmarks.bench_training_loop import WITH_REPOSITORY_HOOK as WITH_PTH
+from tf_hooks import flags as flag_parsing, tf_hook
 
 
 def start(tmp_path, script: str, env: dict) -> subprocess.Popen:
@@ -45,3 +47,14 @@ def plain_and_stitched(tmp_path, source: str, keys=("losses", "loss", "params")
     assert "left to jax.jit" not in err  # no step function escaped the hook
     reports = json.loads(report_path.read_text())
     return numbers(plain_out, keys), numbers(out, keys), reports, err
+
+
+@contextlib.contextmanager
+def tf_hook_installed(tmp_path, **flags):
+    """TF's hook installed in this process with ``flags`` (its cache under ``tmp_path``), as
+    FUSIONSTITCHING_FLAGS would install it; uninstalled on leaving."""
+    tf_hook.install(flag_parsing.Flags(cache_dir=str(tmp_path / "cache"), **flags))
+    try:
+        yield
+    finally:
+        tf_hook.uninstall()

@@ -20,14 +20,17 @@ import jax
 import numpy as np
 import pytest
 
+from fusionstitching.runtime.decisions import Decision
 from fusionstitching.capture import xla_gpu_available
 from fusionstitching.cli import main as cli_main
 from fusionstitching.hlo.parser import parse_module
 from fusionstitching.runtime import ffi
 from helpers import elementwise_kernel
+from helpers_hook import tf_hook_installed
+from tf_hooks import tf_hook
 from tf_hooks.hlo_function import hlo_function, module_avals
 from tf_hooks.stitched_call import stitched_step
-from tf_hooks.tf_hook import Signature, signature, split_alias
+from tf_hooks.tf_module import Signature, signature, split_alias
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(REPO, "benchmarks", "tf_scripts")
@@ -353,11 +356,13 @@ def test_handlers_are_not_registered_with_an_xla_speaking_an_older_ffi():
 @pytest.mark.slow  # ~2 min: six step modules (train, test, predict at 32 and 4 rows) to build
 def test_a_keras_script_with_default_jit_and_a_partial_batch_runs_stitched(tmp_path):
     """Keras 3 on TF, ``compile()`` at its defaults, 100 rows in batches of 32: with the env
-    var alone (--keras_jit is on by default) train, test and predict run stitched, at both
-    batch sizes, with plain TF's losses and predictions."""
+    var and one flag (--keep=stitched, which gives the steps XLA from their first call)
+    train, test and predict run stitched, at both batch sizes, with the losses and
+    predictions of TF's XLA."""
     pytest.importorskip("keras", minversion="3")
     expected, got, stderr, plain_out, hooked_out, reports = compare_runs(
-        "keras_tabular.py", tmp_path, "", "--keep=stitched --verify", keras_jit_only=True)
+        "keras_tabular.py", tmp_path, "", "--keep=stitched --verify",
+        keras_jit_only=True)
     np.testing.assert_allclose(got["losses"], expected["losses"], rtol=1e-4)
     np.testing.assert_allclose(got["evaluate"], expected["evaluate"], rtol=1e-4)
     assert got["predict"] == pytest.approx(expected["predict"], rel=1e-4)
@@ -369,3 +374,80 @@ def test_a_keras_script_with_default_jit_and_a_partial_batch_runs_stitched(tmp_p
         assert not report["fallbacks"], (report["module"], report["fallbacks"])
         assert report["runtime"]["kept"] == "stitched", (report["module"], report["runtime"])
         assert report["verify"]["ran"] and report["verify"]["ok"], report["verify"]
+
+
+def test_a_short_keras_script_under_the_default_flags_runs_as_plain_tf_and_says_so(tmp_path):
+    """Keras 3 on TF at its defaults, a job of a few seconds: --keras_jit=auto leaves its
+    steps to plain TF (the same losses, bit for bit), and the exit notice says why."""
+    pytest.importorskip("keras", minversion="3")
+    expected, got, stderr, _, _, reports = compare_runs("keras_tabular.py", tmp_path, "", "")
+    assert got == expected
+    assert reports and all(r["runtime"]["state"] == "waiting" for r in reports), reports
+    assert "ran as plain TF" in stderr and "--keras_jit=always" in stderr, stderr[-2000:]
+
+
+def test_a_step_called_under_a_gradient_tape_runs_as_tf_and_says_so(tmp_path):
+    """A gradient tape watching a jit-compiled function's inputs: TF runs the call (its
+    gradient is TF's), once noted in the fallbacks."""
+    tf = pytest.importorskip("tensorflow")
+    with tf_hook_installed(tmp_path, async_compile=False, keep="stitched"):
+        @tf.function(jit_compile=True)
+        def f(x):
+            return tf.reduce_sum(tf.exp(x) * x)
+
+        x = tf.reshape(tf.range(16, dtype=tf.float32) / 16.0, [2, 8])
+        f(x)  # built
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = f(x)
+        plain = tf.function(f.python_function, jit_compile=True)  # TF's own, not hooked
+        with tf.GradientTape() as plain_tape:
+            plain_tape.watch(x)
+            y_plain = tf_hook._hook.original(plain, x)
+        np.testing.assert_array_equal(tape.gradient(y, x).numpy(),
+                                      plain_tape.gradient(y_plain, x).numpy())
+        fallbacks = tf_hook.last_compiled(f).report().fallbacks
+        assert [fb.stage for fb in fallbacks] == ["call"], fallbacks
+        assert "gradient tape" in fallbacks[0].reason
+
+
+def test_a_tf_step_whose_earlier_decision_kept_tf_builds_nothing(tmp_path):
+    """A decision an earlier run kept for TF's own function: the next run's TfCompiled
+    settles on it as soon as it has XLA's module, with no planning and no build."""
+    tf = pytest.importorskip("tensorflow")
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        return tf.reduce_sum(tf.exp(x) * x, axis=1)
+
+    x = tf.reshape(tf.range(32, dtype=tf.float32) / 32.0, [4, 8])
+    with tf_hook_installed(tmp_path, async_compile=False, keep="fastest"):
+        step(x)
+        first = tf_hook.last_compiled(step)
+        assert first.executor.built is not None
+        first.executor.decisions.save(Decision("reference", 10.0, 20.0, "measured in a test"))
+    # the next run: a new hook
+    with tf_hook_installed(tmp_path, async_compile=False, keep="fastest"):
+        np.testing.assert_array_equal(step(x).numpy(),
+                                      tf_hook._hook.original(step, x).numpy())
+        again = tf_hook.last_compiled(step)
+        assert again is not first and again.executor.built is None
+        assert again.info.state == "settled" and again.info.kept == "tf", again.info
+        assert again.info.why.startswith("decided by an earlier run on this machine")
+
+
+def test_a_background_tf_build_loads_the_plan_of_the_jobs_planning_process(tmp_path):
+    """With --async, a TF step is planned by the job's planning process (planning on the
+    build thread held the GIL the training loop needs) and its build loads the plan."""
+    tf = pytest.importorskip("tensorflow")
+    with tf_hook_installed(tmp_path, async_compile=True, keep="stitched"):
+        @tf.function(jit_compile=True)
+        def step(x):
+            return tf.reduce_sum(tf.exp(x * 0.5 - 1.0), axis=1)
+
+        x = tf.reshape(tf.range(32, dtype=tf.float32) / 32.0, [4, 8])
+        step(x)
+        compiled = tf_hook.last_compiled(step)
+        assert compiled.lifecycle.wait_built(300)
+        assert compiled.lifecycle._planning_started
+        assert compiled.report().cache["plan"] == "hit", compiled.report().cache

@@ -43,6 +43,6 @@ def enable_from_environment() -> bool:
 
     jax_hook.install_when_imported(parsed)
     tf_hook.install_when_imported(parsed)
-    if parsed.keras_jit:
+    if parsed.keras_jit != "false":
         keras_jit.install_when_imported()
     return True

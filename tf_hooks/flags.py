@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from fusionstitching import job_clock  # noqa: F401 - its clock starts with the process
 from fusionstitching.logs import log
 
 _STARTED = time.time()  # this module is imported at start-up (the .pth hook)
@@ -42,7 +43,10 @@ class Flags:
     dump_to: str | None = None
     report: str | None = None
     keep: str = "fastest"
-    keras_jit: bool = True  # Keras 3 on TF: jit_compile="auto" means XLA on CPUs too
+    # Keras 3 on TF, jit_compile="auto" on a machine without a GPU: "auto" gives a step XLA
+    # once the job has run STITCH_AFTER_S (plain TF before), "always" from its first call,
+    # "false" leaves Keras's choice (no XLA)
+    keras_jit: str = "auto"
 
     def jit_options(self) -> dict:
         """Keyword arguments of ``fusionstitching.jit``."""
@@ -64,9 +68,12 @@ _FLAGS = {"async": ("async_compile", False), "verify": ("verify", False),
           "cache_dir": ("cache_dir", True), "cache_group": ("cache_group", True),
           "remote_cache": ("remote_cache", True),
           "dump_to": ("dump_to", True), "report": ("report", True), "keep": ("keep", True),
-          "keras_jit": ("keras_jit", False)}
+          "keras_jit": ("keras_jit", True)}
 _CHOICES = {"target": ("h100", "a100", "v100"), "explorer": ("beam", "greedy"),
-            "keep": ("fastest", "stitched")}
+            "keep": ("fastest", "stitched"), "keras_jit": ("auto", "always", "false")}
+# --keras_jit alone, or as a boolean as it once was
+_KERAS_JIT_WORDS = {"": "always", "true": "always", "1": "always", "yes": "always",
+                    "on": "always", "0": "false", "no": "false", "off": "false"}
 
 
 def enabled(environ=None) -> bool:
@@ -85,13 +92,15 @@ def enabled(environ=None) -> bool:
 
 def parse(text: str) -> tuple[Flags, list[str]]:
     """(flags, problems): each problem names a flag that was ignored and why."""
-    flags, problems = Flags(), []
+    flags, problems, given = Flags(), [], set()
     for word in _words(text or "", problems):
         name, has_value, value = word.lstrip("-").partition("=")
         if not word.startswith("--") or name not in _FLAGS:
             problems.append(f"unknown flag {word!r}")
             continue
         field, takes_value = _FLAGS[name]
+        if name == "keras_jit":
+            value = _KERAS_JIT_WORDS.get(value.lower(), value.lower())
         if takes_value:
             if not value:
                 problems.append(f"{word!r} needs a value (--{name}=...)")
@@ -100,10 +109,20 @@ def parse(text: str) -> tuple[Flags, list[str]]:
                 problems.append(f"{word!r}: expected one of {', '.join(_CHOICES[name])}")
                 continue
             setattr(flags, field, value)
+            given.add(name)
         elif not has_value or value.lower() in _TRUE + _FALSE[1:]:
             setattr(flags, field, not has_value or value.lower() in _TRUE)
+            given.add(name)
         else:
             problems.append(f"{word!r}: expected --{name} or --{name}=true/false")
+    if flags.keep == "stitched":
+        # the one flag of a user who wants every step stitched: unless said otherwise,
+        # Keras's steps get XLA from their first call and each is built in its first call
+        # (a Keras script of 6 train steps ended before background builds did)
+        if "keras_jit" not in given:
+            flags.keras_jit = "always"
+        if "async" not in given:
+            flags.async_compile = False
     return flags, problems
 
 
@@ -188,6 +207,13 @@ def _state_in_words(runtime: dict) -> str:
                "goes on in a background process, for the next run)"
     if state in ("pending", "trial", "timing"):
         return "still deciding when the job ended"
+    if state == "waiting" and runtime.get("kept") == "plain-tf":
+        return "ran as plain TF: the job ended before XLA was worth compiling for " \
+               "(--keras_jit=auto; --keras_jit=always compiles from the first call)"
+    if state == "waiting":
+        return "the job ended before stitching starts (30 s into a job: a shorter one " \
+               "gains less than building costs; a plan not cached yet is made at exit, " \
+               "for the next run)"
     return _short(f"{state}: {runtime.get('why') or 'no reason given'}")
 
 

@@ -1,12 +1,17 @@
 """``--keras_jit``: Keras 3 on TF resolves ``compile(jit_compile="auto")`` to XLA without a GPU too.
 
 Keras turns XLA off for TF on a machine with CPUs only, so no step of a script compiled with
-the default would reach the TF hook and the env var did nothing. With the flag (on by default
-under FUSIONSTITCHING=1), "auto" means on every machine what it means on a GPU one: XLA
-wherever the model's layers support it, never under a tf.distribute strategy. An explicit
+the default would reach the TF hook and the env var did nothing. With the flag (``auto`` by
+default under FUSIONSTITCHING=1), "auto" means what it means on a GPU machine: XLA wherever the
+model's layers support it, never under a tf.distribute strategy. The steps it turns on run as
+plain TF until the job has run STITCH_AFTER_S (tf_hook.py: an XLA compile costs a short job more
+than it can save); ``--keras_jit=always`` gives them XLA from the first call. An explicit
 ``jit_compile=False`` stays False, and ``--keras_jit=false`` keeps Keras's own resolution.
 """
 from __future__ import annotations
+
+import functools
+import inspect
 
 from fusionstitching.logs import log
 
@@ -34,10 +39,45 @@ def install() -> None:
             return original(model)
         if getattr(model, "_distribute_strategy", None):
             return False  # as Keras: no XLA under tf.distribute
-        return bool(trainer.model_supports_jit(model))
+        if original(model):
+            return True  # Keras's own choice (a GPU machine): XLA from the first call
+        supported = bool(trainer.model_supports_jit(model))
+        model._fusionstitching_auto_jit = supported  # read by turned_on_here
+        return supported
 
     _resolve_auto_jit_compile.fusionstitching_original = original
     cls._resolve_auto_jit_compile = _resolve_auto_jit_compile
+    original_compile = cls.compile
+    parameters = inspect.signature(original_compile)
+
+    @functools.wraps(original_compile)
+    def compile(model, *args, **kwargs):
+        result = original_compile(model, *args, **kwargs)
+        # Keras resolves "auto" also when compile sets an explicit value (TF's __setattr__
+        # reads the jit_compile property first): an explicit jit_compile is the user's choice
+        try:
+            asked = parameters.bind(model, *args, **kwargs).arguments.get("jit_compile", "auto")
+        except TypeError:
+            asked = "auto"
+        if asked != "auto":
+            model._fusionstitching_auto_jit = False
+        return result
+
+    cls.compile = compile
+
+
+def turned_on_here(function) -> bool:
+    """Whether a jit-compiled tf.function is a step of a model whose XLA this flag turned on:
+    Keras's step functions are closures over the model."""
+    python_function = inspect.unwrap(getattr(function, "python_function", None) or
+                                     (lambda: None))
+    for cell in getattr(python_function, "__closure__", None) or ():
+        try:
+            if getattr(cell.cell_contents, "_fusionstitching_auto_jit", False) is True:
+                return True
+        except ValueError:  # an empty cell
+            continue
+    return False
 
 
 def install_when_imported() -> None:

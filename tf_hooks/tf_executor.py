@@ -46,6 +46,9 @@ def tf_executor():
             updated = read(sig.variables[v] for v in sig.updates)
             return (params, {}), outputs, [np.array(t) for t in outputs + updated]
 
+        def _reference_on_calls(self) -> str:
+            return "plain TF" if self.compiled.plain_reference else "TF's XLA"
+
         def _fresh(self, inputs):
             import jax
 

@@ -14,14 +14,19 @@ import functools
 import sys
 import threading
 import time
-from dataclasses import dataclass
 
+from fusionstitching import job_clock
 from fusionstitching.logs import log
 
 from . import flags as flag_parsing
-from .hlo_function import hlo_function, module_avals, numpy_dtype
+from . import keras_jit
+from .against_plain import (SAMPLES_WAIT_S, PlainTimes, beyond_reach, remember_plain,
+                            tf_module_decisions, xla_best_s)
+from .hlo_function import hlo_function, module_avals
 from .stitched_call import NotCallable, stitched_step
 from .tf_executor import tf_executor
+from .tf_module import Signature, Unsupported, signature, split_alias
+from .waiting import StitchingSwitch, WaitingStep, plain_function
 
 _hook: "Hook | None" = None  # the installed hook
 
@@ -77,10 +82,6 @@ def install_when_imported(flags: flag_parsing.Flags) -> None:
 # -- per call -------------------------------------------------------------------------------
 
 
-class Unsupported(Exception):
-    """The function runs as TF would; the message says why."""
-
-
 class Hook:
     """Routes each call of a jit-compiled tf.function to its concrete function's
     ``TfCompiled`` (one per concrete function, created on its first call)."""
@@ -91,9 +92,11 @@ class Hook:
         self._compiled: dict = {}  # id(concrete function) -> (concrete function, TfCompiled)
         self._lock = threading.Lock()
         self._reported_functions: set = set()
+        self._switch: StitchingSwitch | None = None
+        self._waiting: dict = {}  # id(concrete function) -> WaitingStep
 
     def call(self, function, args, kwargs):
-        from tensorflow.python.eager import context, record
+        from tensorflow.python.eager import context
         from tensorflow.python.ops import control_flow_util
         from tensorflow.python.framework import ops
 
@@ -104,6 +107,17 @@ class Hook:
         except Exception:  # first call creating variables, etc.: TF's own path says why
             return self.original(function, *args, **kwargs)
         flat = concrete.function_type.unpack_inputs(concrete.function_type.bind(*args, **kwargs))
+        if not context.executing_eagerly() and self._waits(function) and not _taped(flat, concrete):
+            # A step --keras_jit=auto gave XLA, traced into a caller's graph while the job is
+            # young: the graph itself picks TF's plain function until the switch turns on
+            try:
+                return concrete.function_type.pack_output(self._switched_in_graph(
+                    function, concrete, flat))
+            except Exception as exc:  # never fail the user's job: a Python call per step
+                log.warning("%s: its waiting step goes through Python (%s: %s)",
+                            concrete.name, type(exc).__name__, _first_line(exc))
+                return concrete.function_type.pack_output(self._per_shape_in_graph(
+                    function, concrete, flat))
         shapes = call_shapes(flat)
         if shapes is None:
             # A dimension left open (Keras's batch of None inside its train function): TF's
@@ -113,15 +127,10 @@ class Hook:
         compiled = self._compiled_for(function, concrete, shapes, flat)
         if compiled.unsupported:
             return self.original(function, *args, **kwargs)
-        if record.could_possibly_record():
-            from tensorflow.python.eager.polymorphic_function import gradients_util
-
-            if gradients_util.PossibleTapeGradientTypes(
-                    list(flat) + list(concrete.captured_inputs)) != \
-                    gradients_util.POSSIBLE_GRADIENT_TYPES_NONE:
-                compiled.note_tf_call("differentiated from outside (a gradient tape watches "
-                                      "its inputs or variables)")
-                return self.original(function, *args, **kwargs)
+        if _taped(flat, concrete):
+            compiled.note_tf_call("differentiated from outside (a gradient tape watches "
+                                  "its inputs or variables)")
+            return self.original(function, *args, **kwargs)
         if context.executing_eagerly():
             return concrete.function_type.pack_output(compiled(flat))
         return concrete.function_type.pack_output(compiled.in_graph(flat))
@@ -140,15 +149,67 @@ class Hook:
         compiled.start(flat)
         return compiled
 
-    def _per_shape_in_graph(self, function, concrete, flat) -> list:
+    def _compiled_of(self, concrete) -> list:
+        """The ``TfCompiled`` of each input shapes ``concrete`` was called with."""
+        with self._lock:
+            return [c for (key, _), (_, c) in self._compiled.items() if key == id(concrete)]
+
+    def _waits(self, function) -> bool:
+        """Whether calls of ``function`` run as plain TF for now: a step --keras_jit=auto gave
+        XLA, in a job younger than STITCH_AFTER_S."""
+        return (self.flags.keras_jit == "auto" and keras_jit.turned_on_here(function)
+                and job_clock.seconds_until_stitching() > 0)
+
+    def stitching_switch(self) -> "StitchingSwitch":
+        """The process's switch (made by the first step that waits in a graph)."""
+        with self._lock:
+            if self._switch is None:
+                self._switch = StitchingSwitch()
+            return self._switch
+
+    def _switched_in_graph(self, function, concrete, flat) -> list:
+        """The call inside another function's graph, for a step that waits: a ``tf.cond`` on
+        the stitching switch between TF's plain function, called in the graph (no Python per
+        call: a ``tf.py_function`` per call cost a Keras convnet's 56 steps 1.06 s of TF
+        execution against 0.64 s plain), and the hooked call once the switch is on."""
+        import tensorflow as tf
+
+        switch = self.stitching_switch()
+        with self._lock:
+            step = self._waiting.get(id(concrete))
+            if step is None:
+                self._waiting[id(concrete)] = step = WaitingStep(concrete, self.flags, switch)
+                flag_parsing.track(step)
+        outputs = concrete.outputs
+        plain = plain_function(concrete)
+
+        def hooked():
+            return self._per_shape_in_graph(function, concrete, flat, waiting=step)
+
+        def as_tf():
+            results = plain.call_flat(*flat, *concrete.captured_inputs)
+            return list(results) if isinstance(results, (list, tuple)) else [results]
+
+        hook_it = tf.logical_and(switch.variable, tf.logical_not(step.back_to_plain))
+        results = tf.cond(hook_it, hooked, as_tf, name="fusionstitching_waiting")
+        results = list(results) if isinstance(results, (list, tuple)) else [results]
+        for result, output in zip(results, outputs):
+            result.set_shape(output.shape)
+        return results
+
+    def _per_shape_in_graph(self, function, concrete, flat, waiting=None) -> list:
         """The call inside a graph whose inputs have an open dimension: a
-        ``tf.py_function`` that runs the ``TfCompiled`` of each call's concrete shapes."""
+        ``tf.py_function`` that runs the ``TfCompiled`` of each call's concrete shapes
+        (``waiting``: the step's ``WaitingStep``, told after each call)."""
         import tensorflow as tf
 
         def run(*values):
             values = list(values)
             compiled = self._compiled_for(function, concrete, call_shapes(values), values)
-            return compiled(values) if not compiled.unsupported else compiled._tf(values)
+            results = compiled(values) if not compiled.unsupported else compiled._tf(values)
+            if waiting is not None:
+                waiting.settle(self._compiled_of(concrete))
+            return results
 
         outputs = concrete.outputs
         results = tf.py_function(run, list(flat), [t.dtype for t in outputs],
@@ -156,6 +217,15 @@ class Hook:
         for result, output in zip(results, outputs):
             result.set_shape(output.shape)
         return list(results)
+
+
+def _taped(flat, concrete) -> bool:
+    """Whether a gradient tape watches the call's inputs or variables (TF then runs it)."""
+    from tensorflow.python.eager import record
+    from tensorflow.python.ops import gradients_util
+
+    return record.could_possibly_record() and gradients_util.PossibleTapeGradientTypes(
+        list(flat) + list(concrete.captured_inputs)) != gradients_util.POSSIBLE_GRADIENT_TYPES_NONE
 
 
 def call_shapes(flat) -> tuple | None:
@@ -173,84 +243,6 @@ def call_shapes(flat) -> tuple | None:
     return tuple(shapes)
 
 
-# -- TF's module as a jax function ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Signature:
-    """How TF's HLO module maps onto the concrete function."""
-
-    num_inputs: int  # flat tensor inputs (the rest of the parameters are captured variables)
-    variables: tuple  # (handle, tf dtype) per captured variable, in parameter order
-    num_outputs: int  # the function's flat outputs (the rest of the results are updates)
-    updates: tuple  # per update result: index into ``variables`` of the variable it writes
-
-
-def split_alias(hlo_text: str) -> tuple[str, dict[int, int]]:
-    """(module text without ``input_output_alias``, {result index: parameter index}).
-
-    The alias is TF's contract with its own executor (it donates the variables' buffers);
-    the modules compiled here never donate: the buffers are TF's tensors."""
-    from fusionstitching.hlo.attrs import input_output_alias
-
-    head, newline, rest = hlo_text.partition("\n")
-    start = head.find("input_output_alias={")
-    if start < 0:
-        return hlo_text, {}
-    depth, end = 0, start + len("input_output_alias=")
-    for end in range(end, len(head)):
-        depth += {"{": 1, "}": -1}.get(head[end], 0)
-        if depth == 0:
-            break
-    alias = input_output_alias(head[start:end + 1])
-    before, after = head[:start], head[end + 1:]
-    head = before + after[2:] if after.startswith(", ") else before.rstrip(", ") + after
-    return head + newline + rest, alias
-
-
-def signature(concrete, module, alias: dict[int, int], shapes: tuple) -> Signature:
-    """Check that the module's parameters and results are the function's, as TF's XLA
-    compiler lays them out for inputs of ``shapes``; ``Unsupported`` says where they are
-    not."""
-    import tensorflow as tf
-
-    inputs = list(concrete.inputs)
-    captured = list(concrete.captured_inputs)
-    num_inputs = len(inputs) - len(captured)
-    params = module.entry.parameters
-    if len(params) != len(inputs):
-        raise Unsupported(f"the HLO module has {len(params)} parameters for "
-                          f"{len(inputs)} inputs (compile-time constant arguments?)")
-    for i, tensor in enumerate(inputs[:num_inputs]):
-        if tensor.dtype in (tf.resource, tf.variant):
-            raise Unsupported(f"input {i} is a {tensor.dtype.name} (a variable or dataset "
-                              "passed as an argument); only captured variables are handled")
-        if tuple(params[i].shape.dims) != shapes[i]:
-            raise Unsupported(f"input {i} has the shape {shapes[i]} in the call and "
-                              f"{params[i].shape.dims} in TF's module")
-    variables = []
-    for tensor, handle in zip(inputs[num_inputs:], captured):
-        if tensor.dtype != tf.resource:
-            raise Unsupported(f"captured input {tensor.name} is a {tensor.dtype.name}, not a "
-                              "variable")
-        shape = params[len(variables) + num_inputs].shape
-        variables.append((handle, tf.as_dtype(numpy_dtype(shape.dtype))))
-    results = module.entry.root.shape
-    num_results = len(results.tuple_shapes) if results.is_tuple else 1
-    num_outputs = len(concrete.outputs)
-    if any(t.dtype in (tf.resource, tf.variant) for t in concrete.outputs):
-        raise Unsupported("the function returns a resource or variant")
-    updates = []
-    for index in range(num_outputs, num_results):
-        param = alias.get(index)
-        if param is None or param < num_inputs:
-            raise Unsupported(f"result {index} is neither an output nor a variable update")
-        updates.append(param - num_inputs)
-    if any(out >= num_results or out < num_outputs for out in alias):
-        raise Unsupported("an output of the function aliases a parameter")
-    return Signature(num_inputs, tuple(variables), num_outputs, tuple(updates))
-
-
 # -- one concrete function ------------------------------------------------------------------
 
 
@@ -259,7 +251,7 @@ class TfCompiled:
     (its build, dumps and report: ``runtime.lifecycle.Lifecycle``, as for JAX)."""
 
     def __init__(self, function, concrete, flags: flag_parsing.Flags, shapes: tuple):
-        from fusionstitching import pipeline
+        from fusionstitching.options import Options
         from fusionstitching.runtime.cache import default_dir
         from fusionstitching.runtime.lifecycle import Lifecycle, share_cache
 
@@ -273,15 +265,24 @@ class TfCompiled:
         cache_dir = flags.cache_dir if flags.cache_dir is not None else default_dir()
         if flags.cache_group is not None:
             share_cache(cache_dir, flags.cache_group)
-        options = pipeline.Options(target=flags.target, explorer=flags.explorer, ptxas=False)
+        options = Options(target=flags.target, explorer=flags.explorer, ptxas=False)
         self.lifecycle = Lifecycle(self.name, options, cache_dir, flags.async_compile,
                                    flags.dump_to, module_name=self.name,
-                                   remote_cache=flags.remote_cache)
+                                   remote_cache=flags.remote_cache,
+                                   stitch_at_once=flags.keep == "stitched")
         self.info = self.lifecycle.info
         self.unsupported: str | None = None
         self.signature: Signature | None = None
         self._noted: set = set()
         self._step = None  # the stitched step, TF's call of (inputs, variable handles)
+        # --keras_jit=auto turned XLA on for this step: plain TF runs it until the job has run
+        # STITCH_AFTER_S, and only then is TF's HLO taken and built (``start``)
+        self.waiting = flags.keras_jit == "auto" and keras_jit.turned_on_here(function)
+        # ... and TF's own function for it stays the plain one (``_tf``): the stitched step
+        # must beat what the script runs without the flag, not TF's XLA (a Keras convnet's
+        # step on XLA:CPU took 59 ms, stitched 23 ms, plain TF about 10 ms)
+        self.plain_reference = self.waiting
+        self.plain_times = PlainTimes()  # of its calls while building (against_plain.py)
 
     @property
     def executor(self):
@@ -291,9 +292,17 @@ class TfCompiled:
     # -- build ------------------------------------------------------------------------
     def start(self, flat: list) -> None:
         """Take TF's HLO for this call's input shapes now (``flat``: its flat inputs, eager
-        or symbolic), build at once or on a background thread."""
+        or symbolic), build at once or on a background thread; a waiting step, once the job
+        has run STITCH_AFTER_S (its first call after that starts it)."""
         from tensorflow.python.distribute import distribute_lib
         from tensorflow.python.framework import ops
+
+        if self.waiting:
+            if job_clock.seconds_until_stitching() > 0:
+                self.info.state, self.info.kept = "waiting", "plain-tf"
+                return
+            self.waiting = False
+            self.info.kept = "tf"
 
         if distribute_lib.has_strategy() and ops.inside_function():
             # MirroredStrategy's replica functions: taking TF's HLO from there broke the
@@ -309,7 +318,24 @@ class TfCompiled:
         except Exception as exc:
             self._unsupported("tf-hlo", f"{type(exc).__name__}: {_first_line(exc)}")
             return
+        if self.plain_reference and self.flags.keep == "fastest" and \
+                self._kept_plain_before(hlo_text):
+            return  # nothing compiled, planned or built
         self.lifecycle.start(self._build, hlo_text)
+
+    def _kept_plain_before(self, hlo_text: str) -> bool:
+        """Whether an earlier run kept plain TF for TF's module ``hlo_text``
+        (``against_plain.py``): the step then settles on it with no executable of ours."""
+        store = tf_module_decisions(self.lifecycle, hlo_text)
+        stored = store.load() if store is not None else None
+        if stored is None or stored.kept != "reference":
+            return False
+        executor = tf_executor()(None, self.name, verify=True, keep=self.flags.keep,
+                                 background=self.flags.async_compile, reference="tf",
+                                 info=self.info, compiled=self)
+        executor.keep_reference_as_decided(stored)  # its calls run TF's plain function
+        self.lifecycle.executor = executor
+        return True
 
     def _tf_hlo(self, flat: list) -> str:
         """TF's module before optimization for inputs of this call's shapes, as
@@ -334,6 +360,7 @@ class TfCompiled:
 
         from fusionstitching.hlo.parser import parse_module
         from fusionstitching.hlo.xla_runner import optimized_hlo_text
+        from fusionstitching.runtime.lifecycle import measures
         from fusionstitching.stitched_jit import original_jax_jit
 
         started = time.perf_counter()
@@ -361,7 +388,28 @@ class TfCompiled:
             executor = tf_executor()(reference, self.name, verify=True, keep=self.flags.keep,
                                     background=self.flags.async_compile, reference="tf",
                                     info=self.info, compiled=self)
-            self.lifecycle.build(executor, lowered, reference, started, dump_prefix)
+            lifecycle = self.lifecycle
+            lifecycle.optimized_text = lambda: optimized_hlo_text(reference)
+            lifecycle.reference, lifecycle.measure = reference, measures(executor)
+            stored = lifecycle.earlier_decision(reference, lifecycle.measure)
+            if stored is not None and stored.kept == "reference":
+                executor.keep_reference_as_decided(stored)  # nothing to plan or build
+                lifecycle.executor = executor
+                return
+            if self.plain_reference and lifecycle.measure:
+                # (a synchronous build runs in the call: no plain call to wait for)
+                plain_s, samples = self.plain_times.best(
+                    SAMPLES_WAIT_S if self.flags.async_compile else 0.0)
+                why = beyond_reach(xla_best_s(reference, in_avals), plain_s, samples)
+                if why is not None:  # nothing to plan or build
+                    executor.decisions = lifecycle.decision_store(reference, lifecycle.measure)
+                    executor.keep_reference_unplanned(plain_s, why)
+                    remember_plain(lifecycle, hlo_text, executor.info.xla_us, why)
+                    lifecycle.executor = executor
+                    return
+            if self.flags.async_compile and not lifecycle.plan_in_background():
+                return  # the job is ending: the planning process goes on, for the next run
+            lifecycle.build(executor, lowered, reference, started, dump_prefix)
             if executor.candidate is not None:
                 self._make_step(executor, in_avals, out_avals)
             self.lifecycle.executor = executor  # last: the next call may start the trial
@@ -430,10 +478,20 @@ class TfCompiled:
         """Flat outputs of one eager call (``flat``: the function's flat tensor inputs)."""
         import jax
 
+        if self.waiting:
+            self.start(flat)
+            if self.waiting:
+                self.info.calls += 1
+                return self._plain_tf(flat)
         executor = self.executor
         if executor is None:  # still building
             self.info.calls += 1
-            return self._tf(flat)
+            if not self.plain_reference:
+                return self._tf(flat)
+            started = time.perf_counter()
+            outputs = self._tf(flat)  # TF's eager call returns once it has run
+            self.plain_times.add(time.perf_counter() - started)
+            return outputs
         with jax.enable_x64(True):
             return executor(flat)
 
@@ -450,7 +508,16 @@ class TfCompiled:
         return list(results)
 
     def _tf(self, flat: list) -> list:
+        """The call as TF runs it without us: its XLA function, or plain for a step that only
+        --keras_jit=auto gave XLA."""
+        if self.plain_reference:
+            return self._plain_tf(flat)
         return list(self.concrete._inference_function.call_flat(
+            *flat, *self.concrete.captured_inputs))
+
+    def _plain_tf(self, flat: list) -> list:
+        """The call as the script would run it without the flag: TF's function without XLA."""
+        return list(plain_function(self.concrete).call_flat(
             *flat, *self.concrete.captured_inputs))
 
     # -- report -----------------------------------------------------------------------
