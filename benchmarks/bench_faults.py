@@ -31,13 +31,13 @@ import os, sys
 import numpy as np
 INJECT = os.environ.get("BENCH_FAULT_INJECT", "")
 if INJECT:  # the fault is in our code, set up before jax is imported
-    from fusionstitching.runtime import cache
-    real_ir = cache.host_ir
+    from fusionstitching.runtime import kernel_objects
+    real_ir = kernel_objects.host_ir
     if INJECT == "crash":
-        cache.host_ir = lambda spec: real_ir(spec).replace(
+        kernel_objects.host_ir = lambda spec: real_ir(spec).replace(
             "entry:\\n", "entry:\\n  store volatile i32 7, ptr null\\n", 1)
     elif INJECT == "wrong":
-        cache.host_ir = lambda spec: real_ir(spec).replace(
+        kernel_objects.host_ir = lambda spec: real_ir(spec).replace(
             "0x3f80000000000000", "0x3f90000000000000")
 import jax, jax.numpy as jnp
 

@@ -83,14 +83,15 @@ def rules(samples: dict) -> dict[str, bool]:
             f"best of {len(xla)}, 2% margin": min(stitched) < (1 - executor_module.SWAP_MARGIN)
             * min(xla),
             f"median of {len(xla)} pair ratios over 1.02": median > 1.02,
-            "stop once apart (>= 3 each), else best of all": _sequential(xla, stitched)[0],
+            f"stop once apart (>= {executor_module.CLEAR_ROUNDS} each), else best of "
+            f"{executor_module.CONFIRM_ROUNDS}": _sequential(xla, stitched)[0],
             "90% interval of the pair ratios above 1": low > 1.0}
 
 
 def _sequential(xla: list, stitched: list) -> tuple[bool, int]:
     """(keeps stitched, samples of each used) under the executor's rule: alternate samples,
-    stop at the first prefix ``clearly_apart``, else decide on all."""
-    for n in range(1, len(xla) + 1):
+    stop at the first prefix ``clearly_apart``, else decide on CONFIRM_ROUNDS of each."""
+    for n in range(1, min(len(xla), executor_module.CONFIRM_ROUNDS) + 1):
         if executor_module.clearly_apart(xla[:n], stitched[:n]):
             break
     return executor_module.stitched_wins(min(stitched[:n]), min(xla[:n])), n

@@ -1,18 +1,21 @@
 """Ordinary training scripts, unchanged, plainly and with FUSIONSTITCHING=1 (default flags).
 
-Per script (each Keras one on both backends): a plain run; a plain run at XLA's optimization
-level 0 (XLA's own spread of the final loss: XLA_FLAGS=--xla_backend_optimization_level=0;
-JAX backends only, plain TF runs no XLA); then three runs with the env var sharing one fresh
-cache directory: the first builds and decides, the next two start from the cache (the same
-final loss bits in both: a reproducible job). Wall time, final loss and each run's Reports
-(which functions ran stitched, from which call, and why) go to the JSON with a manifest.
+Per script (each Keras one on both backends): a plain run at XLA's optimization level 0 (XLA's
+own spread of the final loss: XLA_FLAGS=--xla_backend_optimization_level=0; JAX backends
+only, plain TF runs no XLA); then three runs with the env var sharing one fresh cache
+directory, each after a plain run: the first plans (at once or at exit), the next two start
+from the cache (the same final loss bits in both: a reproducible job). A run's wall time is
+compared with the median of the plain runs: this machine's speed drifts by 10-30% over
+minutes. Wall time, final loss and each run's Reports (which functions ran stitched, from
+which call, and why) go to the JSON with a manifest.
 
-    python benchmarks/script_runs.py --out benchmarks/results/scripts_DATE/scripts.json
-    python benchmarks/script_runs.py --table benchmarks/results/scripts_DATE/scripts.json
+    python benchmarks/script_runs.py --out benchmarks/results/scripts_DATE/scripts.json.gz
+    python benchmarks/script_runs.py --table benchmarks/results/scripts_DATE/scripts.json.gz
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import subprocess
@@ -26,7 +29,7 @@ from benchmarks.manifest import run_manifest  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-# (name, path, Keras backends: None for a script that is not a Keras one)
+# (name, path, Keras backends: None for a script that is not a Keras one[, arguments])
 SCRIPTS = (
     ("keras_tabular", os.path.join(HERE, "tf_scripts", "keras_tabular.py"),
      ("jax", "tensorflow")),
@@ -38,16 +41,21 @@ SCRIPTS = (
     ("keras_lstm", os.path.join(HERE, "scripts", "keras_lstm.py"), ("jax", "tensorflow")),
     ("flax_nnx_mnist", os.path.join(HERE, "scripts", "flax_nnx_mnist.py"), None),
     ("flax_linen_mlp", os.path.join(HERE, "scripts", "flax_linen_mlp.py"), None),
+    # jobs long enough for stitching to start (job_clock.py STITCH_AFTER_S: 30 s);
+    # 60 epochs ran 20-23 s here
+    ("keras_convnet_300_epochs", os.path.join(HERE, "scripts", "keras_convnet.py"),
+     ("jax", "tensorflow"), ("300",)),
 )
 HOOKED_RUNS = 3
 TIMEOUT_S = 1800
 
 
-def run_once(path: str, env: dict) -> dict:
+def run_once(path: str, env: dict, args: tuple = ()) -> dict:
     """One run of a script in a child process: wall time, its last JSON line, stderr lines
     of ours."""
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, path], capture_output=True, text=True, env=env,
+    done = subprocess.run([sys.executable, path, *args], capture_output=True, text=True,
+                          env=env,
                           cwd=os.path.dirname(path), timeout=TIMEOUT_S)
     wall = time.perf_counter() - started
     result = {"wall_s": round(wall, 2), "returncode": done.returncode}
@@ -83,22 +91,26 @@ def runtime_summary(report_path: str) -> list[dict]:
                  "stitched_us")}} for r in reports]
 
 
-def measure(name: str, path: str, backend: str | None) -> dict:
+def measure(name: str, path: str, backend: str | None, args: tuple = ()) -> dict:
     env = base_env(backend)
-    row = {"script": name, "backend": backend or "jax"}
-    row["plain"] = run_once(path, env)
+    row = {"script": name, "backend": backend or "jax", "args": list(args), "plains": []}
     if backend != "tensorflow":
-        row["plain_o0"] = run_once(path, dict(env, XLA_FLAGS="--xla_backend_optimization_level=0"))
+        row["plain_o0"] = run_once(path, dict(env, XLA_FLAGS="--xla_backend_optimization_level=0"),
+                                   args)
     with tempfile.TemporaryDirectory() as scratch:
         row["hooked"] = []
         for i in range(HOOKED_RUNS):
+            row["plains"].append(run_once(path, env, args))
             report = os.path.join(scratch, f"report{i}.json")
             flags = f"--cache_dir={os.path.join(scratch, 'cache')} --report={report}"
-            run = run_once(path, dict(env, FUSIONSTITCHING="1", FUSIONSTITCHING_FLAGS=flags))
+            run = run_once(path, dict(env, FUSIONSTITCHING="1", FUSIONSTITCHING_FLAGS=flags),
+                           args)
             run["functions"] = runtime_summary(report)
             # as a user running the script again later: its planning processes have finished
             run["planning_after_s"] = planners_done(os.path.join(scratch, "cache"))
             row["hooked"].append(run)
+    walls = sorted(run["wall_s"] for run in row["plains"])
+    row["plain"] = dict(row["plains"][0], wall_s=walls[len(walls) // 2])  # the median's wall
     return row
 
 
@@ -134,6 +146,10 @@ def verdicts(row: dict) -> dict:
         out[f"loss_off_{i + 1}"] = None if loss(run) is None or loss(plain) is None else \
             abs(loss(run) - loss(plain))
         out[f"stitched_{i + 1}"] = sum(f["kept"] == "stitched" for f in run["functions"])
+        # the call from which each stitched function ran stitched (calls after a decision go
+        # through jax's own dispatch, uncounted)
+        out[f"swapped_at_{i + 1}"] = [f["swapped_at_call"] for f in run["functions"]
+                                      if f["kept"] == "stitched"]
     out["functions"] = len(hooked[-1]["functions"])
     out["reproducible"] = len(hooked) > 2 and loss(hooked[1]) is not None and \
         loss(hooked[1]) == loss(hooked[2])
@@ -141,22 +157,33 @@ def verdicts(row: dict) -> dict:
 
 
 def table(path: str) -> str:
-    with open(path) as f:
+    with _open(path, "rt") as f:
         data = json.load(f)
-    lines = ["| script | backend | plain s | env var s (1st, 2nd, 3rd) | wall x plain | loss: plain, env var (1st, 2nd) | XLA spread | stitched / functions (1st, 2nd) | 2nd = 3rd |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| script | backend | plain s (median; runs) | env var s (1st, 2nd, 3rd) | wall x plain | loss: plain, env var (1st, 2nd) | XLA spread | stitched / functions (1st, 2nd, 3rd) | stitched from call | 2nd = 3rd |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in data["rows"]:
         v = verdicts(row)
         hooked = row["hooked"]
         fmt = lambda x: "-" if x is None else f"{x:.6g}"  # noqa: E731
+        name = row["script"] + (f" {' '.join(row['args'])}" if row.get("args") else "")
         lines.append(
-            f"| {row['script']} | {row['backend']} | {row['plain']['wall_s']:.1f} | "
+            f"| {name} | {row['backend']} | {row['plain']['wall_s']:.1f} ("
+            + ", ".join(f"{r['wall_s']:.1f}" for r in row.get("plains", [])) + ") | "
             + ", ".join(f"{r['wall_s']:.1f}" for r in hooked) + " | "
             + ", ".join(f"{v[f'wall_ratio_{i + 1}']:.2f}" for i in range(len(hooked))) + " | "
             + f"{fmt(loss(row['plain']))}, {fmt(loss(hooked[0]))}, {fmt(loss(hooked[1]))} | "
-            + f"{fmt(v['xla_spread'])} | {v['stitched_1']}, {v['stitched_2']} / "
-            + f"{v['functions']} | {'yes' if v['reproducible'] else 'no'} |")
+            + f"{fmt(v['xla_spread'])} | "
+            + ", ".join(str(v[f"stitched_{i + 1}"]) for i in range(len(hooked)))
+            + f" / {v['functions']} | "
+            + "; ".join(",".join(map(str, v[f"swapped_at_{i + 1}"])) or "-"
+                        for i in range(len(hooked)))
+            + f" | {'yes' if v['reproducible'] else 'no'} |")
     return "\n".join(lines)
+
+
+def _open(path: str, mode: str):
+    """A results file, gzipped where its name ends in .gz (each run keeps its output)."""
+    return (gzip.open if path.endswith(".gz") else open)(path, mode)
 
 
 def main(argv=None) -> None:
@@ -175,16 +202,16 @@ def main(argv=None) -> None:
     backends = options.backends.split(",")
     data = {"manifest": run_manifest(vars(options)), "rows": []}
     os.makedirs(os.path.dirname(os.path.abspath(options.out)), exist_ok=True)
-    for name, path, keras_backends in SCRIPTS:
+    for name, path, keras_backends, *args in SCRIPTS:
         if options.only and name not in options.only:
             continue
         for backend in (keras_backends and [b for b in keras_backends if b in backends]) \
                 or [None]:
-            row = measure(name, path, backend)
+            row = measure(name, path, backend, *args)
             data["rows"].append(row)
             print(json.dumps({"script": name, "backend": backend, **verdicts(row)}),
                   flush=True)
-            with open(options.out, "w") as f:
+            with _open(options.out, "wt") as f:
                 json.dump(data, f, indent=1)
 
 

@@ -3,13 +3,15 @@ two Conv2D + MaxPooling blocks, Dropout, a softmax classifier, Adam, model.fit w
 validation split, then evaluate. Either Keras backend (KERAS_BACKEND). Prints one JSON line
 with the final training loss and the test loss.
 
-    python benchmarks/scripts/keras_convnet.py
+    python benchmarks/scripts/keras_convnet.py [EPOCHS]
 """
 import json
+import sys
 
 import keras
 import numpy as np
 
+epochs = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 keras.utils.set_random_seed(0)
 rng = np.random.default_rng(0)
 x = rng.random((1100, 28, 28, 1)).astype("float32")
@@ -27,7 +29,7 @@ model = keras.Sequential([
     keras.layers.Dense(10, activation="softmax"),
 ])
 model.compile(loss="categorical_crossentropy", optimizer="adam", metrics=["accuracy"])
-history = model.fit(x[:1000], y[:1000], batch_size=64, epochs=3, validation_split=0.1,
+history = model.fit(x[:1000], y[:1000], batch_size=64, epochs=epochs, validation_split=0.1,
                     verbose=0)
 test_loss = model.evaluate(x_test, y_test, verbose=0)[0]
 print(json.dumps({"loss": history.history["loss"][-1], "test_loss": test_loss}))
