@@ -19,7 +19,7 @@ from . import capability, codegen
 from .capability import PlanRefusal, slower_than_xla, xla_kernel_us
 from .codegen import modeled_kernel_us
 from .explain import Unrefused, unstitched_kinds
-from .explorer import FusionPlan, Pattern, explore
+from .explorer import FusionPlan, Pattern, explore, given_plan
 from .explorer.index import GraphIndex
 from .graph import OpClass, OpGraph, build_graph
 from .graph.refusal import Refusal, internal, kind_text
@@ -39,6 +39,13 @@ from .verification import stitched_steps, verify
 # most); a log-depth scan's gradient asks for millions (minutes of planning).
 PLANNING_VALUES_PER_KERNEL = 7_500
 MIN_PLANNING_VALUES = 100_000
+
+
+@dataclass(frozen=True)
+class GivenPatterns:
+    """The patterns of a module of the same structure planned before (``stitch_module``)."""
+    patterns: list[list[str]]
+    source: str  # whose plan, in words
 
 
 @dataclass
@@ -61,11 +68,12 @@ class StitchResult:
 
 
 def stitch_module(module: Module, options: Options | None = None,
-                  parse_seconds: float = 0.0, schedules: MutableMapping | None = None
-                  ) -> StitchResult:
+                  parse_seconds: float = 0.0, schedules: MutableMapping | None = None,
+                  given: GivenPatterns | None = None) -> StitchResult:
     """``schedules``: the schedule chosen for each pattern form, kept by the caller across
     modules (the runtime's cache): a pattern planned before is built with its schedule alone
-    (``codegen.schedules.choose.schedule_pattern``'s ``chosen``)."""
+    (``codegen.schedules.choose.schedule_pattern``'s ``chosen``). ``given``: the patterns
+    planned for a module of the same structure, taken when they build here (``plan_module``)."""
     options = options or Options()
     device = costmodel.load_device(options.target)
     started = time.perf_counter()
@@ -82,7 +90,7 @@ def stitch_module(module: Module, options: Options | None = None,
     # The explorer's queries and then the plan's assembly run in them (one per core).
     with planning_workers(graph, options, chosen) as workers:
         try:
-            plan = plan_module(graph, options, device, built, chosen, workers)
+            plan = plan_module(graph, options, device, built, chosen, workers, given)
         except Exception as exc:  # a defect of ours: the module keeps XLA's plan
             plan = FusionPlan(options.explorer, [], notes=["explorer failed; XLA's plan kept"])
             fallbacks.append(Fallback("explore", [], str(internal(exc))))
@@ -118,7 +126,8 @@ def stitch_module(module: Module, options: Options | None = None,
 def plan_module(graph: OpGraph, options: Options, device,
                 built: dict[frozenset[str], codegen.KernelSpec] | None = None,
                 schedules: MutableMapping | None = None,
-                workers: QueryWorkers | None = None) -> FusionPlan:
+                workers: QueryWorkers | None = None,
+                given: GivenPatterns | None = None) -> FusionPlan:
     """The fusion plan of ``graph``, asking the code generator the question the pipeline
     will: can it build the pattern, and does the kernel pass the cost guard below? So the
     explorer plans around patterns that would be given back to XLA instead of losing them.
@@ -129,7 +138,9 @@ def plan_module(graph: OpGraph, options: Options, device,
     estimate, and each pattern is generated once. ``built`` receives the kernel of every
     accepted pattern, so that the pipeline does not generate the chosen ones again.
     ``workers``: query workers to ask through (``planning_workers``, given ``schedules`` as
-    their chosen schedules); without, every query is asked in this process."""
+    their chosen schedules); without, every query is asked in this process. ``given``: a
+    plan of the same structure at other sizes, this module's plan when every pattern builds
+    (``explorer.given_plan``), else the explorer plans it and the notes say why."""
     built = {} if built is None else built  # accepted patterns
     # schedules by pattern form: a repeated layer's patterns build one each
     chosen = {} if schedules is None else schedules
@@ -198,6 +209,14 @@ def plan_module(graph: OpGraph, options: Options, device,
             raise ValueError(f"no stitched kernel was built for {nodes}")
         return spec.profile  # as modeled_kernel_us prices it
 
+    if given is not None:
+        taken = given_plan(graph, given.patterns, can_stitch, given.source)
+        if isinstance(taken, FusionPlan):
+            taken.notes += notes
+            return taken
+        built.clear()
+        spent = 0  # the explorer gets the whole budget
+        notes.append(f"the plan of {given.source} was not taken ({taken}): explored instead")
     plan = explore(graph, can_stitch, options.explorer, device, profile_of,
                    lambda nodes: codegen.other_space_nodes(graph.module, nodes),
                    ask_ahead if workers is not None else None)
@@ -419,7 +438,13 @@ def make_report(result: StitchResult, options: Options, device, times: Times) ->
         fs=summary(fs_patterns, fs_times, with_patterns=True),
         compulsory_bytes=plan_bytes(graph, memory_intensive_regions(graph)),
         times_s=times, kernels=kernels, fallbacks=result.fallbacks,
-        left_to_xla=_left_to_xla(result, device))
+        left_to_xla=_left_to_xla(result, device), planned_by=_planned_by(result.plan))
+
+
+def _planned_by(plan: FusionPlan) -> str:
+    if plan.strategy == "given":  # its first note names whose patterns (explorer.given_plan)
+        return plan.notes[0]
+    return f"explorer ({plan.strategy})"
 
 
 def _left_to_xla(result: StitchResult, device: costmodel.Device) -> list[LeftToXla]:

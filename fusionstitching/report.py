@@ -94,6 +94,8 @@ class Report:
     kernels: list[KernelReport] = field(default_factory=list)
     fallbacks: list[Fallback] = field(default_factory=list)
     left_to_xla: list[LeftToXla] = field(default_factory=list)
+    # how the plan was made: the explorer's strategy, or whose patterns it took (given)
+    planned_by: str = ""
     schema: str = SCHEMA
 
     def to_json(self) -> dict:
@@ -164,6 +166,8 @@ def format_summary(report: Report) -> str:
         f"{s.bytes:>12,d} bytes, {s.modeled_us:9.2f} us modeled  ({s.patterns} patterns)",
         f"  compulsory bytes {report.compulsory_bytes:,d}",
     ]
+    if report.planned_by.startswith("given"):  # the explorer's plan is the usual case
+        lines.append(f"  planned: {report.planned_by}")
     for k in report.kernels:
         regs = (f"regs not assembled ({k.regs_model} modeled)" if k.regs is None
                 else f"{k.regs} regs ({k.regs_model} modeled)")

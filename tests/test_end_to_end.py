@@ -93,7 +93,9 @@ def test_replay_cli_writes_reports_and_emits_kernels(tmp_path, capsys):
     assert [r["schema"] for r in reports] == ["fusionstitching.report/1"] * 2
     layernorm = reports[0]
     assert set(layernorm) == {"schema", "module", "target", "xla", "fs", "compulsory_bytes",
-                              "verify", "times_s", "kernels", "fallbacks", "left_to_xla"}
+                              "verify", "times_s", "kernels", "fallbacks", "left_to_xla",
+                              "planned_by"}
+    assert layernorm["planned_by"] == "explorer (beam)"
     assert layernorm["xla"]["mem_kernels"] == 5 and layernorm["fs"]["mem_kernels"] == 1
     assert layernorm["left_to_xla"] == []
     assert layernorm["verify"]["ok"] is True

@@ -3,12 +3,14 @@
 Strategies: ``beam`` is the paper's explorer (search.py: candidate patterns by approximate
 dynamic programming, remote fusion, beam search, choice by the latency-evaluator);
 ``greedy`` is the baseline (baseline.py: one pattern per connected region), kept for
-comparison.
+comparison. A plan of a module of the same structure at other sizes is taken as given when
+the code generator builds it at this module's (given.py).
 """
 from .plan import Decision, ExplorerRefusal, FusionPlan, Pattern
 from .index import KernelDag
 from .baseline import connected_region_plan
 from .search import Explorer, beam_plan
+from .given import GivenRefusal, given_plan
 
 STRATEGIES = {
     "beam": lambda graph, can_stitch, device, profile_of, other_space, ask_ahead: beam_plan(

@@ -32,7 +32,7 @@ from . import cache as kernel_cache
 from . import cpu_speed, crash_check, ffi, gpu, kernel_objects, rewrite, xla
 from .built import BuildError, Built, reason
 from .devices import device_compute_capability, gpu_device_of, target_for
-from .plan_key import open_cache, plan_key_of_text
+from .plan_key import module_structure, open_cache, plan_key_of_text
 
 
 
@@ -70,9 +70,7 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     _check_signature(module, xla_compiled)
     if device is None:  # XLA:CPU runs small loops rolled, a dozen thunks an iteration
         module = _stage("unroll", unroll_loops, module)
-    result = _stage("pipeline", pipeline.stitch_module, module, options,
-                    parse_seconds=parse_seconds,
-                    schedules=kernel_objects.ScheduleMemo(cache, stats))
+    result = _stitch(module, options, cache, stats, parse_seconds)
     fallbacks = result.report.fallbacks  # codegen/ptxas fallbacks are already in here
     if device is not None:
         return dataclasses.replace(
@@ -92,6 +90,34 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     _note_corrupt_entries(stats, fallbacks)  # this process's notes, not part of the plan
     stitched_report.times_s.total = time.perf_counter() - started
     return Built(stitched, stitched_report, plan.xla_report, stats, plan.text, plan_key)
+
+
+def _stitch(module, options, cache, stats, parse_seconds: float) -> pipeline.StitchResult:
+    """``pipeline.stitch_module``, given the patterns planned for a module of the same
+    structure at other sizes when the cache holds them (``module_structure``); the patterns
+    the explorer plans are kept for the module's other sizes."""
+    key, names = module_structure(print_module(module), options)
+    given = None
+    stored = cache.lookup(key, stats)
+    if stored is not None:
+        try:
+            entry = json.loads(stored[1])
+            given = pipeline.GivenPatterns(
+                [[names[i] for i in pattern] for pattern in entry["patterns"]],
+                f"module {entry['module']} at other sizes (patterns {key[:12]})")
+        except (IndexError, KeyError, TypeError, ValueError) as exc:
+            stats.corrupt.append(f"{key[:16]}: {reason(exc)}")  # planned afresh below
+    result = _stage("pipeline", pipeline.stitch_module, module, options,
+                    parse_seconds=parse_seconds,
+                    schedules=kernel_objects.ScheduleMemo(cache, stats), given=given)
+    numbers = {name: i for i, name in enumerate(names)}
+    explored = result.plan.strategy != "given" and \
+        not any(f.stage == "explore" for f in result.fallbacks)
+    if explored and all(n in numbers for p in result.plan.patterns for n in p.nodes):
+        cache.store(key, json.dumps({"module": module.name, "patterns": [
+            [numbers[n] for n in p.nodes] for p in result.plan.patterns]}).encode(),
+            kind="patterns")
+    return result
 
 
 @dataclass(frozen=True)
@@ -203,9 +229,7 @@ def prewarm(optimized: str, options: pipeline.Options, cache_dir: str | None,
     started = time.perf_counter()
     module = _stage("parse", parse_module, optimized, source=source)
     module = _stage("unroll", unroll_loops, module)
-    result = _stage("pipeline", pipeline.stitch_module, module, options,
-                    parse_seconds=time.perf_counter() - started,
-                    schedules=kernel_objects.ScheduleMemo(cache, stats))
+    result = _stitch(module, options, cache, stats, time.perf_counter() - started)
     plan = plan_on_host(module, result, options, cache, stats, measure)
     if not (cache.enabled and plan.complete):
         return "not stored", stats
@@ -442,7 +466,8 @@ def _report_from_json(data: dict, times: Times, fallbacks: list) -> Report:
         fs=PlanSummary(**data["fs"]), compulsory_bytes=data["compulsory_bytes"],
         verify=Verify(**data["verify"]), times_s=times,
         kernels=[KernelReport(**k) for k in data["kernels"]],
-        fallbacks=[Fallback(**f) for f in data["fallbacks"]])
+        fallbacks=[Fallback(**f) for f in data["fallbacks"]],
+        planned_by=data.get("planned_by", ""))
 
 
 def _stage(stage: str, fn, *args, **kwargs):

@@ -14,6 +14,10 @@ from . import cpu_speed
 from .devices import gpu_device_of, target_for
 
 _METADATA = re.compile(r", metadata=\{[^{}]*\}")
+# a number not inside a name: n12 and f32 keep theirs, [64,30]{1,0} and 0.015625 not
+_NUMBERS = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+_NAME = re.compile(r"%[\w.\-]+")  # %fusion.12, %wrapped_reduce-window.3
+_TOKEN = re.compile(r"%?[A-Za-z_][\w.\-]*")  # a name where declared, with or without %
 _MODULE_NAME = re.compile(r"HloModule ([^\s,]+)")
 _STACK_SECTIONS = re.compile(r"^(FileNames|FunctionNames|FileLocations|StackFrames)\n(.+\n)*",
                              re.MULTILINE)
@@ -32,6 +36,30 @@ def plan_key_of_text(optimized: str, options: Options, measure: bool) -> str:
                                     # the rule is part of the decisions the plan keeps
                                     f"measure={measure and cpu_speed.SLOWER_ALONE}",
                                     f"alone={measure and cpu_speed.FASTER_ALONE}")
+
+
+def module_structure(module_text: str, options: Options) -> tuple[str, list[str]]:
+    """The key of the patterns planned for a module, shared by the modules of its structure,
+    and the module's names in the order the key numbers them. The key is its text with each
+    name numbered in order of first appearance (XLA numbers instructions differently at other
+    sizes) and every other number taken out (sizes, layouts, slice bounds, constants): the
+    step of a partial last batch or of another sequence length finds the patterns of one
+    planned before, kept as those numbers (``pipeline.GivenPatterns``). Equal keys are equal
+    graphs; the code generator checks each pattern at the new sizes."""
+    text = without_source_locations(module_text)
+    declared = {m.group(0)[1:] for m in _NAME.finditer(text)}
+    names: dict[str, int] = {}
+
+    def numbered(match: re.Match) -> str:
+        token = match.group(0)
+        bare = token.lstrip("%")
+        if bare not in declared:  # an opcode, a type, an attribute: kept as it is
+            return token
+        return token[:len(token) - len(bare)] + f"n{names.setdefault(bare, len(names))}"
+
+    shape = _NUMBERS.sub("#", _TOKEN.sub(numbered, text))
+    return (kernel_cache.fingerprint("patterns", shape, options.target, options.explorer),
+            list(names))
 
 
 def plan_key_of(xla_compiled, options: Options, measure: bool) -> str:
