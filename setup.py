@@ -60,9 +60,9 @@ setup(
         "bench": ["flax>=0.10", "optax>=0.2"],
         # The tests exercise TF capture, XLA:GPU's deviceless compiler (plans and PTX),
         # replay on a Ray cluster they start and the remote cache on a redis-server they start.
-        "test": ["pytest>=8", "tensorflow-cpu>=2.21,<2.22", "jax-cuda12-plugin>=0.10,<0.11",
-                 "jax-cuda12-pjrt>=0.10,<0.11", "nvidia-cuda-nvcc-cu12>=12.4", "ray>=2.50",
-                 "redis>=5"],
+        "test": ["pytest>=8", "ruff>=0.6", "tensorflow-cpu>=2.21,<2.22",
+                 "jax-cuda12-plugin>=0.10,<0.11", "jax-cuda12-pjrt>=0.10,<0.11",
+                 "nvidia-cuda-nvcc-cu12>=12.4", "ray>=2.50", "redis>=5"],
     },
     entry_points={"console_scripts": ["fusionstitching=fusionstitching.cli:main"]},
     cmdclass={"build_py": BuildPyWithHook, "develop": DevelopWithHook},

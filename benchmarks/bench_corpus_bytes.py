@@ -1,5 +1,5 @@
 """Stitched global-memory bytes against compulsory bytes on the XLA:GPU corpus, and why they
-differ (issue 7: within 15% summed over models).
+differ (the goal: within 15% summed over models).
 
     python benchmarks/bench_corpus_bytes.py [--jobs 1] [--timeout 900] [--out FILE]
 
@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.corpus_table import DATA, run_child  # noqa: E402
 
 TARGET = "h100"
-BOUND = 0.15  # issue 7: stitched bytes within 15% of compulsory bytes
+BOUND = 0.15  # the goal: stitched bytes within 15% of compulsory bytes
 
 _CHILD = """
 import json, sys
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     lines.append(f"{'sum':42s} {totals[0]:>12,d} {totals[1]:>12,d} {totals[2]:>12,d} "
                  f"{ratio:>20.3f} {totals[3]:>12,d} {totals[4]:>12,d}")
     lines.append(f"\nstitched bytes are {100 * (ratio - 1):.1f}% above compulsory bytes "
-                 f"(issue 7 asks for at most {100 * BOUND:.0f}%); "
+                 f"(the goal: at most {100 * BOUND:.0f}%); "
                  f"{time.perf_counter() - started:.0f} s")
     lines.append(f"cycle-free: one kernel per region and opaque depth, a plan without cycles "
                  f"through opaque kernels: {100 * (totals[3] / max(totals[2], 1) - 1):.1f}% "

@@ -13,7 +13,7 @@ shows the median wall time of CALLS alternating calls of each, after the decisio
 of their pair ratios with a 90% interval (step_loops.paired_ratio),
 which executable was kept, how many patterns run stitched and how many were measured slower
 than XLA's, the largest difference between the two functions' outputs, and the share of
-XLA's traced thunk time in memory-intensive kernels (thunk_share.py; above half: the issue's
+XLA's traced thunk time in memory-intensive kernels (thunk_share.py; above half:
 "memory-bound"). Those calls use the same inputs each time, so "max output diff" is one step's.
 Each step is also run in LOOP_ROUNDS alternating runs of LOOP_STEPS calls of one function
 ("loop" columns; step_loops.py): a training step as a loop that carries its state from the
@@ -42,7 +42,7 @@ from step_loops import (loss_at, loss_path, paired_ratio, state_feedback, steppe
 from thunk_share import memory_share
 
 from fusionstitching.stitched_jit import jit
-from fusionstitching.verification import random_array
+from fusionstitching.hlo.inputs import random_array
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -76,7 +76,7 @@ MAX_DECIDING_CALLS = 1000  # the trial's call, then 2 x CONFIRM_ROUNDS runs of R
 # train, two runs), and pairs bound their median ratio only from 5 up. 100 steps a run, not
 # 10: a job runs one executable for thousands of steps, and the first steps after the other
 # executable's run are slow (cold caches); zoo Transformer train read about 1.0 in runs of 10
-# and 1.3 in runs of 200 (thirty-fourth session, benchmarks/README.md).
+# and 1.3 in runs of 200 (benchmarks/README.md).
 LOOP_ROUNDS, LOOP_STEPS = 15, 100
 
 

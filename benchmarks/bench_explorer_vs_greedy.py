@@ -1,5 +1,5 @@
 """The beam explorer against the greedy baseline through the whole pipeline, on every XLA:GPU
-H100 workload module of the corpus (issue 6; not a test).
+H100 workload module of the corpus (not a test).
 
     nice -n 10 python benchmarks/bench_explorer_vs_greedy.py
     nice -n 10 python benchmarks/bench_explorer_vs_greedy.py --only bert_train

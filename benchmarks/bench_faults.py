@@ -1,4 +1,4 @@
-"""The fault matrix of issue 25 against a small training loop (not a test).
+"""The fault matrix against a small training loop (not a test).
 
     python benchmarks/bench_faults.py [--steps 20] [--only CASE ...]
 
@@ -213,7 +213,7 @@ ENTRY main {{
 
 def replay_memory(work: Path) -> None:
     """Peak RSS of ``fusionstitching replay --no-ptxas`` on the largest synthetic shapes
-    (issue 25: at most 2 GB whatever the shapes)."""
+    (the bound: at most 2 GB whatever the shapes)."""
     print(f"\n{'replay of':34} {'peak RSS':>10} {'wall':>7}  result")
     for rows, cols in ((10**6, 1000), (10**8, 1000)):
         path = work / f"rows_{rows}x{cols}.hlo"

@@ -1,4 +1,4 @@
-"""Our planning time next to XLA's own compile time of the same step (issue 27).
+"""Our planning time next to XLA's own compile time of the same step.
 
     python benchmarks/bench_plan_time.py                      # zoo + third-party tier
     python benchmarks/bench_plan_time.py --parts zoo --only bert dien

@@ -1,4 +1,4 @@
-"""A job's first step after ``fusionstitching prewarm``, against a cold one (issue 29).
+"""A job's first step after ``fusionstitching prewarm``, against a cold one.
 
     python benchmarks/bench_prewarm.py                         # zoo BERT train, paper size
     python benchmarks/bench_prewarm.py --model transformer --size small

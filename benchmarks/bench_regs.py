@@ -5,7 +5,7 @@
 Each module goes through fusionstitching.pipeline.stitch_module; each stitched kernel is
 assembled by ptxas for sm_80 and sm_90. Prints per kernel the model, ptxas's registers and the
 ratio model / ptxas, then per architecture the distribution of the ratio (quartiles and a
-histogram) and the fraction of kernels whose model is within 25% of ptxas (issue 5 asks for
+histogram) and the fraction of kernels whose model is within 25% of ptxas (the goal:
 at least 90%), and the fraction within 25% on both architectures.
 """
 from __future__ import annotations

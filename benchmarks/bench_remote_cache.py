@@ -1,4 +1,4 @@
-"""A second host's first step with a warm remote cache, against cold (issue 29).
+"""A second host's first step with a warm remote cache, against cold.
 
     python benchmarks/bench_remote_cache.py                          # zoo BERT, Transformer
     python benchmarks/bench_remote_cache.py --part transformers --only gpt2 --json /tmp/r.json

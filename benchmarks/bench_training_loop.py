@@ -1,6 +1,6 @@
 """Training loop under plain jax.jit, fusionstitching.jit and FUSIONSTITCHING=1, side by side.
 
-The loop is the issue's: an MLP with LayerNorm, GELU and softmax cross-entropy, trained with
+The loop: an MLP with LayerNorm, GELU and softmax cross-entropy, trained with
 plain SGD on fixed random data. Each mode trains from the same initial parameters; the table
 shows every mode's losses against jax.jit's (max abs difference), the first step (which
 includes compiling) and the median / max of the remaining step times, all measured on this CPU

@@ -1,4 +1,4 @@
-"""The zoo's BERT and Transformer training steps sharded over 8 host devices (issue 29), under
+"""The zoo's BERT and Transformer training steps sharded over 8 host devices, under
 ``FUSIONSTITCHING=1 --keep=stitched`` against XLA alone: the losses of N steps, the stitched
 kernels, and milliseconds per step.
 

@@ -1,5 +1,5 @@
 """How much of XLA:CPU's step time is in memory-intensive kernels, from a jax.profiler trace
-(issue 28 calls a step memory-bound when that is more than half).
+(a step is called memory-bound when that is more than half).
 
 XLA:CPU traces each thunk it runs as an event named after its instruction. Container thunks
 (while, call, conditional) are left out: their bodies' thunks are events of their own. A

@@ -29,7 +29,7 @@ def test_manifest_lists_every_file_and_every_file_exists():
 
 
 def test_corpus_stays_a_few_megabytes():
-    """Issue 4: the corpus is checked in, so it stays small; large modules are gzipped
+    """The corpus is checked in, so it stays small; large modules are gzipped
     (make_corpus.COMPRESS_ABOVE)."""
     total = sum(p.stat().st_size for p in DATA.iterdir() if p.is_file())
     assert total < 4_000_000, f"{total} bytes"

@@ -17,7 +17,7 @@ from fusionstitching.cli import main as cli_main
 from fusionstitching.hlo.parser import parse_file
 from fusionstitching.pipeline import Options, stitch_module
 from fusionstitching.report import format_summary
-from fusionstitching.verification import seeded_inputs
+from fusionstitching.hlo.inputs import seeded_inputs
 
 DATA = Path(__file__).parent / "data" / "hlo"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())

@@ -164,8 +164,8 @@ def test_jax_function_matches_xla(name):
     check_jax(f, *args, rtol=rtol, atol=atol)
 
 
-I = rng.integers(-50, 50, (64, 256)).astype(np.int32)
-J = rng.integers(-8, 40, (64, 256)).astype(np.int32)
+INT_A = rng.integers(-50, 50, (64, 256)).astype(np.int32)
+INT_B = rng.integers(-8, 40, (64, 256)).astype(np.int32)
 
 EXACT = {  # data movement, integer math and conversions: must be bit-exact
     "transpose_slice_concat": (lambda x: jnp.concatenate([x.T[::3], x.T[1:5] * 2], 0), (X,)),
@@ -188,10 +188,10 @@ EXACT = {  # data movement, integer math and conversions: must be bit-exact
                        (X, LABELS)),
     "sort": (lambda x: jnp.sort(x, -1), (X,)),
     "sort_descending_multi": (lambda x, i: jax.lax.sort((-x, i), dimension=0, num_keys=1),
-                              (X, I)),
+                              (X, INT_A)),
     "sort_two_keys": (lambda x: jax.lax.sort((jnp.round(x * 2), -x, x), dimension=1, num_keys=2),
                       (X[:, :37],)),
-    "argsort_int": (lambda i: jnp.argsort(i, axis=0), (I,)),
+    "argsort_int": (lambda i: jnp.argsort(i, axis=0), (INT_A,)),
     "convert": (lambda x: (x.astype(jnp.int32), (x * 1e10).astype(jnp.int32), x.astype(jnp.uint8),
                            x.astype(jnp.bfloat16), x.astype(jnp.float16), x > 0,
                            (x > 0).astype(jnp.float32), (x * 100).astype(jnp.int8)), (X,)),
@@ -200,7 +200,7 @@ EXACT = {  # data movement, integer math and conversions: must be bit-exact
                                    jax.lax.shift_right_arithmetic(a, b),
                                    jax.lax.shift_right_logical(a, b), jax.lax.population_count(a),
                                    jax.lax.clz(a), a ** 3, ~a, a & b, a | b, a ^ b, -a,
-                                   jnp.abs(a), jnp.sign(a), jnp.maximum(a, b)), (I, J)),
+                                   jnp.abs(a), jnp.sign(a), jnp.maximum(a, b)), (INT_A, INT_B)),
     "bitcast_convert": (lambda x: (jax.lax.bitcast_convert_type(x, jnp.int32),
                                    jax.lax.bitcast_convert_type(x, jnp.uint8)), (X,)),
 }
@@ -394,7 +394,7 @@ def test_sums_are_as_accurate_as_xla():
     run of the same module. numpy's f32 sums are not: its matmul adds the 16 products of an
     attention logit in sequence and its reduce over a major dimension adds row after row (here
     ~1.6x and ~6x XLA's mean error). On the TF Transformer training step a peaked softmax turned
-    those extra logit ulps into up to 14x XLA's drift on the gradients (issue 4); the evaluator
+    those extra logit ulps into up to 14x XLA's drift on the gradients; the evaluator
     now accumulates in f64 and rounds once. Positive operands, as the logits there: no
     cancellation, so the error is the summation's own."""
     text = "HloModule m\n" + ADD + """ENTRY e {

@@ -302,7 +302,7 @@ def test_corpus_plans_never_lose_to_xla_or_greedy(path):
 @pytest.mark.parametrize("name", ["bert_train_small_jax_h100.hlo.gz",
                                   "bert_infer_small_jax_h100_classic.hlo.gz"])
 def test_beam_is_no_worse_than_greedy_in_the_report(name):
-    """Issue 6, through the whole pipeline with the real code generator: the Report's modeled
+    """Through the whole pipeline with the real code generator: the Report's modeled
     time of the beam explorer's plan is at most the greedy baseline's (BERT train was 148.6
     against 147.5 us while the explorer chose by its own estimate)."""
     module = parse_file(f"tests/data/hlo/{name}")

@@ -397,7 +397,7 @@ ENTRY %main (x: {shape}) -> ({shape}, f32[{rows}]) {{
 """
 
 
-_REPLAY_IN_A_CHILD = """
+_REPLAY_IN_A_CHILD = r"""
 import json, re, sys
 from fusionstitching.hlo.parser import parse_module
 from fusionstitching.pipeline import Options, stitch_module

@@ -1,5 +1,5 @@
 """Our subprocesses and kernels cannot take the user's job down: a hung tool is stopped after its
-time limit and killed at exit (issue 25, items 4, 5 and 14)."""
+time limit and killed at exit."""
 import json
 import os
 import subprocess

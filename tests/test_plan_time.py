@@ -1,4 +1,4 @@
-"""Planning faster (issue 27): the schedule choice prices only schedules that could win, and
+"""Planning faster: the schedule choice prices only schedules that could win, and
 still chooses what pricing every schedule would; ptxas runs side by side."""
 import functools
 import os

@@ -314,7 +314,7 @@ def _check_registers(specs, archs, share_within: float) -> None:
 
 @needs_ptxas
 def test_register_model_no_worse_than_measured():
-    """A regression floor, not issue 5's goal: 104 of 126 kernels (82.5%) were within 25% of
+    """A regression floor, not the goal: 104 of 126 kernels (82.5%) were within 25% of
     ptxas after the vector and straight-line lowering of e4654b1, 108 of 125 (86.4%) after the
     Philox, vector-lane and occupancy rules of 803cfa3, 94 of 117 (80.3%) on the kernels of
     2026-11-23 and 100 of 117 (85.5%) with their store addresses read at their block's start;
@@ -325,7 +325,7 @@ def test_register_model_no_worse_than_measured():
 @pytest.mark.slow
 @needs_ptxas
 def test_register_model_within_25_percent_of_ptxas_whole_corpus():
-    """Issue 5's criterion: 92.1% sm_80, 90.0% sm_90 of 470 corpus kernels (bench_regs after
+    """The goal, 90% within 25%: 92.1% sm_80, 90.0% sm_90 of 470 corpus kernels (bench_regs after
     803cfa3; 83.4% and 82.8% before it). Not met on 2026-11-23: 85.8% and 83.4% of the 445
     kernels stitched then, 87.4% and 85.8% with store addresses read at their block's start;
     on ac9f8a8 85.0% and 80.9% of 534 kernels, the largest overshoots being grids of one

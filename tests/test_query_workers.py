@@ -1,4 +1,4 @@
-"""Capability queries in worker processes (issue 27): the same answers, plan and PTX as in the
+"""Capability queries in worker processes: the same answers, plan and PTX as in the
 planning process, whatever order the explorer's patterns are built in; planning that goes on
 in its own process when a worker dies; workers started by the runtime inside a JAX process."""
 import collections

@@ -1,4 +1,4 @@
-"""The register model's rules against ptxas, each a snippet whose SASS shows the rule (issue 24):
+"""The register model's rules against ptxas, each a snippet whose SASS shows the rule:
 where ptxas issues loads, how it shares address registers, what takes a register."""
 from __future__ import annotations
 

@@ -7,10 +7,7 @@ built with llvmlite that have the code generator's calling convention:
 from __future__ import annotations
 
 import ctypes
-import json
 import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

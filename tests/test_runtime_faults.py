@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from fusionstitching.stitched_jit import jit  # noqa: E402
-from fusionstitching.runtime import build, cache, executor, ffi, kernel_objects, lifecycle, xla  # noqa: E402
+from fusionstitching.runtime import build, executor, ffi, kernel_objects, xla  # noqa: E402
 from helpers import REPO, args, expected, layernorm  # noqa: E402
 
 
@@ -441,7 +441,7 @@ def test_the_planning_process_yields_the_cores_to_the_job(tmp_path):
         # scheduler, say): there is nothing to nice, the process's own nice orders it
         pytest.skip("the kernel gave the planning process's session no autogroup")
     assert "nice 19" in group, group
-    if own_group.strip():  # the job's own session may have no group either (CI's did not)
+    if own_group.strip():  # the job's own session may have no group either (a CI runner's had none)
         assert group.split()[0] != own_group.split()[0], group  # a group of its own
 
 

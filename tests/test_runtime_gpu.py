@@ -332,7 +332,7 @@ def test_multi_output_kernels_compile_as_tuple_custom_calls(dien):
 
 def _opaque_of(text: str, target: str) -> bytes:
     """The opaque bytes in our HLO text (HLO string escapes, then MLIR's \\XX)."""
-    (line,) = [l for l in text.splitlines() if f'custom_call_target="{target}"' in l]
+    (line,) = [t for t in text.splitlines() if f'custom_call_target="{target}"' in t]
     escaped = re.search(r'opaque = \\"((?:\\\\[0-9A-F]{2})*)\\"', line).group(1)
     return bytes(int(h, 16) for h in re.findall(r"\\\\([0-9A-F]{2})", escaped))
 

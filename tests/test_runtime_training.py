@@ -1,4 +1,4 @@
-"""The issue's training loop (MLP with LayerNorm, GELU, softmax cross-entropy; SGD) under
+"""A training loop (MLP with LayerNorm, GELU, softmax cross-entropy; SGD) under
 jax.jit, fusionstitching.jit, FUSIONSTITCHING=1 and async compilation: same losses, our
 custom calls in the HLO XLA runs, fewer kernels than XLA's plan. The FUSIONSTITCHING=1 run
 is marked slow (a child process importing jax and compiling the step: ~15 s here); the

@@ -293,7 +293,7 @@ def test_bert_like_encoder_inference_equals_tf(tmp_path):
 @pytest.mark.slow  # ~2-3 min: the encoder's train step has ~18 stitched patterns to build
 @pytest.mark.parametrize("steps", ["3", "20"])
 def test_keras_encoder_fit_same_losses_and_weights(tmp_path, steps):
-    """Keras 3 ``fit`` on the TF backend (issue 24's Keras/TF script): every step's loss and
+    """Keras 3 ``fit`` on the TF backend (a Keras/TF training script): every step's loss and
     the trained weights as plain TF's, the train step stitched and verified."""
     pytest.importorskip("keras", minversion="3")
     expected, got, stderr, plain_out, hooked_out, reports = compare_runs(

@@ -1,5 +1,5 @@
 """benchmarks/thunk_share.py: which of XLA:CPU's thunks are compute, and the memory-intensive
-share of a traced step (issue 28's "memory-bound")."""
+share of a traced step (a step is "memory-bound" above half)."""
 import jax
 import jax.numpy as jnp
 

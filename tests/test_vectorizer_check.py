@@ -21,7 +21,7 @@ from fusionstitching.runtime import cache as kernel_cache  # noqa: E402
 from fusionstitching.runtime import kernel_objects  # noqa: E402
 from fusionstitching.runtime import crash_check  # noqa: E402
 from fusionstitching.runtime.crash_check import Outcome, differences  # noqa: E402
-from fusionstitching.verification import seeded_inputs  # noqa: E402
+from fusionstitching.hlo.inputs import seeded_inputs  # noqa: E402
 
 # One XLA:CPU fusion of keras_hub Mistral's training step (random weights, generated here):
 # the rotary embedding's cos half, x * cos(angles) + the sin half computed before.

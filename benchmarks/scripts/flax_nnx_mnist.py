@@ -8,7 +8,6 @@ AdamW through nnx.Optimizer, an nnx.jit train step and eval step over batches of
 import json
 from functools import partial
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax

@@ -59,8 +59,8 @@ def _dot(lhs: np.ndarray, rhs: np.ndarray, numbers: dict, acc: np.dtype) -> np.n
     letters = iter("abcdefghijklmnopqrstuvwxyz")
     lhs_sub = [""] * lhs.ndim
     rhs_sub = [""] * rhs.ndim
-    for l, r in zip(lb + lc, rb + rc):
-        lhs_sub[l] = rhs_sub[r] = next(letters)
+    for left, right in zip(lb + lc, rb + rc):
+        lhs_sub[left] = rhs_sub[right] = next(letters)
     for d in lf:
         lhs_sub[d] = next(letters)
     for d in rf:
