@@ -27,7 +27,7 @@ from .rewrite import custom_call, output_name
 # XLA's several thunks wake its thread pool; inside the step neither does, so closer times
 # decide nothing: the trial of the whole step does (runtime/executor.py). zoo BERT train: its
 # 17 kernels measured faster alone ran the step in 1366 us, the 22 within 1.5x in 1187, XLA
-# 1392 (benchmarks/README, twenty-eighth session).
+# 1392 (benchmarks/README.md).
 SLOWER_ALONE = 1.5
 # An XLA kernel the plan leaves alone is replaced by one of ours only when, timed alone, ours
 # takes at most 1/FASTER_ALONE of XLA's time: a one-for-one swap saves no memory traffic, so

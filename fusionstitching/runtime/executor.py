@@ -43,8 +43,8 @@ CONFIRM_ROUNDS = 6
 # Real calls per confirmation sample: a run of back-to-back calls of one executable, timed from
 # the first call's outputs to the last one's. Single calls, each waited for, misranked the two:
 # on an H200 they ranked XLA's executable faster on six training steps whose loops ran the
-# stitched one faster (fourth GPU session); on the 2-core CPU they kept a stitched flax ViT
-# step that ran 0.83x in long loops (thirty-fourth session). The first call is not timed: after
+# stitched one faster; on the 2-core CPU they kept a stitched flax ViT step that ran 0.83x in
+# long loops (benchmarks/README.md). The first call is not timed: after
 # the other executable's run it pays for cold caches and sleeping pool threads, which a job
 # running one executable never does; timed from it, runs read a zoo Transformer step that runs
 # 1.28x stitched as a tie (benchmarks/README.md).
