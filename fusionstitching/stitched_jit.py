@@ -23,7 +23,7 @@ from jax._src.interpreters import pxla
 from jax._src.lib import _jax as jaxlib_cpp  # jaxlib's C++ dispatch (jax_dispatch)
 from jax.api_util import shaped_abstractify
 
-from .hlo.xla_runner import optimized_hlo_text
+from .hlo.xla_text import optimized_hlo_text
 from .options import Options
 from .report import Report
 from .runtime.built import reason

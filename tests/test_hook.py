@@ -121,6 +121,24 @@ def test_without_the_variable_nothing_changes(tmp_path):
     assert run.stdout.split() == ["False", "False", "True"]
 
 
+def test_a_young_jobs_calls_load_no_compiler(tmp_path):
+    """Before STITCH_AFTER_S nothing is planned or built, so the hooked calls load neither the
+    code generator nor the parser (0.4 s of imports a process, on scripts of 5-10 s)."""
+    script = tmp_path / "job.py"
+    script.write_text("import sys, jax\nf = jax.jit(lambda x: x + 1)\n"
+                      "f(jax.numpy.ones(4)); f(jax.numpy.ones(4))\n"
+                      "print(sorted(m for m in sys.modules if m.startswith((\n"
+                      "    'fusionstitching.codegen', 'fusionstitching.pipeline',\n"
+                      "    'fusionstitching.explorer', 'fusionstitching.hlo.parser'))))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSIONSTITCHING")}
+    run = subprocess.run([sys.executable, *WITH_PTH, str(script)], capture_output=True,
+                         text=True, timeout=300, env=dict(
+                             env, PYTHONPATH=REPO, JAX_PLATFORMS="cpu", FUSIONSTITCHING="1",
+                             FUSIONSTITCHING_FLAGS=f"--cache_dir={tmp_path / 'cache'}"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "[]", run.stdout
+
+
 def test_unchanged_script_is_stitched_and_reported(tmp_path):
     report_path = tmp_path / "reports.json"
     run = run_script(tmp_path, {

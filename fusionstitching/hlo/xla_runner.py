@@ -20,6 +20,7 @@ from .gpu_library import BACKWARD_CONV_TARGETS, CONV_TARGETS
 from .ir import Instruction, Module, Shape, print_module
 from .normalize import normalize_for_xla
 from .parser import parse_module
+from .xla_text import hlo_module_text, optimized_hlo_text  # noqa: F401 - re-exported
 
 # A fusion instruction: ``= <shape> fusion(...), kind=kLoop, calls=%comp``.
 _FUSION_OPCODE = re.compile(r"(\s)fusion\(")
@@ -250,16 +251,3 @@ def _activation(config, x, binary, full, add, shape, name):
     raise UnsupportedOp(f"%{name}: cuDNN activation {mode}")
 
 
-def optimized_hlo_text(compiled) -> str:
-    """The optimized HLO of a ``jax.jit(f).lower(...).compile()`` result, constants in full."""
-    return hlo_module_text(compiled.runtime_executable().hlo_modules()[0])
-
-
-def hlo_module_text(hlo_module) -> str:
-    """A jaxlib HloModule as text, as ``as_text()`` prints it but with large constants in
-    full (``as_text()`` elides them as ``{...}``, which no parser can read back)."""
-    from jax._src.lib import xla_client
-
-    options = xla_client.hlo.HloPrintOptions()  # as_text()'s defaults, except...
-    options.print_large_constants = True
-    return hlo_module.to_string(options)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from ..hlo.xla_runner import optimized_hlo_text
+from ..hlo.xla_text import optimized_hlo_text
 from ..options import Options
 from . import cache as kernel_cache
-from . import cpu_speed
+from . import speed_rules
 from .devices import gpu_device_of, target_for
 
 _METADATA = re.compile(r", metadata=\{[^{}]*\}")
@@ -34,8 +34,8 @@ def plan_key_of_text(optimized: str, options: Options, measure: bool) -> str:
     return kernel_cache.fingerprint("plan", without_source_locations(optimized),
                                     options.target, options.explorer,
                                     # the rule is part of the decisions the plan keeps
-                                    f"measure={measure and cpu_speed.SLOWER_ALONE}",
-                                    f"alone={measure and cpu_speed.FASTER_ALONE}")
+                                    f"measure={measure and speed_rules.SLOWER_ALONE}",
+                                    f"alone={measure and speed_rules.FASTER_ALONE}")
 
 
 def module_structure(module_text: str, options: Options) -> tuple[str, list[str]]:
