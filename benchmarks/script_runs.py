@@ -18,6 +18,7 @@ import argparse
 import gzip
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -134,8 +135,9 @@ def planners_done(cache_dir: str, limit_s: float = 900.0) -> float:
 
 
 def verdicts(row: dict) -> dict:
-    """The issue's bars for one script: wall time including builds within 1.1x plain, final
-    loss within twice XLA's own spread (or 1e-3), the later runs identical."""
+    """The bars for one script: wall time including builds within 1.1x plain (against the
+    median plain run, and against the plain run just before: the machine drifts), final loss
+    within twice XLA's own spread (or 1e-3), the later runs identical."""
     plain, hooked = row["plain"], row["hooked"]
     spread = abs(loss(row["plain_o0"]) - loss(plain)) if row.get("plain_o0") and \
         loss(row["plain_o0"]) is not None and loss(plain) is not None else None
@@ -143,6 +145,8 @@ def verdicts(row: dict) -> dict:
     out = {"xla_spread": spread, "allowed": allowed}
     for i, run in enumerate(hooked):
         out[f"wall_ratio_{i + 1}"] = round(run["wall_s"] / plain["wall_s"], 3)
+        if i < len(row.get("plains", [])):
+            out[f"paired_ratio_{i + 1}"] = round(run["wall_s"] / row["plains"][i]["wall_s"], 3)
         out[f"loss_off_{i + 1}"] = None if loss(run) is None or loss(plain) is None else \
             abs(loss(run) - loss(plain))
         out[f"stitched_{i + 1}"] = sum(f["kept"] == "stitched" for f in run["functions"])
@@ -159,8 +163,9 @@ def verdicts(row: dict) -> dict:
 def table(path: str) -> str:
     with _open(path, "rt") as f:
         data = json.load(f)
-    lines = ["| script | backend | plain s (median; runs) | env var s (1st, 2nd, 3rd) | wall x plain | loss: plain, env var (1st, 2nd) | XLA spread | stitched / functions (1st, 2nd, 3rd) | stitched from call | 2nd = 3rd |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| script | backend | plain s (median; runs) | env var s (1st, 2nd, 3rd) | wall x plain | x the plain run before | loss: plain, env var (1st, 2nd) | XLA spread | stitched / functions (1st, 2nd, 3rd) | stitched from call | 2nd = 3rd |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    paired = []
     for row in data["rows"]:
         v = verdicts(row)
         hooked = row["hooked"]
@@ -171,6 +176,8 @@ def table(path: str) -> str:
             + ", ".join(f"{r['wall_s']:.1f}" for r in row.get("plains", [])) + ") | "
             + ", ".join(f"{r['wall_s']:.1f}" for r in hooked) + " | "
             + ", ".join(f"{v[f'wall_ratio_{i + 1}']:.2f}" for i in range(len(hooked))) + " | "
+            + ", ".join(f"{v[f'paired_ratio_{i + 1}']:.2f}" for i in range(len(hooked))
+                        if f"paired_ratio_{i + 1}" in v) + " | "
             + f"{fmt(loss(row['plain']))}, {fmt(loss(hooked[0]))}, {fmt(loss(hooked[1]))} | "
             + f"{fmt(v['xla_spread'])} | "
             + ", ".join(str(v[f"stitched_{i + 1}"]) for i in range(len(hooked)))
@@ -178,6 +185,11 @@ def table(path: str) -> str:
             + "; ".join(",".join(map(str, v[f"swapped_at_{i + 1}"])) or "-"
                         for i in range(len(hooked)))
             + f" | {'yes' if v['reproducible'] else 'no'} |")
+        paired += [v[k] for k in v if k.startswith("paired_ratio_")]
+    if paired:
+        lines.append(f"\nEnv-var runs against the plain run just before each: "
+                     f"{sum(r <= 1.1 for r in paired)} of {len(paired)} at or below 1.10x, "
+                     f"geometric mean {statistics.geometric_mean(paired):.3f}x.")
     return "\n".join(lines)
 
 
