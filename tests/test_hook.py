@@ -46,6 +46,17 @@ def run_script(tmp_path, env: dict) -> subprocess.CompletedProcess:
                           text=True, timeout=300, env=full_env)
 
 
+def run_hooked(tmp_path, source: str, flags: str = "") -> subprocess.CompletedProcess:
+    """``source`` as a script under FUSIONSTITCHING=1 with ``flags`` and a cache of its own."""
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSIONSTITCHING")}
+    return subprocess.run([sys.executable, *WITH_PTH, str(script)], capture_output=True,
+                          text=True, timeout=300, env=dict(
+                              env, PYTHONPATH=REPO, JAX_PLATFORMS="cpu", FUSIONSTITCHING="1",
+                              FUSIONSTITCHING_FLAGS=f"{flags} --cache_dir={tmp_path / 'cache'}"))
+
+
 def test_parse_flags():
     parsed, problems = flags.parse("--async --verify=false --target=a100 --explorer=greedy "
                                    "--cache_dir=/c --dump_to='/d d' --report=/r.json "
@@ -124,17 +135,11 @@ def test_without_the_variable_nothing_changes(tmp_path):
 def test_a_young_jobs_calls_load_no_compiler(tmp_path):
     """Before STITCH_AFTER_S nothing is planned or built, so the hooked calls load neither the
     code generator nor the parser (0.4 s of imports a process, on scripts of 5-10 s)."""
-    script = tmp_path / "job.py"
-    script.write_text("import sys, jax\nf = jax.jit(lambda x: x + 1)\n"
-                      "f(jax.numpy.ones(4)); f(jax.numpy.ones(4))\n"
-                      "print(sorted(m for m in sys.modules if m.startswith((\n"
-                      "    'fusionstitching.codegen', 'fusionstitching.pipeline',\n"
-                      "    'fusionstitching.explorer', 'fusionstitching.hlo.parser'))))\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSIONSTITCHING")}
-    run = subprocess.run([sys.executable, *WITH_PTH, str(script)], capture_output=True,
-                         text=True, timeout=300, env=dict(
-                             env, PYTHONPATH=REPO, JAX_PLATFORMS="cpu", FUSIONSTITCHING="1",
-                             FUSIONSTITCHING_FLAGS=f"--cache_dir={tmp_path / 'cache'}"))
+    run = run_hooked(tmp_path, "import sys, jax\nf = jax.jit(lambda x: x + 1)\n"
+                     "f(jax.numpy.ones(4)); f(jax.numpy.ones(4))\n"
+                     "print(sorted(m for m in sys.modules if m.startswith((\n"
+                     "    'fusionstitching.codegen', 'fusionstitching.pipeline',\n"
+                     "    'fusionstitching.explorer', 'fusionstitching.hlo.parser'))))\n")
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip() == "[]", run.stdout
 
@@ -178,13 +183,7 @@ def test_unchanged_script_is_stitched_and_reported(tmp_path):
     ("f = jax.jit(lambda x: x + 1)\nf(jax.numpy.ones(4))",  # shorter than STITCH_AFTER_S
      "", "(1x the job ended before stitching starts (30 s into a job")])
 def test_a_job_that_stitched_nothing_says_so_once_at_exit(tmp_path, body, flag, why):
-    script = tmp_path / "job.py"
-    script.write_text(f"import jax\n{body}\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSIONSTITCHING")}
-    run = subprocess.run([sys.executable, *WITH_PTH, str(script)], capture_output=True,
-                         text=True, timeout=300, env=dict(
-                             env, PYTHONPATH=REPO, JAX_PLATFORMS="cpu", FUSIONSTITCHING="1",
-                             FUSIONSTITCHING_FLAGS=f"{flag} --cache_dir={tmp_path / 'cache'}"))
+    run = run_hooked(tmp_path, f"import jax\n{body}\n", flag)
     assert run.returncode == 0, run.stderr[-3000:]
     (notice,) = [line for line in run.stderr.splitlines() if "nothing was stitched" in line]
     assert notice.startswith("fusionstitching: ") and why in notice, notice
