@@ -19,7 +19,7 @@ from fusionstitching.hlo.evaluator import evaluate
 from fusionstitching.hlo.parser import parse_module, parse_shape
 from fusionstitching.hlo.ir import print_module
 from fusionstitching.hlo.xla_runner import run_hlo_with_xla
-from fusionstitching.runtime import ffi, rewrite, xla
+from fusionstitching.runtime import ffi, kernel_objects, rewrite, xla
 from helpers import FUSED_SLICE, elementwise_kernel
 
 def run_hlo(text: str, args):
@@ -492,7 +492,6 @@ def test_jit_kernel_that_fails_to_build_is_left_to_xla(monkeypatch):
     import jax
 
     from fusionstitching.stitched_jit import jit
-    from fusionstitching.runtime import kernel_objects
 
     def broken(text):
         raise RuntimeError("no host code today")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")  # Keras's own default, made explicit
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -114,7 +115,8 @@ def test_keras_jit_marks_only_the_steps_its_auto_resolution_turned_on():
     for it before compile."""
     keras = pytest.importorskip("keras", minversion="3")
     if keras.backend.backend() != "tensorflow":
-        pytest.skip("Keras runs on another backend here")
+        pytest.skip(f"KERAS_BACKEND={keras.backend.backend()} was chosen for this process: "
+                    "--keras_jit acts on Keras's TF backend only")
     keras_jit.install()
 
     def model():
