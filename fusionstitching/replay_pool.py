@@ -133,6 +133,9 @@ class _Pool:
     def __init__(self, count: int, options: Options):
         self.options = options
         self.procs: dict[Connection, subprocess.Popen] = {}
+        # Workers still importing: a module's time limit starts when its worker is ready
+        # (the compiler's imports take seconds on a slow machine).
+        self.starting: set[Connection] = set()
         for _ in range(count):
             self._start()
 
@@ -140,9 +143,19 @@ class _Pool:
         proc, conn = child_processes.start_worker("fusionstitching.replay_pool")
         conn.send(self.options)
         self.procs[conn] = proc
+        self.starting.add(conn)
         return conn
 
+    def _heard_ready(self, conn: Connection) -> None:
+        """A starting worker's first message (it is ready), or its end (it is replaced)."""
+        self.starting.discard(conn)
+        try:
+            conn.recv()
+        except (EOFError, OSError):
+            self._replace(conn)
+
     def _replace(self, conn: Connection) -> None:
+        self.starting.discard(conn)
         child_processes.stop(self.procs.pop(conn), grace_s=0.0)
         conn.close()
         self._start()
@@ -152,7 +165,7 @@ class _Pool:
         waiting = list(enumerate(paths))
         busy: dict[Connection, tuple[int, str, float]] = {}  # index, path, start
         while len(outcomes) < len(paths):
-            for conn in [c for c in self.procs if c not in busy]:
+            for conn in [c for c in self.procs if c not in busy and c not in self.starting]:
                 if not waiting:
                     break
                 index, path = waiting.pop(0)
@@ -163,10 +176,15 @@ class _Pool:
                     self._replace(conn)
                     continue
                 busy[conn] = (index, path, time.perf_counter())
-            if not busy:  # each idle worker was gone: their replacements take the paths
+            if not busy:  # workers still starting (or replaced): the paths wait for them
+                for conn in wait(list(self.starting)):
+                    self._heard_ready(conn)
                 continue
             deadline = min(start for _, _, start in busy.values()) + timeout_s
-            ready = wait(list(busy), timeout=max(0.0, deadline - time.perf_counter()))
+            ready = wait(list(busy) + list(self.starting),
+                         timeout=max(0.0, deadline - time.perf_counter()))
+            for conn in [c for c in ready if c in self.starting]:
+                self._heard_ready(conn)
             now = time.perf_counter()
             for conn in list(busy):
                 index, path, start = busy[conn]
@@ -213,6 +231,7 @@ def _exit_code_once_ended(proc: subprocess.Popen) -> int | None:
 def serve(conn: Connection) -> None:
     """Plan each path sent until told to stop (None) or the pool is gone."""
     options = conn.recv()
+    conn.send("ready")  # imported: the pool's time limits start from here
     while True:
         try:
             path = conn.recv()

@@ -84,13 +84,26 @@ def test_a_worker_that_dies_is_reported_and_replaced(tmp_path, monkeypatch):
 
     monkeypatch.setattr(child_processes, "start", remembered)
 
-    def kill_the_first_worker():
-        time.sleep(2.0)  # it has opened the FIFO and waits there
-        os.kill(pids[0], 9)
+    def opened_the_fifo(pid: int) -> bool:
+        """Blocked opening the FIFO: Linux's pipe code waits for a writer there."""
+        try:
+            with open(f"/proc/{pid}/wchan") as f:
+                return f.read().strip() == "wait_for_partner"
+        except OSError:  # ended meanwhile
+            return False
 
-    killer = threading.Thread(target=kill_the_first_worker)
+    def kill_the_worker_planning_the_fifo():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # a worker imports, then opens the FIFO and waits
+            waiting = [pid for pid in list(pids) if opened_the_fifo(pid)]
+            if waiting:
+                os.kill(waiting[0], 9)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_the_worker_planning_the_fifo)
     killer.start()
-    # the FIFO first: the first worker started gets it
+    # the FIFO first: the first worker ready gets it
     outcomes = replay_all([hangs, *FILES], OPTIONS, workers=2, timeout_s=120.0)
     killer.join()
     assert [o.kind for o in outcomes] == [OutcomeKind.WORKER_DIED] + [OutcomeKind.PLANNED] * 3
