@@ -1,7 +1,9 @@
 """The capability query the explorer asks of a pattern (XLA's CanFuse): can the code generator
 build it, is the kernel modeled faster than XLA's kernels it replaces, and does ptxas keep it
 out of spills? The same question in the planning process and in the query workers
-(query_workers.py), so a plan does not depend on where its queries ran.
+(query_workers.py), so a plan does not depend on where its queries ran. Priced for the host
+CPU (``costmodel.HostPricing``), what runs is the pattern's CPU schedule: the question is
+asked of it, and of the first GPU schedule that builds (the one the host route emulates).
 """
 from __future__ import annotations
 
@@ -27,18 +29,22 @@ class PlanRefusal(enum.Enum):
 
 
 def ask_counted(graph: OpGraph, nodes: list[str], device, target: str, ptxas: bool,
-                chosen: MutableMapping) -> tuple[codegen.KernelSpec | Refusal, int]:
+                chosen: MutableMapping, pricing=None
+                ) -> tuple[codegen.KernelSpec | Refusal, int]:
     """``ask``'s answer and its work: the values the code generator computed for it, or the
     statements it placed where those are more (their pricing is then most of the time)."""
     values, statements = codegen.values_built(), codegen.statements_placed()
-    answer = ask(graph, nodes, device, target, ptxas, chosen)
+    answer = ask(graph, nodes, device, target, ptxas, chosen, pricing)
     return answer, max(codegen.values_built() - values, codegen.statements_placed() - statements)
 
 
 def ask(graph: OpGraph, nodes: list[str], device, target: str, ptxas: bool,
-        chosen: MutableMapping) -> codegen.KernelSpec | Refusal:
+        chosen: MutableMapping, pricing=None) -> codegen.KernelSpec | Refusal:
     """The fastest kernel of ``nodes`` when the pipeline would use it, else why not.
-    ``chosen``: the schedules chosen so far by pattern form (``generate``'s)."""
+    ``chosen``: the schedules chosen so far by pattern form (``generate``'s). ``pricing``: a
+    ``costmodel.HostPricing`` to ask it for the host CPU (None: for ``device``)."""
+    if isinstance(pricing, costmodel.HostPricing):
+        return _ask_for_host(graph, nodes, device, chosen, pricing)
     xla_us = sum(xla_kernel_us(graph, n, device) for n in nodes if graph.nodes[n].is_kernel)
     try:
         # below_us: schedules that cannot beat XLA's kernels are not built or priced
@@ -73,11 +79,34 @@ def ask(graph: OpGraph, nodes: list[str], device, target: str, ptxas: bool,
     return spec
 
 
-def slower_than_xla(graph: OpGraph, spec, device, target: str) -> str | None:
+def _ask_for_host(graph: OpGraph, nodes: list[str], device, chosen: MutableMapping,
+                  pricing) -> codegen.KernelSpec | Refusal:
+    """``ask`` for the host CPU: the first GPU schedule that builds, and the CPU schedule
+    priced against XLA:CPU's kernels by the host model."""
+    try:
+        spec = codegen.generate(graph.module, nodes, "probe", device, chosen=chosen,
+                                fastest=False, priced=False)
+    except codegen.CodegenError as exc:
+        return Refusal(exc.kind, exc.detail)
+    except Exception as exc:  # a defect of ours: the pattern is refused, with the reason
+        return internal(exc)
+    slower = slower_than_xla(graph, spec, device, "cpu", pricing)
+    return Refusal(PlanRefusal.SLOWER_THAN_XLA, slower) if slower else spec
+
+
+def stitched_kernel_us(spec, device, pricing=None) -> float:
+    """Modeled time of a stitched kernel: its GPU schedule by the latency-evaluator of
+    ``device``, or with a ``HostPricing``, its CPU schedule by the host model."""
+    if isinstance(pricing, costmodel.HostPricing):
+        return pricing.kernel_us(codegen.host_profile(spec))
+    return modeled_kernel_us(spec, device)
+
+
+def slower_than_xla(graph: OpGraph, spec, device, target: str, pricing=None) -> str | None:
     """No negative optimization: why a stitched kernel modeled slower than the XLA kernels it
     replaces is not used (None when it is faster)."""
-    stitched_us = modeled_kernel_us(spec, device)
-    xla_us = sum(xla_kernel_us(graph, n, device) for n in spec.nodes
+    stitched_us = stitched_kernel_us(spec, device, pricing)
+    xla_us = sum(xla_kernel_us(graph, n, device, pricing) for n in spec.nodes
                  if graph.nodes[n].is_kernel)
     if stitched_us < xla_us:
         return None
@@ -85,12 +114,13 @@ def slower_than_xla(graph: OpGraph, spec, device, target: str) -> str | None:
             f"kernels at {xla_us:.2f} us (modeled, {target})")
 
 
-def xla_kernel_us(graph: OpGraph, node: str, device) -> float:
-    """Modeled time of one of XLA's own kernels, by the same latency-evaluator; once per graph
-    and device (the explorer's queries, the cost guard and the Report all ask)."""
-    times = graph.derived.setdefault(("xla_kernel_us", device), {})
+def xla_kernel_us(graph: OpGraph, node: str, device, pricing=None) -> float:
+    """Modeled time of one of XLA's own kernels, by the same latency-evaluator (or the host
+    model, given a ``HostPricing``); once per graph and model (the explorer's queries, the
+    cost guard and the Report all ask)."""
+    pricing = pricing or costmodel.GpuPricing(device)
+    times = graph.derived.setdefault(("xla_kernel_us", device, pricing.name), {})
     us = times.get(node)
     if us is None:
-        us = times[node] = costmodel.kernel_latency_us(xla_kernel_profile(graph, node, device),
-                                                      device).total_us
+        us = times[node] = pricing.kernel_us(xla_kernel_profile(graph, node, device))
     return us

@@ -38,7 +38,8 @@ def replay(args: argparse.Namespace) -> int:
         print("fusionstitching replay: no HLO files found", file=sys.stderr)
         return 1
     options = Options(target=args.target, explorer=args.explorer, verify=args.verify,
-                      emit_dir=args.emit, ptxas=not args.no_ptxas, host=args.cpu_schedule)
+                      emit_dir=args.emit, ptxas=not args.no_ptxas, host=args.cpu_schedule,
+                      cost_model=args.cost_model)
     paths = [str(f) for f in files]
     progress = Progress(len(paths))
     # --json-dir names each file by its path below the files' common folder
@@ -166,7 +167,7 @@ def prewarm_cache(args: argparse.Namespace) -> int:
     """Plan each XLA:CPU module as the runtime would and keep plan and kernels in the cache:
     the job's first step then loads them instead of planning."""
     options = Options(target=args.target, explorer=args.explorer, ptxas=False,
-                      workers=args.workers)
+                      workers=args.workers, cost_model=args.cost_model)
     failed = 0
     files = collect_runtime_modules(args.paths)
     while files:
@@ -271,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--target", default="h100", choices=targets,
                     help="GPU to model and assemble for")
     rp.add_argument("--explorer", default="beam", choices=explorers, help="fusion strategy")
+    rp.add_argument("--cost_model", default="gpu", choices=("gpu", "cpu"),
+                    help="what prices the plan: the target GPU's latency-evaluator, or this "
+                         "host CPU's model (for XLA:CPU dumps, as the runtime plans them)")
     rp.add_argument("--verify", action="store_true",
                     help="run XLA's plan and the stitched plan on random inputs and compare")
     rp.add_argument("--cpu-schedule", action="store_true",
@@ -299,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--remote_cache", metavar="URL", help="the job's redis:// remote cache")
     pp.add_argument("--target", default="h100", choices=targets, help="the job's --target")
     pp.add_argument("--explorer", default="beam", choices=explorers, help="the job's --explorer")
+    pp.add_argument("--cost_model", default="auto", choices=("auto", "gpu", "cpu"),
+                    help="the job's --cost_model (auto: this CPU's model)")
     pp.add_argument("--keep", default="fastest", choices=("fastest", "stitched"),
                     help="the job's --keep (fastest: kernels timed against XLA:CPU here)")
     pp.add_argument("--workers", type=_positive_int, default=None,

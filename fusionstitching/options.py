@@ -9,6 +9,10 @@ from dataclasses import dataclass
 @dataclass
 class Options:
     target: str = "h100"
+    # What prices kernels for the plan: "gpu", the latency-evaluator of ``target``; "cpu", the
+    # host CPU's model (costmodel/host.py); "auto": "cpu" for modules XLA:CPU runs in the
+    # runtime (the host route), else "gpu"
+    cost_model: str = "auto"
     explorer: str = "beam"
     verify: bool = False
     emit_dir: str | None = None

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import costmodel
 
 from . import capability, codegen
-from .capability import PlanRefusal, slower_than_xla, xla_kernel_us
-from .codegen import modeled_kernel_us
+from .capability import (PlanRefusal, slower_than_xla, stitched_kernel_us,
+                         xla_kernel_us)
 from .explain import Unrefused, unstitched_kinds
 from .explorer import FusionPlan, Pattern, explore, given_plan
 from .explorer.index import GraphIndex
@@ -67,6 +67,27 @@ class StitchResult:
     fallbacks: list[Fallback] = field(default_factory=list)
 
 
+COST_MODELS = ("auto", "gpu", "cpu")
+
+
+def pricing_of(options: Options, device: costmodel.Device):
+    """What prices the plan's kernels (``Options.cost_model``): the latency-evaluator of
+    ``device`` ("gpu", and "auto", which the runtime turns into "cpu" on its host route), or
+    the host CPU's model with this machine's numbers (measured once, kept in the user's
+    cache)."""
+    if options.cost_model in ("auto", "gpu"):
+        return costmodel.GpuPricing(device)
+    if options.cost_model == "cpu":
+        return costmodel.HostPricing(costmodel.this_machine())
+    raise ValueError(f"unknown cost model {options.cost_model!r}; known: "
+                     f"{', '.join(COST_MODELS)}")
+
+
+def report_target(options: Options) -> str:
+    """What the Report's modeled times are for: the GPU target, or "cpu" (the host model)."""
+    return "cpu" if options.cost_model == "cpu" else options.target
+
+
 def stitch_module(module: Module, options: Options | None = None,
                   parse_seconds: float = 0.0, schedules: MutableMapping | None = None,
                   given: GivenPatterns | None = None) -> StitchResult:
@@ -76,6 +97,7 @@ def stitch_module(module: Module, options: Options | None = None,
     planned for a module of the same structure, taken when they build here (``plan_module``)."""
     options = options or Options()
     device = costmodel.load_device(options.target)
+    pricing = pricing_of(options, device)
     started = time.perf_counter()
     times = Times(parse=parse_seconds)
     fallbacks: list[Fallback] = []
@@ -88,9 +110,9 @@ def stitch_module(module: Module, options: Options | None = None,
     built: dict[frozenset[str], codegen.KernelSpec] = {}
     chosen = {} if schedules is None else schedules
     # The explorer's queries and then the plan's assembly run in them (one per core).
-    with planning_workers(graph, options, chosen) as workers:
+    with planning_workers(graph, options, chosen, pricing) as workers:
         try:
-            plan = plan_module(graph, options, device, built, chosen, workers, given)
+            plan = plan_module(graph, options, device, built, chosen, workers, given, pricing)
         except Exception as exc:  # a defect of ours: the module keeps XLA's plan
             plan = FusionPlan(options.explorer, [], notes=["explorer failed; XLA's plan kept"])
             fallbacks.append(Fallback("explore", [], str(internal(exc))))
@@ -100,7 +122,7 @@ def stitch_module(module: Module, options: Options | None = None,
         for index, pattern in enumerate(plan.patterns):
             name = f"fusionstitching_{_c_name(module.name)[:40]}_{index}"
             kernel = _build_kernel(graph, pattern, name, options, device, times, fallbacks,
-                                   built.get(frozenset(pattern.nodes)))
+                                   built.get(frozenset(pattern.nodes)), pricing)
             if kernel is not None:
                 kernels.append(kernel)
         if options.ptxas:
@@ -109,11 +131,11 @@ def stitch_module(module: Module, options: Options | None = None,
     kernels = _schedulable(module, kernels, fallbacks)
     result = StitchResult(module, graph, plan, kernels, report=None, fallbacks=fallbacks)
     try:
-        result.report = make_report(result, options, device, times)
+        result.report = make_report(result, options, device, times, pricing)
     except Exception as exc:  # counting the stitched plan failed: report XLA's plan alone
         _give_back(result.kernels, "report", internal(exc), fallbacks)
         result.kernels = []
-        result.report = make_report(result, options, device, times)
+        result.report = make_report(result, options, device, times, pricing)
     if options.verify:
         result.report.verify = verify(result.module, result.kernels, result.report.fallbacks,
                                       seed=options.seed)
@@ -127,7 +149,7 @@ def plan_module(graph: OpGraph, options: Options, device,
                 built: dict[frozenset[str], codegen.KernelSpec] | None = None,
                 schedules: MutableMapping | None = None,
                 workers: QueryWorkers | None = None,
-                given: GivenPatterns | None = None) -> FusionPlan:
+                given: GivenPatterns | None = None, pricing=None) -> FusionPlan:
     """The fusion plan of ``graph``, asking the code generator the question the pipeline
     will: can it build the pattern, and does the kernel pass the cost guard below? So the
     explorer plans around patterns that would be given back to XLA instead of losing them.
@@ -140,7 +162,9 @@ def plan_module(graph: OpGraph, options: Options, device,
     ``workers``: query workers to ask through (``planning_workers``, given ``schedules`` as
     their chosen schedules); without, every query is asked in this process. ``given``: a
     plan of the same structure at other sizes, this module's plan when every pattern builds
-    (``explorer.given_plan``), else the explorer plans it and the notes say why."""
+    (``explorer.given_plan``), else the explorer plans it and the notes say why.
+    ``pricing``: ``pricing_of(options, device)``, what prices the kernels (None: the
+    latency-evaluator of ``device``)."""
     built = {} if built is None else built  # accepted patterns
     # schedules by pattern form: a repeated layer's patterns build one each
     chosen = {} if schedules is None else schedules
@@ -179,7 +203,7 @@ def plan_module(graph: OpGraph, options: Options, device,
                 without_workers(exc)
         if answered is None:
             answered = capability.ask_counted(graph, nodes, device, options.target,
-                                              options.ptxas, chosen)
+                                              options.ptxas, chosen, pricing)
         answer, work = answered
         spent += work
         if spent >= budget:
@@ -201,12 +225,16 @@ def plan_module(graph: OpGraph, options: Options, device,
             except WorkersFailed as exc:
                 without_workers(exc)
 
+    host_priced = isinstance(pricing, costmodel.HostPricing)
+
     def profile_of(nodes: list[str]) -> costmodel.KernelProfile:
         if len(nodes) == 1:
             return xla_kernel_profile(graph, nodes[0], device)
         spec = built.get(frozenset(nodes))
         if spec is None:  # the explorer prices only patterns the query accepted
             raise ValueError(f"no stitched kernel was built for {nodes}")
+        if host_priced:  # what runs on the host: the CPU schedule
+            return codegen.host_profile(spec)
         return spec.profile  # as modeled_kernel_us prices it
 
     if given is not None:
@@ -219,13 +247,13 @@ def plan_module(graph: OpGraph, options: Options, device,
         notes.append(f"the plan of {given.source} was not taken ({taken}): explored instead")
     plan = explore(graph, can_stitch, options.explorer, device, profile_of,
                    lambda nodes: codegen.other_space_nodes(graph.module, nodes),
-                   ask_ahead if workers is not None else None)
+                   ask_ahead if workers is not None else None, pricing)
     plan.notes += notes
     return plan
 
 
 @contextmanager
-def planning_workers(graph: OpGraph, options: Options, chosen: MutableMapping
+def planning_workers(graph: OpGraph, options: Options, chosen: MutableMapping, pricing=None
                      ) -> Iterator[QueryWorkers | None]:
     """Query workers for planning ``graph`` (query_workers.py), closed on leaving; None where
     the module plans in about the time they take to start (``Options.workers``), or they
@@ -235,7 +263,8 @@ def planning_workers(graph: OpGraph, options: Options, chosen: MutableMapping
     if count >= 2 and (options.workers is not None or
                        sum(1 for _ in graph.memory_intensive_nodes()) >= MIN_KERNELS):
         try:
-            workers = QueryWorkers(graph.module, options.target, options.ptxas, chosen, count)
+            workers = QueryWorkers(graph.module, options.target, options.ptxas, chosen, count,
+                                   pricing)
         except WorkersFailed:
             workers = None
     try:
@@ -249,16 +278,22 @@ def _c_name(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)
 
 
-def _build_kernel(graph, pattern, name, options, device, times, fallbacks, probed=None):
+def _build_kernel(graph, pattern, name, options, device, times, fallbacks, probed=None,
+                  pricing=None):
     """``probed``: the kernel the explorer's capability query built for this pattern (the
-    same generation under another name, when its schedule is the fastest; a ``borrowed``
-    one's schedule built here under the pattern's own names), else it is generated here."""
+    same generation under another name, when its schedule is the fastest, or priced for the
+    host, where the GPU schedule is only emulated; a ``borrowed`` one's schedule built here
+    under the pattern's own names), else it is generated here."""
     t0 = time.perf_counter()
+    host_priced = isinstance(pricing, costmodel.HostPricing)
     try:
         if probed is not None and probed.borrowed:
-            spec = codegen.with_own_names(graph.module, probed, name, device)
-        elif probed is not None and probed.fastest:
+            spec = _renamed(codegen.with_own_names(graph.module, probed, name, device), name)
+        elif probed is not None and (probed.fastest or host_priced):
             spec = _renamed(probed, name)
+        elif host_priced:
+            spec = codegen.generate(graph.module, pattern.nodes, name, device, fastest=False,
+                                    priced=False)
         else:
             spec = codegen.generate(graph.module, pattern.nodes, name, device)
         if options.host:
@@ -269,7 +304,7 @@ def _build_kernel(graph, pattern, name, options, device, times, fallbacks, probe
             else str(internal(exc))
         fallbacks.append(Fallback("codegen", list(pattern.nodes), why))
         return None
-    slower = slower_than_xla(graph, spec, device, options.target)
+    slower = slower_than_xla(graph, spec, device, report_target(options), pricing)
     if slower:
         times.codegen += time.perf_counter() - t0
         fallbacks.append(Fallback("cost", list(pattern.nodes), slower))
@@ -303,6 +338,8 @@ def lone_kernels(result: StitchResult, options: Options, fallbacks: list[Fallbac
     A node the code generator refuses stays XLA's, as the plan has it: no fallback (a defect
     of ours is one, in ``fallbacks``)."""
     device = costmodel.load_device(options.target)
+    # priced for the host, the GPU schedule is only emulated: the first that builds
+    fastest = options.cost_model != "cpu"
     taken = {n for k in result.kernels for n in k.pattern.nodes}
     taken |= {n for f in result.fallbacks for n in f.nodes}
     kernels = []
@@ -311,7 +348,8 @@ def lone_kernels(result: StitchResult, options: Options, fallbacks: list[Fallbac
             continue
         name = f"fusionstitching_{_c_name(result.module.name)[:40]}_alone_{len(kernels)}"
         try:
-            spec = codegen.generate(result.graph.module, [node.name], name, device)
+            spec = codegen.generate(result.graph.module, [node.name], name, device,
+                                    fastest=fastest, priced=fastest)
             spec = codegen.add_host_kernel(result.graph.module, spec)
         except codegen.CodegenError:
             continue
@@ -396,8 +434,10 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def make_report(result: StitchResult, options: Options, device, times: Times) -> Report:
-    """The Report of a plan: XLA's plan and the stitched plan counted and priced alike."""
+def make_report(result: StitchResult, options: Options, device, times: Times,
+                pricing=None) -> Report:
+    """The Report of a plan: XLA's plan and the stitched plan counted and priced alike (by
+    ``pricing``, default the latency-evaluator of ``device``)."""
     graph = result.graph
     kernel_nodes = graph.kernel_nodes()
     mem_nodes = [n.name for n in kernel_nodes if n.memory_intensive]
@@ -408,11 +448,11 @@ def make_report(result: StitchResult, options: Options, device, times: Times) ->
     fs_patterns = [k.pattern.nodes for k in result.kernels] + [
         [n] for n in mem_nodes if n not in stitched]
 
-    # Both plans priced by the same latency-evaluator (modeled): XLA's kernels from the graph,
-    # stitched kernels from their kernel IR.
-    stitched_us = [modeled_kernel_us(k.spec, device) for k in result.kernels]
-    xla_times = [xla_kernel_us(graph, n, device) for n in mem_nodes]
-    fs_times = stitched_us + [xla_kernel_us(graph, n, device) for n in mem_nodes
+    # Both plans priced by the same model (modeled): XLA's kernels from the graph, stitched
+    # kernels from their kernel IR.
+    stitched_us = [stitched_kernel_us(k.spec, device, pricing) for k in result.kernels]
+    xla_times = [xla_kernel_us(graph, n, device, pricing) for n in mem_nodes]
+    fs_times = stitched_us + [xla_kernel_us(graph, n, device, pricing) for n in mem_nodes
                               if n not in stitched]
 
     def summary(patterns, kernel_us, with_patterns=False):
@@ -433,7 +473,7 @@ def make_report(result: StitchResult, options: Options, device, times: Times) ->
             spills=nv.spills if nv else None, bytes=kbytes,
             modeled_us=round(modeled_us, 3)))
     return Report(
-        module=result.module.name, target=options.target,
+        module=result.module.name, target=report_target(options),
         xla=summary(xla_patterns, xla_times),
         fs=summary(fs_patterns, fs_times, with_patterns=True),
         compulsory_bytes=plan_bytes(graph, memory_intensive_regions(graph)),

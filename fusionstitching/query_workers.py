@@ -45,7 +45,7 @@ class QueryWorkers:
     """``count`` workers answering capability queries of ``module``'s patterns."""
 
     def __init__(self, module: Module, target: str, ptxas: bool, chosen: MutableMapping,
-                 count: int):
+                 count: int, pricing=None):
         self.chosen = chosen
         self._answers: dict[tuple, object] = {}  # by key, until taken
         self._pending: list[tuple] = []  # named ahead, not yet sent
@@ -55,7 +55,7 @@ class QueryWorkers:
         self._procs: list[subprocess.Popen] = []
         self._senders: list[threading.Thread] = []
         self._requests: dict[tuple, tuple] = {}  # messages other than a query, by key
-        init = ("init", module, target, ptxas)
+        init = ("init", module, target, ptxas, pricing)
         try:
             for _ in range(count):
                 proc, conn = child_processes.start_worker("fusionstitching.query_workers")
@@ -210,7 +210,7 @@ class _ChosenThroughParent(MutableMapping):
 
 def serve(conn: Connection) -> None:
     """Answer queries until told to stop (None) or the planning process is gone."""
-    _, module, target, ptxas = conn.recv()
+    _, module, target, ptxas, pricing = conn.recv()
     graph, device = build_graph(module), costmodel.load_device(target)
     # As the explorer pauses it while it asks in-process: a query's millions of small objects
     # are freed by reference counting, and the collector would only rescan them (27% more CPU
@@ -233,7 +233,7 @@ def serve(conn: Connection) -> None:
                 answer = RuntimeError(f"{type(exc).__name__}: {exc}")
         else:
             answer, work = capability.ask_counted(graph, message[1], device, target, ptxas,
-                                                  chosen)
+                                                  chosen, pricing)
         conn.send(("answer", answer, work, chosen.added))
 
 

@@ -61,7 +61,7 @@ class KernelReport:
     block: list[int]
     smem_bytes: int
     regs: int | None
-    regs_model: int
+    regs_model: int | None  # None: the GPU schedule was not priced (a host-priced plan)
     spills: int | None
     bytes: int
     modeled_us: float
@@ -169,8 +169,9 @@ def format_summary(report: Report) -> str:
     if report.planned_by.startswith("given"):  # the explorer's plan is the usual case
         lines.append(f"  planned: {report.planned_by}")
     for k in report.kernels:
-        regs = (f"regs not assembled ({k.regs_model} modeled)" if k.regs is None
-                else f"{k.regs} regs ({k.regs_model} modeled)")
+        modeled = "not modeled" if k.regs_model is None else f"{k.regs_model} modeled"
+        regs = (f"regs not assembled ({modeled})" if k.regs is None
+                else f"{k.regs} regs ({modeled})")
         lines.append(f"  kernel {k.name}: {len(k.nodes)} XLA kernels {k.nodes} -> "
                      f"{'+'.join(k.schemes)}, grid {k.grid} block {k.block}, "
                      f"smem {k.smem_bytes} B, {regs}, spills {k.spills}, {k.bytes:,d} bytes")

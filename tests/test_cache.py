@@ -185,7 +185,7 @@ def test_prewarm_workers_1_plans_without_worker_processes(tmp_path, monkeypatch,
     only took the cores it needed (``--workers 2`` asks for two)."""
     seen = []
 
-    def record(module, target, ptxas, chosen, count):
+    def record(module, target, ptxas, chosen, count, pricing):
         seen.append(count)
         raise query_workers.WorkersFailed("planned in this process instead")
 

@@ -61,19 +61,22 @@ def test_parse_flags():
     parsed, problems = flags.parse("--async --verify=false --target=a100 --explorer=greedy "
                                    "--cache_dir=/c --dump_to='/d d' --report=/r.json "
                                    "--keep=stitched --remote_cache=redis://h:6379/2 "
-                                   "--keras_jit=false")
+                                   "--keras_jit=false --cost_model=gpu")
     assert parsed == flags.Flags(async_compile=True, verify=False, target="a100",
                                  explorer="greedy", cache_dir="/c", dump_to="/d d",
                                  report="/r.json", keep="stitched",
-                                 remote_cache="redis://h:6379/2", keras_jit="false")
+                                 remote_cache="redis://h:6379/2", keras_jit="false",
+                                 cost_model="gpu")
     assert not problems
     # --keras_jit was a boolean: its words still mean what they did
     assert [flags.parse(text)[0].keras_jit for text in
             ("", "--keras_jit", "--keras_jit=true", "--keras_jit=auto", "--keras_jit=0")] == \
         ["auto", "always", "always", "auto", "false"]
     assert "expected one of auto, always, false" in flags.parse("--keras_jit=maybe")[1][0]
+    assert "expected one of auto, gpu, cpu" in flags.parse("--cost_model=tpu")[1][0]
     assert parsed.jit_options() == {"async_compile": True, "verify": False, "target": "a100",
-                                    "explorer": "greedy", "dump_to": "/d d",
+                                    "explorer": "greedy", "cost_model": "gpu",
+                                    "dump_to": "/d d",
                                     "keep": "stitched", "cache_dir": "/c",
                                     "remote_cache": "redis://h:6379/2"}
 

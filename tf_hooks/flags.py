@@ -2,8 +2,9 @@
 
     FUSIONSTITCHING=1 FUSIONSTITCHING_FLAGS="--async --verify --report=/tmp/fs.json" python train.py
 
-The flags (--async, --verify, --target, --explorer, --cache_dir, --cache_group,
---remote_cache, --dump_to, --report, --keep, --keras_jit; README.md says what each does) are shared by every framework hook. An
+The flags (--async, --verify, --target, --explorer, --cost_model, --cache_dir, --cache_group,
+--remote_cache, --dump_to, --report, --keep, --keras_jit; docs/usage.md says what each does)
+are shared by every framework hook. An
 unknown or malformed flag gives one warning naming it and is otherwise ignored: a typo in an
 environment variable must not stop a training job.
 """
@@ -37,6 +38,7 @@ class Flags:
     verify: bool = True  # --verify=false: the trial call is not checked
     target: str = "h100"
     explorer: str = "beam"
+    cost_model: str = "auto"  # "auto": the host CPU's model on XLA:CPU, the GPU's on a GPU
     cache_dir: str | None = None  # None: fusionstitching's default directory
     cache_group: str | None = None  # None: the cache is private to this user
     remote_cache: str | None = None  # redis:// URL of the tier shared by the job's hosts
@@ -51,7 +53,8 @@ class Flags:
     def jit_options(self) -> dict:
         """Keyword arguments of ``fusionstitching.jit``."""
         options = {"async_compile": self.async_compile, "verify": self.verify,
-                   "target": self.target, "explorer": self.explorer, "dump_to": self.dump_to,
+                   "target": self.target, "explorer": self.explorer,
+                   "cost_model": self.cost_model, "dump_to": self.dump_to,
                    "keep": self.keep}
         if self.cache_dir is not None:
             options["cache_dir"] = self.cache_dir
@@ -65,11 +68,13 @@ class Flags:
 # flag -> (Flags field, takes a value)
 _FLAGS = {"async": ("async_compile", False), "verify": ("verify", False),
           "target": ("target", True), "explorer": ("explorer", True),
+          "cost_model": ("cost_model", True),
           "cache_dir": ("cache_dir", True), "cache_group": ("cache_group", True),
           "remote_cache": ("remote_cache", True),
           "dump_to": ("dump_to", True), "report": ("report", True), "keep": ("keep", True),
           "keras_jit": ("keras_jit", True)}
 _CHOICES = {"target": ("h100", "a100", "v100"), "explorer": ("beam", "greedy"),
+            "cost_model": ("auto", "gpu", "cpu"),
             "keep": ("fastest", "stitched"), "keras_jit": ("auto", "always", "false")}
 # --keras_jit alone, or as a boolean as it once was
 _KERAS_JIT_WORDS = {"": "always", "true": "always", "1": "always", "yes": "always",

@@ -265,7 +265,8 @@ class TfCompiled:
         cache_dir = flags.cache_dir if flags.cache_dir is not None else default_dir()
         if flags.cache_group is not None:
             share_cache(cache_dir, flags.cache_group)
-        options = Options(target=flags.target, explorer=flags.explorer, ptxas=False)
+        options = Options(target=flags.target, explorer=flags.explorer,
+                          cost_model=flags.cost_model, ptxas=False)
         self.lifecycle = Lifecycle(self.name, options, cache_dir, flags.async_compile,
                                    flags.dump_to, module_name=self.name,
                                    remote_cache=flags.remote_cache,

@@ -7,8 +7,8 @@
 `compile_nvptx` lower the same kernel IR for the CPU and for NVIDIA GPUs.
 """
 from .errors import CodegenError, NotFaster, Refusal
-from .generate import (KernelSpec, add_host_kernel, can_stitch, generate, modeled_kernel_us,
-                       other_space_nodes, with_own_names)
+from .generate import (KernelSpec, add_host_kernel, can_stitch, generate, host_profile,
+                       modeled_kernel_us, other_space_nodes, with_own_names)
 from .host import HostKernel, Traffic, compile_host, count_traffic
 from .nvptx import NvptxKernel, compile_nvptx, find_ptxas
 from .schedules.candidates import Schedule
@@ -17,5 +17,6 @@ from .schedules.emitter import statements_placed, values_built
 
 __all__ = ["CodegenError", "HostKernel", "KernelSpec", "NotFaster", "NvptxKernel", "Refusal",
            "Refused", "Schedule", "Traffic", "add_host_kernel", "can_stitch", "compile_host",
-           "compile_nvptx", "count_traffic", "find_ptxas", "generate", "modeled_kernel_us",
+           "compile_nvptx", "count_traffic", "find_ptxas", "generate", "host_profile",
+           "modeled_kernel_us",
            "other_space_nodes", "statements_placed", "values_built", "with_own_names"]

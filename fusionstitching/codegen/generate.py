@@ -9,7 +9,7 @@ from costmodel import KernelProfile, kernel_latency_us, load_device
 from costmodel.devices import Device
 
 from ..hlo.ir import Module, Shape
-from .cost.kernel_profile import kernel_profile
+from .cost.kernel_profile import host_kernel_profile, kernel_profile
 from .errors import CodegenError
 from .flatten import flatten
 from .kernel_ir import Kernel
@@ -41,7 +41,7 @@ class KernelSpec:
     kernel: Kernel
     read_bytes: int  # distinct global bytes read: each input once (every element is used)
     write_bytes: int
-    regs_model: int
+    regs_model: int | None  # None: not priced for a GPU (``generate``'s ``priced``)
     why: str  # the chosen schedule
     modeled_us: float = 0.0  # latency-evaluator's time of the chosen schedule (modeled)
     smem_bytes_no_reuse: int = 0  # shared memory before dominance-tree reuse (paper 4.4)
@@ -79,7 +79,8 @@ def generate(module: Module, nodes: list[str], name: str, device: Device | None 
              chosen: MutableMapping[str, Schedule] | None = None, fastest: bool = True,
              with_host_kernel: bool = True, below_us: float | None = None,
              kept: MutableMapping[str, ScheduledKernel] | None = None,
-             not_faster: MutableMapping[tuple, float] | None = None) -> KernelSpec:
+             not_faster: MutableMapping[tuple, float] | None = None,
+             priced: bool = True) -> KernelSpec:
     """One kernel for these entry instructions; raises CodegenError when impossible.
 
     ``device``: the GPU whose latency-evaluator chooses among the enumerated schedules
@@ -92,10 +93,12 @@ def generate(module: Module, nodes: list[str], name: str, device: Device | None 
     only if modeled faster than this; raises ``NotFaster`` when it is not. ``kept``: the
     chosen kernels kept by pattern form (``schedule_pattern``'s), for one module's planning:
     a spec may then be ``borrowed``, for questions only, never compiled; ``not_faster``:
-    the ``NotFaster`` answers kept the same way."""
+    the ``NotFaster`` answers kept the same way. ``priced=False`` (with ``fastest=False``):
+    the GPU schedule is not priced (a host-priced pattern's: ``profile`` and ``regs_model``
+    None, ``modeled_us`` NaN)."""
     pattern = flatten(module, nodes)
     scheduled = schedule_pattern(pattern, name, device or load_device(DEFAULT_TARGET), excluded,
-                                 chosen, fastest, below_us, kept, not_faster)
+                                 chosen, fastest, below_us, kept, not_faster, priced)
     kernel = scheduled.kernel
     spec = KernelSpec(
         name=name, nodes=list(nodes), inputs=pattern.inputs, outputs=pattern.outputs,
@@ -103,7 +106,8 @@ def generate(module: Module, nodes: list[str], name: str, device: Device | None 
         smem_bytes=kernel.smem_bytes, kernel=kernel,
         read_bytes=sum(s.byte_size for _, s in pattern.inputs),
         write_bytes=sum(s.byte_size for _, s in pattern.outputs),
-        regs_model=scheduled.profile.regs_per_thread, why=scheduled.schedule.why,
+        regs_model=scheduled.profile and scheduled.profile.regs_per_thread,
+        why=scheduled.schedule.why,
         modeled_us=scheduled.modeled_us, smem_bytes_no_reuse=scheduled.smem_bytes_no_reuse,
         candidates=scheduled.candidates,
         host_kernel=build_host_kernel(pattern, scheduled.schedule, name)
@@ -148,6 +152,13 @@ def other_space_nodes(module: Module, nodes: list[str]) -> list[str]:
         return outside_main_space(flatten(module, nodes))
     except CodegenError:
         return []
+
+
+def host_profile(spec: KernelSpec) -> KernelProfile:
+    """The profile of ``spec``'s CPU schedule (its ``host_kernel``), for the host model."""
+    if spec.host_kernel is None:
+        raise ValueError(f"kernel {spec.name} has no host kernel to price")
+    return host_kernel_profile(spec.host_kernel, spec.read_bytes, spec.write_bytes)
 
 
 def modeled_kernel_us(spec: KernelSpec, device: Device) -> float:

@@ -102,20 +102,3 @@ class PatternModel:
             regs_per_thread=estimate_registers([min(2 * len(nodes), MAX_LIVE_VALUES)]),
             smem_bytes=smem, instructions=instructions, bytes_read=reads, bytes_written=writes)
 
-
-def packed_profile(parts: list[KernelProfile]) -> KernelProfile:
-    """Kernel packing (remote fusion): the parts' blocks run side by side in one launch, so
-    the grid is the sum; each block needs the largest part's resources, and a wave lasts as
-    long as its slowest part (the per-class maximum of instructions)."""
-    instructions: dict[str, float] = {}
-    for p in parts:
-        for cls, count in p.instructions.items():
-            instructions[cls] = max(instructions.get(cls, 0.0), count)
-    return KernelProfile(
-        grid_blocks=sum(p.grid_blocks for p in parts),
-        threads_per_block=max(p.threads_per_block for p in parts),
-        regs_per_thread=max(p.regs_per_thread for p in parts),
-        smem_bytes=max(p.smem_bytes for p in parts), instructions=instructions,
-        bytes_read=sum(p.bytes_read for p in parts),
-        bytes_written=sum(p.bytes_written for p in parts))
-

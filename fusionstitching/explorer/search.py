@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 import costmodel
-from costmodel import KernelProfile, kernel_latency_us
+from costmodel import GpuPricing, KernelProfile
 
 from ..graph import OpGraph
 from ..graph.refusal import Refusal
@@ -30,7 +30,7 @@ from .candidates import TOP_K, Candidate, CandidatePatterns
 from .index import GraphIndex
 from .neighbours import merge_neighbours
 from .plan import CanStitch, Decision, ExplorerRefusal, FusionPlan, Pattern
-from .pattern_model import PatternModel, packed_profile
+from .pattern_model import PatternModel
 
 ProfileOf = Callable[[list[str]], KernelProfile]
 # The nodes of a pattern whose reductions lie outside its main reduction space.
@@ -86,8 +86,10 @@ class Explorer(CandidatePatterns):
     def __init__(self, graph: OpGraph, can_stitch: CanStitch, device, top_k: int = TOP_K,
                  beam_width: int = BEAM_WIDTH, max_pattern: int = MAX_PATTERN_KERNELS,
                  profile_of: ProfileOf | None = None, other_space: OtherSpace | None = None,
-                 ask_ahead: AskAhead | None = None):
+                 ask_ahead: AskAhead | None = None, pricing=None):
         self.graph, self.device = graph, device
+        # what prices kernels and packs: the latency-evaluator of ``device``, or a CPU's model
+        self.pricing = pricing or GpuPricing(device)
         self.top_k, self.beam_width, self.max_pattern = top_k, beam_width, max_pattern
         self.profile_of = profile_of
         self.other_space = other_space
@@ -159,11 +161,10 @@ class Explorer(CandidatePatterns):
         return self._buildable.get(nodes) is not None
 
     def latency_us(self, nodes: frozenset[str]) -> float:
-        """Modeled time of one kernel made of ``nodes`` (latency-evaluator)."""
+        """Modeled time of one kernel made of ``nodes`` (``pricing``)."""
         t = self._latency.get(nodes)
         if t is None:
-            t = self._latency[nodes] = kernel_latency_us(self._profile(nodes),
-                                                         self.device).total_us
+            t = self._latency[nodes] = self.pricing.kernel_us(self._profile(nodes))
         return t
 
     def _profile(self, nodes: frozenset[str]) -> KernelProfile:
@@ -256,8 +257,7 @@ class Explorer(CandidatePatterns):
             verdict = self._packs.get(parts)  # beams share most of their units
             if verdict is None:
                 union = frozenset().union(*parts)
-                packed_us = kernel_latency_us(packed_profile(
-                    [self._profile(u) for u in parts]), self.device).total_us
+                packed_us = self.pricing.packed_us([self._profile(u) for u in parts])
                 kind, reason, packed_us = self._pack_check(union, packed_us,
                                                            current_us + unit_us)
                 self.decide(union, kind, reason)
@@ -286,7 +286,7 @@ class Explorer(CandidatePatterns):
 
     def _launch_bound(self, unit: frozenset[str]) -> bool:
         """Whether the unit runs for less than its own launch (remote fusion packs these)."""
-        return self.latency_us(unit) - costmodel.LAUNCH_US < costmodel.LAUNCH_US
+        return self.latency_us(unit) - self.pricing.launch_us < self.pricing.launch_us
 
     def _likely_packs(self, units: list[frozenset[str]]) -> list[frozenset[str]]:
         """The packs of two neighbouring launch-bound units that ``remote_fusion`` may ask
@@ -298,8 +298,7 @@ class Explorer(CandidatePatterns):
             if (a, b) in self._packs or len(union) > self.max_pattern or union in self._buildable:
                 continue
             separate_us = self.latency_us(a) + self.latency_us(b)
-            packed_us = kernel_latency_us(packed_profile([self._profile(a), self._profile(b)]),
-                                          self.device).total_us
+            packed_us = self.pricing.packed_us([self._profile(a), self._profile(b)])
             if packed_us < separate_us and not self.index.creates_cycle(union):
                 likely.append(union)
         return likely

@@ -31,8 +31,8 @@ from ..report import Fallback, KernelReport, LeftToXla, PlanSummary, Report, Tim
 from . import cache as kernel_cache
 from . import cpu_speed, crash_check, ffi, gpu, kernel_objects, rewrite, xla
 from .built import BuildError, Built, reason
-from .devices import device_compute_capability, gpu_device_of, target_for
-from .plan_key import module_structure, open_cache, plan_key_of_text
+from .devices import device_compute_capability, gpu_device_of
+from .plan_key import module_structure, open_cache, options_for, plan_key_of_text
 
 
 
@@ -50,8 +50,7 @@ def build_stitched(jax_lowered, xla_compiled, options: pipeline.Options, cache_d
     optimized = optimized_hlo_text(xla_compiled)
     _check_devices(xla_compiled, optimized)
     device = gpu_device_of(xla_compiled)
-    if device is not None:  # plan for the card the function runs on
-        options = dataclasses.replace(options, target=target_for(device))
+    options = options_for(options, device)
     if dump_prefix:
         _write(dump_prefix + ".xla.hlo.txt", optimized)
     stats, cache = open_cache(cache_dir, remote_cache)
@@ -222,6 +221,7 @@ def prewarm(optimized: str, options: pipeline.Options, cache_dir: str | None,
     "hit" (the plan was there), "stored", or "not stored" (something failed: the job builds
     it), with the cache's stats. ``options`` and ``measure`` (keep="fastest") must be the
     job's: they key the plan. Raises BuildError as ``build_stitched`` does."""
+    options = options_for(options, None)  # XLA:CPU's module, as the runtime plans it
     stats, cache = open_cache(cache_dir, remote_cache)
     plan_key = plan_key_of_text(optimized, options, measure)
     if cache.lookup(plan_key, stats) is not None:
@@ -486,8 +486,9 @@ def _recount(result, kernels: list, options: pipeline.Options) -> Report:
     """The Report as if only ``kernels`` had been stitched (fallbacks, times and verify are
     shared with the original report)."""
     recounted = dataclasses.replace(result, kernels=kernels)
-    return pipeline.make_report(recounted, options, costmodel.load_device(options.target),
-                                 result.report.times_s)
+    device = costmodel.load_device(options.target)
+    return pipeline.make_report(recounted, options, device, result.report.times_s,
+                                pipeline.pricing_of(options, device))
 
 
 def _check_signature(module, xla_compiled) -> None:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import llvmlite
 import llvmlite.binding as llvm
 
+from costmodel.host import default_dir  # noqa: F401 - the runtime's cache dir, one definition
+
 from ..logs import log
 from .cache_files import (MAX_BYTES, clean, create_entry_file, private_group, touch,
                           why)
@@ -33,12 +35,6 @@ from .cache_redis import BadSignature, RedisTier, Unavailable, redacted
 # 5: object code checked against the build without the loop vectorizer (LLVM miscompiled
 # kernels that format 4 stored), and host plans with XLA kernels replaced alone
 FORMAT = "fusionstitching.kernel/5"
-
-
-def default_dir() -> str:
-    """``$XDG_CACHE_HOME/fusionstitching`` (``~/.cache/fusionstitching``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "fusionstitching")
 
 
 class CorruptEntry(ValueError):

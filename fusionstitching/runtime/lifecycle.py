@@ -155,7 +155,7 @@ class Lifecycle:
 
     def _queue_planning(self) -> subprocess.Popen | None:
         command = ("--cache_dir", self.cache_dir, "--target", self.options.target,
-                   "--explorer", self.options.explorer,
+                   "--explorer", self.options.explorer, "--cost_model", self.options.cost_model,
                    "--keep", "fastest" if self.measure else "stitched",
                    # no worker processes: beside the job they took cores it needed (the
                    # 95-fusion train step of a Keras convnet planned in 10.0 s and 9.2 CPU s

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from costmodel.host import machine_identity
+
 from ..hlo.xla_text import optimized_hlo_text
 from ..options import Options
 from . import cache as kernel_cache
@@ -33,6 +35,7 @@ def without_source_locations(hlo_text: str) -> str:
 def plan_key_of_text(optimized: str, options: Options, measure: bool) -> str:
     return kernel_cache.fingerprint("plan", without_source_locations(optimized),
                                     options.target, options.explorer,
+                                    *_cost_model(options),
                                     # the rule is part of the decisions the plan keeps
                                     f"measure={measure and speed_rules.SLOWER_ALONE}",
                                     f"alone={measure and speed_rules.FASTER_ALONE}")
@@ -58,8 +61,27 @@ def module_structure(module_text: str, options: Options) -> tuple[str, list[str]
         return token[:len(token) - len(bare)] + f"n{names.setdefault(bare, len(names))}"
 
     shape = _NUMBERS.sub("#", _TOKEN.sub(numbered, text))
-    return (kernel_cache.fingerprint("patterns", shape, options.target, options.explorer),
-            list(names))
+    return (kernel_cache.fingerprint("patterns", shape, options.target, options.explorer,
+                                     *_cost_model(options)), list(names))
+
+
+def options_for(options: Options, device) -> Options:
+    """``options`` for a function that runs on ``device`` (None: XLA:CPU): planned for the
+    card it runs on, and with ``cost_model="auto"`` priced by the host CPU's model on XLA:CPU
+    and by the card's latency-evaluator on a GPU."""
+    if device is not None:
+        options = dataclasses.replace(options, target=target_for(device))
+    if options.cost_model == "auto":
+        options = dataclasses.replace(options, cost_model="gpu" if device else "cpu")
+    return options
+
+
+def _cost_model(options: Options) -> tuple[str, ...]:
+    """What of the cost model a plan depends on: its kind, and for the host model the
+    machine (plans priced on one CPU are not taken on another from a shared cache)."""
+    if options.cost_model != "cpu":
+        return (options.cost_model,)
+    return ("cpu", *machine_identity())
 
 
 def plan_key_of(xla_compiled, options: Options, measure: bool) -> str:
@@ -69,9 +91,7 @@ def plan_key_of(xla_compiled, options: Options, measure: bool) -> str:
 
 def plan_key_and_module(xla_compiled, options: Options, measure: bool) -> tuple[str, str]:
     """``plan_key_of``, and the name XLA gives the module (its Report's, once built)."""
-    device = gpu_device_of(xla_compiled)
-    if device is not None:
-        options = dataclasses.replace(options, target=target_for(device))
+    options = options_for(options, gpu_device_of(xla_compiled))
     optimized = optimized_hlo_text(xla_compiled)
     name = _MODULE_NAME.match(optimized)
     return (plan_key_of_text(optimized, options, measure), name.group(1) if name else "")

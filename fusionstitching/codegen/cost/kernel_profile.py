@@ -31,6 +31,18 @@ def kernel_profile(kernel: Kernel, bytes_read: int, bytes_written: int,
         instructions=counts, bytes_read=bytes_read, bytes_written=bytes_written)
 
 
+def host_kernel_profile(kernel: Kernel, bytes_read: int, bytes_written: int
+                        ) -> costmodel.KernelProfile:
+    """A CPU schedule's kernel (one thread per block) as the host model prices it: its
+    instructions by op class, loops counted by their trips; no registers or shared memory."""
+    counts: dict[str, float] = {}
+    count_instructions(kernel, counts)
+    return costmodel.KernelProfile(
+        grid_blocks=math.prod(kernel.grid), threads_per_block=math.prod(kernel.block),
+        regs_per_thread=0, smem_bytes=0, instructions=counts, bytes_read=bytes_read,
+        bytes_written=bytes_written)
+
+
 def unbounded_instructions(kernel: Kernel, lanes: dict[Value, int] | None = None
                            ) -> dict[str, float]:
     """Instructions per thread with every load in flight at once (no register window): as

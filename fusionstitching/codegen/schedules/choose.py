@@ -146,7 +146,8 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
                      chosen: MutableMapping[str, Schedule] | None = None,
                      fastest: bool = True, below_us: float | None = None,
                      kept: MutableMapping[str, ScheduledKernel] | None = None,
-                     not_faster: MutableMapping[tuple, float] | None = None) -> ScheduledKernel:
+                     not_faster: MutableMapping[tuple, float] | None = None,
+                     priced: bool = True) -> ScheduledKernel:
     """Build every enumerated schedule, drop those failing locality or the device's limits
     or ``excluded`` (a schedule -> why the caller excludes it), and keep the one the
     latency-evaluator models fastest.
@@ -170,7 +171,12 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
     then that one with its own buffers, unbuilt and not priced again (``borrowed`` where it
     holds the earlier pattern's other names: only for the caller's questions, never to be
     compiled). ``not_faster``: the ``NotFaster`` answers by the same digest and ``below_us``
-    (the search is the same for an equal pattern: so is its answer, which holds no name)."""
+    (the search is the same for an equal pattern: so is its answer, which holds no name).
+    ``priced=False`` (with ``fastest=False``): the first schedule that builds is not priced
+    either (a pattern priced for the host CPU, whose GPU schedule is only emulated): its
+    ``profile`` is None and its ``modeled_us`` NaN."""
+    if not priced and fastest:
+        raise ValueError("only a capability query (fastest=False) may leave its kernel unpriced")
     excluded = excluded or {}
     read = sum(s.byte_size for _, s in pattern.inputs)
     written = sum(s.byte_size for _, s in pattern.outputs)
@@ -250,6 +256,12 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
                     too_large = outcome
                 continue
             kernel, schemes, no_reuse = outcome
+            if not priced:
+                # 0.0 orders it (the only one built); its modeled_us is NaN below
+                built.append((0.0, number, sched, kernel, schemes, no_reuse, None))
+                candidates.append((f"{sched.why}; not priced (the GPU schedule of a "
+                                   f"host-priced pattern)", math.nan))
+                continue
             lanes = used_lanes(kernel.body)  # both counts read them
             counts = unbounded_instructions(kernel, lanes)
             least = latency_lower_bound_us(kernel, counts, read + written, device)
@@ -311,6 +323,8 @@ def schedule_pattern(pattern: Pattern, name: str, device: Device,
         raise CodegenError(first.kind, first.detail + (
             f"; phased schedule: {phased[0]}" if phased and phased[0] != first.detail else ""))
     modeled, _, sched, kernel, schemes, no_reuse, profile = min(built, key=itemgetter(0, 1))
+    if not priced:
+        modeled = math.nan
     result = ScheduledKernel(kernel, sched, _in_order(schemes), modeled, no_reuse,
                              candidates + [(f"{s.why}; not priced: at least {least:.3f} us, "
                                             f"not below the fastest (modeled)", math.inf)
