@@ -97,7 +97,8 @@ def in_turn(i: int, *sides):
     return sides if i % 2 == 0 else sides[::-1]
 
 
-def measure(name: str, fn, args, calls: int, cache_dir: str, donate: bool = False) -> dict:
+def measure(name: str, fn, args, calls: int, cache_dir: str, donate: bool = False,
+            cost_model: str = "auto") -> dict:
     """``donate``: a training step donates its state, as Keras 3's JAX trainer and flax's
     loops call theirs (``jax.jit(step, donate_argnums=...)``); each call then gets fresh
     copies of the state, made before its timer starts."""
@@ -107,7 +108,7 @@ def measure(name: str, fn, args, calls: int, cache_dir: str, donate: bool = Fals
     donated = tuple(sorted(feedback)) if donate else ()
     row["donated"] = len(donated)
     reference = jax.jit(fn, donate_argnums=donated)
-    stitched = jit(fn, cache_dir=cache_dir, donate_argnums=donated)
+    stitched = jit(fn, cache_dir=cache_dir, donate_argnums=donated, cost_model=cost_model)
 
     def fresh():
         return [jax.tree.map(lambda x: x.copy(), a) if j in donated else a
@@ -172,7 +173,8 @@ def measure(name: str, fn, args, calls: int, cache_dir: str, donate: bool = Fals
     return row
 
 
-def run_part(part: str, only, calls: int, donate: bool = False) -> list[dict]:
+def run_part(part: str, only, calls: int, donate: bool = False, cost_model: str = "auto"
+             ) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as cache_dir:
         for name, kind, fn, args in steps(part, only):
@@ -180,7 +182,7 @@ def run_part(part: str, only, calls: int, donate: bool = False) -> list[dict]:
                 rows.append(dict(step=name, error="a TF step (bench_tf_step.py times those)"))
                 continue
             try:
-                rows.append(measure(name, fn, args, calls, cache_dir, donate))
+                rows.append(measure(name, fn, args, calls, cache_dir, donate, cost_model))
             except Exception as err:  # reported in the table, never stops the run
                 traceback.print_exc()
                 rows.append(dict(step=name, error=f"{type(err).__name__}: {err}"[:200]))
@@ -237,11 +239,15 @@ def main(argv=None) -> None:
     parser.add_argument("--donate", action="store_true",
                         help="training steps donate their state, as Keras 3's JAX trainer "
                         "and flax's loops call theirs")
+    parser.add_argument("--cost_model", choices=("auto", "gpu", "cpu"), default="auto",
+                        help="fusionstitching.jit's (auto: the host CPU's model)")
     parser.add_argument("--json")
     opts = parser.parse_args(argv)
     only = set(opts.only) if opts.only else None
-    run_parts(opts, __file__, lambda part: run_part(part, only, opts.calls, opts.donate),
-              ["--calls", str(opts.calls)] + (["--donate"] if opts.donate else []), table)
+    run_parts(opts, __file__,
+              lambda part: run_part(part, only, opts.calls, opts.donate, opts.cost_model),
+              ["--calls", str(opts.calls), "--cost_model", opts.cost_model]
+              + (["--donate"] if opts.donate else []), table)
 
 
 if __name__ == "__main__":

@@ -96,10 +96,11 @@ def time_tf(fn, specs, target: str) -> tuple[float, str]:
     return seconds, "\n\n".join(capture.hlo_module_text(m) for m in modules)
 
 
-def plan(text: str, target: str) -> dict:
+def plan(text: str, target: str, cost_model: str = "auto") -> dict:
     """Our planning of an optimized module (wall seconds): as replay plans it, and as the JIT
     does with the machine code its step runs (module docstring). Each starts with the
-    memoized expressions of earlier plannings forgotten, as in a process of its own."""
+    memoized expressions of earlier plannings forgotten, as in a process of its own.
+    ``cost_model``: the JIT's (``auto``: the host CPU's model for XLA:CPU's modules)."""
     forget_memos()
     started = time.perf_counter()
     result = stitch_module(parse_module(text, "<step>"), Options(target="h100"))
@@ -110,7 +111,10 @@ def plan(text: str, target: str) -> dict:
     module = parse_module(text, "<step>")
     if target == "cpu":  # as the runtime's host route plans: XLA:CPU's small loops unrolled
         module = unroll_loops(module)
-    jit = stitch_module(module, Options(target="h100", ptxas=False, host=target == "cpu"))
+    if cost_model == "auto":
+        cost_model = "cpu" if target == "cpu" else "gpu"
+    jit = stitch_module(module, Options(target="h100", ptxas=False, host=target == "cpu",
+                                        cost_model=cost_model))
     if target != "cpu":
         arch = load_device("h100").sm_arch
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
@@ -129,11 +133,11 @@ def forget_memos() -> None:
                 value.cache_clear()
 
 
-def measure(name: str, kind: str, fn, args, target: str) -> dict:
+def measure(name: str, kind: str, fn, args, target: str, cost_model: str = "auto") -> dict:
     row = dict(step=name, target=target)
     try:
         xla_s, text = (time_jax if kind == "jax" else time_tf)(fn, args, target)
-        row.update(xla_s=xla_s, **plan(text, target))
+        row.update(xla_s=xla_s, **plan(text, target, cost_model))
     except Exception as err:  # reported in the table, never stops the run
         traceback.print_exc()
         row["error"] = f"{type(err).__name__}: {err}"[:200]
@@ -178,9 +182,10 @@ def tier_steps(part: str, only):
                 yield f"{key}_{mode}", kind, fn, args
 
 
-def run_part(part: str, only, targets, size: str = "small") -> list[dict]:
+def run_part(part: str, only, targets, size: str = "small", cost_model: str = "auto"
+             ) -> list[dict]:
     steps = zoo_steps(only, size) if part == ZOO else tier_steps(part, only)
-    return [measure(name, kind, fn, args, target)
+    return [measure(name, kind, fn, args, target, cost_model)
             for name, kind, fn, args in steps for target in targets]
 
 
@@ -251,11 +256,16 @@ def main(argv=None) -> None:
     parser.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
     parser.add_argument("--size", choices=SIZES, default="small",
                         help="the zoo's workloads at this size (the tier has one size)")
+    parser.add_argument("--cost_model", choices=("auto", "gpu"), default="auto",
+                        help="the JIT's: auto (the host CPU's model for XLA:CPU's modules, "
+                             "as the runtime plans them) or gpu (the H100's everywhere)")
     parser.add_argument("--json", help="also write the rows here")
     opts = parser.parse_args(argv)
     only = set(opts.only) if opts.only else None
-    run_parts(opts, __file__, lambda part: run_part(part, only, opts.targets, opts.size),
-              ["--targets", *opts.targets, "--size", opts.size], table)
+    run_parts(opts, __file__,
+              lambda part: run_part(part, only, opts.targets, opts.size, opts.cost_model),
+              ["--targets", *opts.targets, "--size", opts.size, "--cost_model",
+               opts.cost_model], table)
 
 
 def run_parts(opts, script: str, run_part, extra: list[str], table) -> None:
