@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import fuzz, script_runs, xla_suite  # noqa: E402
+from benchmarks import fit_host_model, fuzz, script_runs, xla_suite  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -94,6 +94,14 @@ def page() -> str:
         lines += ["## XLA's own tests replayed with --verify", "",
                   f"`{suite.relative_to(RESULTS)}` (`benchmarks/xla_suite.py`).", "",
                   xla_suite.table(suite), ""]
+    fitted = _newest("host_model_*/fit.json")
+    if fitted is not None:
+        lines += ["## The host CPU's cost model, scored on models it was not fitted on", "",
+                  f"`{fitted.relative_to(RESULTS)}` (`benchmarks/fit_host_model.py` on "
+                  "kernels measured by `benchmarks/cpu_kernel_times.py`): error of the modeled "
+                  "times of both sides of each kernel, and how often a model says which side "
+                  "is faster as measured (the H100 model chose these kernels).", "",
+                  fit_host_model.table(str(fitted)), ""]
     lines += ["## Every result file", "",
               "| file | commit | date | host | versions and flags | device |",
               "|---|---|---|---|---|---|"]

@@ -2,8 +2,9 @@
 XLA:CPU running the same instructions alone, and left to XLA when more than SLOWER_ALONE
 slower (closer, the trial of the whole step decides).
 
-The plan is chosen by the H100 cost model; on XLA:CPU what runs is the pattern's CPU schedule,
-which may be slower than XLA's own code (a column reduction read with a stride of a row, say).
+The plan is chosen by a cost model (the host CPU's, costmodel/host.py, by default) that cannot
+tell every kernel XLA:CPU runs well from one it runs slowly: the pattern's CPU schedule may be
+slower than XLA's own code (a column reduction read with a stride of a row, say).
 XLA's side is the pattern as a module of its own (its instructions, their computations, its
 inputs as parameters, its outputs as the result); ours is a module of one custom call to the
 registered kernel, as the stitched executable calls it (its parts on XLA's thread pool).
