@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
 from .latency import KernelProfile
 
 DATA = Path(__file__).parent / "data" / "host_cpu.json"
@@ -131,8 +133,6 @@ def _processor() -> str:
 def _stream_bandwidth(working_set: int) -> float:
     """Bytes/s of c = a + b over arrays of ``working_set`` bytes in all, best of repeats
     (numpy, one core)."""
-    import numpy as np  # numpy is the one dependency; only the measurement needs it
-
     n = max(working_set // 12, 1024)
     a, b, c = np.ones(n, np.float32), np.ones(n, np.float32), np.empty(n, np.float32)
     repeats = max(2, min(1000, (16 << 20) // working_set))
